@@ -1,0 +1,32 @@
+# `make run`: create the pinned environment and build the default target (results/tiny/anchors.json
+# from the embedded demo corpus, on CPU). `make test`: same environment, then the test suite.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+export PATH := $(abspath $(BIN)):$(PATH)
+
+.PHONY: env run test lint dry-run clean-env
+
+$(VENV)/.installed: requirements.txt pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q -r requirements.txt
+	$(BIN)/python -m pip install -q --no-deps -e .
+	touch $@
+
+env: $(VENV)/.installed
+
+run: env
+	$(BIN)/snakemake
+
+test: env
+	$(BIN)/python -m pytest -q
+
+lint: env
+	$(BIN)/snakemake --lint
+
+dry-run: env
+	for p in tiny small medium b1; do $(BIN)/snakemake -n -q results/$$p/anchors.json || exit 1; done
+
+clean-env:
+	rm -rf $(VENV)

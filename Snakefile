@@ -1,0 +1,22 @@
+# dormouse: raw corpus -> filter -> shard -> anchors (-> pretrain -> sft -> rl -> export -> bench).
+# `snakemake` builds results/<config.preset>/anchors.json; `snakemake results/<preset>/anchors.json`
+# builds another preset. The plan (preset -> stage -> digest) is made once, at parse time.
+from snakemake.utils import min_version
+
+min_version("9.20")
+
+
+configfile: "config/config.yaml"
+
+
+include: "workflow/rules/common.smk"
+
+
+rule all:
+    input:
+        f"results/{config['preset']}/anchors.json",
+    default_target: True
+
+
+include: "workflow/rules/corpus.smk"
+include: "workflow/rules/data.smk"

@@ -1,0 +1,30 @@
+"""`dormouse <command>`: one entry point per stage, plus the plan, views and the demo corpus."""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+COMMANDS = {
+    "filter": ("dormouse.stages.filter", "quality-filter the raw corpus"),
+    "shard": ("dormouse.stages.shard", "route documents into train shards and the eval tail"),
+    "anchors": ("dormouse.stages.anchors", "n-gram anchor ladder (bits per byte) on the eval tail"),
+    "demo-corpus": ("dormouse.demo_corpus", "build corpus/demo from pinned package-registry sources"),
+    "plan": ("dormouse.plan_cli", "print the plan, or one job's JSON to run a stage by hand"),
+    "view": ("dormouse.views", "write a per-preset result file from an artifact and its chain"),
+}
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if not argv or argv[0] in ("-h", "--help") or argv[0] not in COMMANDS:
+        print("usage: dormouse <command> [args]\n\ncommands:")
+        for name, (_, help_) in COMMANDS.items():
+            print(f"  {name:12s} {help_}")
+        return 0 if argv and argv[0] in ("-h", "--help") else 2
+    module = importlib.import_module(COMMANDS[argv[0]][0])
+    return int(module.main(argv[1:]) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,90 @@
+"""The one place that resolves configuration: config.yaml + a preset file, validated against the schemas.
+
+A bad key or value fails with the file and the dotted key that is wrong. Schema defaults are filled in,
+so every resolved value a stage sees is written down (and digested) even when a preset omits it.
+"""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+import jsonschema
+import yaml
+
+SCHEMA_DIR = Path("workflow/schemas")
+
+
+class ConfigError(ValueError):
+    pass
+
+
+def _with_defaults(validator_class):
+    # The jsonschema FAQ recipe: a validator that also fills in `default` values of missing properties.
+    validate_properties = validator_class.VALIDATORS["properties"]
+
+    def set_defaults(validator, properties, instance, schema):
+        if isinstance(instance, dict):
+            for name, sub in properties.items():
+                if "default" in sub and name not in instance:
+                    instance[name] = copy.deepcopy(sub["default"])
+        yield from validate_properties(validator, properties, instance, schema)
+
+    return jsonschema.validators.extend(validator_class, {"properties": set_defaults})
+
+
+_Validator = _with_defaults(jsonschema.Draft202012Validator)
+
+
+def load_yaml(path: Path) -> dict:
+    try:
+        data = yaml.safe_load(Path(path).read_text())
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: file not found") from None
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{path}: not valid YAML: {e}") from None
+    return {} if data is None else data
+
+
+def validate(instance, schema_name: str, source: str, root: Path = Path(".")):
+    """Validate (and default-fill, in place) `instance` against workflow/schemas/<schema_name>."""
+    schema = load_yaml(root / SCHEMA_DIR / schema_name)
+    errors = sorted(_Validator(schema).iter_errors(instance), key=lambda e: list(e.absolute_path))
+    if errors:
+        lines = []
+        for e in errors[:10]:
+            where = ".".join(str(p) for p in e.absolute_path) or "(top level)"
+            lines.append(f"  {where}: {e.message}")
+        raise ConfigError(f"{source}: invalid configuration\n" + "\n".join(lines))
+    return instance
+
+
+def load_preset(name: str, root: Path = Path(".")) -> dict:
+    path = root / "config" / "presets" / f"{name}.yaml"
+    if not path.exists():
+        known = sorted(p.stem for p in (root / "config" / "presets").glob("*.yaml"))
+        raise ConfigError(f"{path}: no such preset {name!r} (known: {', '.join(known)})")
+    return validate(load_yaml(path), "preset.schema.yaml", str(path), root)
+
+
+def load_retractions(path: Path, root: Path = Path(".")) -> list[dict]:
+    entries = load_yaml(root / path) if (root / path).exists() else []
+    entries = [] if entries == {} else entries
+    validate(entries, "retractions.schema.yaml", str(path), root)
+    ids = [e["id"] for e in entries]
+    dupes = sorted({i for i in ids if ids.count(i) > 1})
+    if dupes:
+        raise ConfigError(f"{path}: duplicate retraction ids {dupes}")
+    return entries
+
+
+def flatten(d: dict, prefix: str = "") -> dict:
+    """{"a": {"b": 1}} -> {"a.b": 1}; the dotted keys retractions match on."""
+    out = {}
+    for k, v in d.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, dict) and v:
+            out.update(flatten(v, key + "."))
+        else:
+            out[key] = v
+    return out

@@ -1,0 +1,251 @@
+"""The plan: for every preset, each stage's params slice, inputs and digest — computed at parse time.
+
+Cheap by construction: it reads config files and stats raw files, and never hashes large files.
+Snakemake (workflow/rules/common.smk) and `dormouse plan` both build it with `build_plan`.
+"""
+
+from __future__ import annotations
+
+import glob
+import hashlib
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from dormouse.config import ConfigError, flatten, load_preset, load_retractions, validate
+from dormouse.store import artifact_digest, canonical_json
+
+RAW_SUFFIXES = (".jsonl", ".jsonl.gz", ".jsonl.zst", ".parquet", ".txt")
+DEMO_ROOT = Path("corpus/demo")
+DEMO_PINS = DEMO_ROOT / "sources.json"  # the demo corpus is a pure function of these pins
+DEMO_BUILT = DEMO_ROOT / "BUILD.json"  # written last by the demo-corpus rule
+
+
+@dataclass(frozen=True)
+class StageSpec:
+    name: str
+    format_version: int
+    upstream: tuple[str, ...]  # artifact inputs, by stage name
+
+
+# The chain, in order. A stage's format_version changes when its output layout changes.
+STAGES = {
+    s.name: s
+    for s in (
+        StageSpec("filter", 1, ()),
+        StageSpec("shard", 1, ("filter",)),
+        StageSpec("anchors", 1, ("shard",)),
+    )
+}
+
+
+def stage_params(stage: str, preset: dict) -> dict:
+    """The resolved slice of a preset that can change this stage's output, and nothing else."""
+    data = preset["data"]
+    if stage == "filter":
+        quality = dict(data["filter"]["quality"])
+        if quality["model"] != "train":  # a user-supplied model: its file is an input, not a param
+            quality = {k: v for k, v in quality.items() if k not in ("train", "positive", "negative")}
+            quality["model"] = "file"
+        else:  # example sets are inputs (fingerprinted), not params
+            quality = {k: v for k, v in quality.items() if k not in ("positive", "negative")}
+        return {"reader": data["reader"], **{k: v for k, v in data["filter"].items() if k != "quality"}, "quality": quality}
+    if stage == "shard":
+        return dict(data["shard"])
+    if stage == "anchors":
+        return dict(preset["anchors"])
+    raise KeyError(stage)
+
+
+# ---------------------------------------------------------------------------------------------
+# Raw inputs (files outside the store): fingerprinted by path, size and mtime, or by the demo pins.
+
+
+def is_raw_file(path: str | Path) -> bool:
+    return str(path).endswith(RAW_SUFFIXES)
+
+
+def expand_raw(spec: str, root: Path = Path(".")) -> list[Path]:
+    """The raw files a spec names: a file, a directory (recursive), or a glob; sorted."""
+    p = Path(spec) if os.path.isabs(spec) else root / spec
+    if p.is_file():
+        return [p]
+    if p.is_dir():
+        files = [f for f in p.rglob("*") if f.is_file() and is_raw_file(f)]
+    else:
+        files = [Path(f) for f in glob.glob(str(p), recursive=True) if os.path.isfile(f) and is_raw_file(f)]
+    return sorted(files)
+
+
+def is_demo(spec: str, root: Path = Path(".")) -> bool:
+    p = Path(spec) if os.path.isabs(spec) else root / spec
+    try:
+        p.resolve().relative_to((root / DEMO_ROOT).resolve())
+        return True
+    except ValueError:
+        return False
+
+
+def raw_fingerprint(spec: str, root: Path = Path(".")) -> str:
+    """Digest of a raw input. The demo corpus is fingerprinted by its pins (it may not be built yet);
+    anything else by its file list, sizes and mtimes (filter records full content hashes)."""
+    if is_demo(spec, root):
+        pins = root / DEMO_PINS
+        if not pins.exists():
+            raise ConfigError(f"{pins}: missing; the demo corpus cannot be planned without its pins")
+        payload = {"demo_pins": hashlib.sha256(pins.read_bytes()).hexdigest(), "spec": Path(spec).as_posix()}
+    else:
+        files = expand_raw(spec, root)
+        if not files:
+            raise ConfigError(f"raw input {spec!r} matched no files ending in {', '.join(RAW_SUFFIXES)}")
+        listing = []
+        for f in files:
+            st = f.stat()
+            listing.append([str(f), st.st_size, st.st_mtime_ns])
+        payload = {"files": listing}
+    return hashlib.sha256(canonical_json(payload).encode()).hexdigest()[:20]
+
+
+def raw_input(specs: list[str], root: Path = Path("."), cache: dict | None = None) -> dict:
+    """A job input made of raw files: one digest over the fingerprints of its specs, in order."""
+    cache = {} if cache is None else cache
+    for s in specs:
+        if s not in cache:
+            cache[s] = raw_fingerprint(s, root)
+    digests = [cache[s] for s in specs]
+    combined = digests[0] if len(digests) == 1 else hashlib.sha256("".join(digests).encode()).hexdigest()[:20]
+    return {"kind": "raw", "digest": combined, "specs": list(specs)}
+
+
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Job:
+    stage: str
+    digest: str
+    params: dict
+    inputs: dict[str, dict]  # name -> {"digest": ..., "path": artifact dir or raw spec(s), "kind": "artifact"|"raw"}
+    retractions: list[str]
+    presets: list[str] = field(default_factory=list)
+
+    @property
+    def format_version(self) -> int:
+        return STAGES[self.stage].format_version
+
+    def spec(self, store: str) -> dict:
+        """Everything the stage needs to run, as handed to `dormouse <stage> --job`."""
+        return {
+            "stage": self.stage,
+            "format_version": self.format_version,
+            "digest": self.digest,
+            "params": self.params,
+            "inputs": self.inputs,
+            "retractions": self.retractions,
+            "out": f"{store}/{self.stage}/{self.digest}",
+        }
+
+
+def matching_retractions(entries: list[dict], stage: str, params: dict) -> list[str]:
+    flat = flatten(params)
+    hits = []
+    for e in entries:
+        if e["stage"] != stage:
+            continue
+        ok = True
+        for key, want in e["match"].items():
+            if key not in flat:
+                ok = False
+                break
+            allowed = want if isinstance(want, list) else [want]
+            if flat[key] not in allowed:
+                ok = False
+                break
+        if ok:
+            hits.append(e["id"])
+    return sorted(hits)
+
+
+@dataclass
+class Plan:
+    config: dict
+    presets: dict[str, dict]  # name -> resolved preset
+    jobs: dict[tuple[str, str], Job]  # (stage, digest) -> job
+    chain: dict[str, dict[str, str]]  # preset -> stage -> digest
+    retractions: list[dict]
+
+    @property
+    def store(self) -> str:
+        return self.config["store"]
+
+    def job(self, stage: str, digest: str) -> Job:
+        try:
+            return self.jobs[(stage, digest)]
+        except KeyError:
+            raise KeyError(f"no {stage} job with digest {digest} in the plan") from None
+
+    def artifact_dir(self, stage: str, digest: str) -> str:
+        return f"{self.store}/{stage}/{digest}"
+
+    def manifest_path(self, stage: str, digest: str) -> str:
+        return f"{self.artifact_dir(stage, digest)}/manifest.json"
+
+    def digests(self, stage: str) -> list[str]:
+        return sorted(d for s, d in self.jobs if s == stage)
+
+    def job_json(self, stage: str, digest: str) -> str:
+        return canonical_json(self.job(stage, digest).spec(self.store))
+
+    def input_files(self, stage: str, digest: str) -> dict[str, str | list[str]]:
+        """Snakemake inputs of a job: upstream manifests, the demo build marker, or raw files."""
+        job = self.job(stage, digest)
+        out: dict[str, str | list[str]] = {}
+        for name, inp in job.inputs.items():
+            if inp["kind"] == "artifact":
+                out[name] = self.manifest_path(inp["stage"], inp["digest"])
+            elif any(is_demo(s) for s in inp["specs"]):
+                out[name] = str(DEMO_BUILT)
+            else:  # raw user files exist at parse time (they were fingerprinted)
+                out[name] = [str(f) for s in inp["specs"] for f in expand_raw(s)]
+        return out
+
+
+def resolve_presets(config: dict, root: Path = Path(".")) -> dict[str, dict]:
+    return {name: load_preset(name, root) for name in config["presets"]}
+
+
+def build_plan(config: dict, root: Path = Path(".")) -> Plan:
+    config = validate(json.loads(json.dumps(config)), "config.schema.yaml", "config", root)
+    if config["preset"] not in config["presets"]:
+        raise ConfigError(f"config: preset {config['preset']!r} is not in presets {config['presets']}")
+    retractions = load_retractions(Path(config["retractions"]), root)
+    presets = resolve_presets(config, root)
+    jobs: dict[tuple[str, str], Job] = {}
+    chain: dict[str, dict[str, str]] = {}
+    raw_cache: dict[str, str] = {}
+
+    def raw(name: str, specs: list[str]) -> dict:
+        return raw_input(specs, root, raw_cache)
+
+    for name, preset in presets.items():
+        chain[name] = {}
+        for stage, spec in STAGES.items():
+            params = stage_params(stage, preset)
+            inputs = {up: {"kind": "artifact", "stage": up, "digest": chain[name][up]} for up in spec.upstream}
+            if stage == "filter":
+                inputs["corpus"] = raw("corpus", [config["corpus"]])
+                quality = preset["data"]["filter"]["quality"]
+                if quality["model"] == "train":
+                    for side in ("positive", "negative"):
+                        if not quality.get(side):
+                            raise ConfigError(f"preset {name}: data.filter.quality.{side} is required when model is 'train'")
+                        inputs[side] = raw(side, quality[side])
+                else:
+                    inputs["quality_model"] = raw("quality_model", [quality["model"]])
+            ids = matching_retractions(retractions, stage, params)
+            digest = artifact_digest(stage, spec.format_version, params, {k: v["digest"] for k, v in inputs.items()}, ids)
+            job = jobs.setdefault((stage, digest), Job(stage, digest, params, inputs, ids))
+            job.presets.append(name)
+            chain[name][stage] = digest
+    return Plan(config, presets, jobs, chain, retractions)

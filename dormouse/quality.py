@@ -1,0 +1,65 @@
+"""fastText quality classifier, DCLM style: train on hq/cc example sets, score P(hq) per document.
+
+DCLM prepares text as `" ".join(text.strip().splitlines())`. fasttext 0.9.3's Python `predict`
+breaks under numpy 2 ("Unable to avoid copy"), so scoring calls the binding (`model.f`) directly.
+"""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import fasttext
+
+LABEL_LQ = "__label__cc"
+
+
+def prepare(text: str, max_bytes: int | None = None) -> str:
+    flat = " ".join(text.strip().splitlines())
+    if max_bytes is not None and len(flat) > max_bytes // 4:  # cheap guard before encoding
+        flat = flat.encode("utf-8")[:max_bytes].decode("utf-8", errors="ignore")  # cut at a char boundary
+    return flat
+
+
+def write_training_file(path: Path, examples: list[tuple[str, str]], seed: int) -> None:
+    rows = [f"{label} {text}" for label, text in examples if text]
+    random.Random(seed).shuffle(rows)
+    path.write_text("\n".join(rows) + "\n", encoding="utf-8")
+
+
+def train(train_file: Path, cfg: dict) -> fasttext.FastText._FastText:
+    return fasttext.train_supervised(
+        input=str(train_file),
+        epoch=cfg["epoch"],
+        lr=cfg["lr"],
+        wordNgrams=cfg["word_ngrams"],
+        dim=cfg["dim"],
+        minCount=cfg["min_count"],
+        bucket=cfg.get("bucket", 200_000),  # fastText's 2M default makes a 500 MB model at dim 64
+        seed=cfg["seed"],
+        thread=1,  # one thread: the only deterministic setting
+        verbose=0,
+    )
+
+
+def load(path: Path):
+    return fasttext.load_model(str(path))
+
+
+def score(model, texts: list[str], label_hq: str) -> list[float]:
+    """P(label_hq) for each (already prepared) text."""
+    if not texts:
+        return []
+    labels, probs = model.f.multilinePredict(texts, 2, 0.0, "strict")
+    out = []
+    for ls, ps in zip(labels, probs):
+        p = dict(zip(ls, map(float, ps)))
+        if label_hq not in p and len(model.labels) > 2:
+            raise ValueError(f"model has labels {model.labels}; {label_hq} not among the top two")
+        out.append(p.get(label_hq, 0.0))
+    return out
+
+
+def check_labels(model, label_hq: str, source: str) -> None:
+    if label_hq not in model.labels:
+        raise ValueError(f"{source}: fastText model has labels {model.labels}, not {label_hq!r}")

@@ -1,0 +1,275 @@
+"""Raw corpus readers: jsonl, jsonl.gz, jsonl.zst, parquet (nested struct columns, row-batch streamed), txt.
+
+Every record that comes out is either a document or a counted skip with its reason and raw size, so
+the filter can prove read = kept + dropped. Bad input raises `ReadError` naming the file and the
+line/row, unless the config's policy (`on_bad_record` / `on_bad_file`: skip) says to count and skip.
+Nothing is ever invented: a file we cannot read yields no bytes, never filler.
+"""
+
+from __future__ import annotations
+
+import gzip
+import io
+import json
+import zlib
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+import zstandard
+
+
+class ReadError(ValueError):
+    """Unreadable input; the message names the file and the line or row."""
+
+
+@dataclass
+class Record:
+    id: str
+    text: str  # "" when skipped
+    source: str  # file path relative to the corpus root
+    nbytes: int  # UTF-8 bytes of the text, or raw bytes of a skipped record
+    skip: str | None = None  # reason, when the record was skipped by policy
+
+
+@dataclass
+class ReaderConfig:
+    text_field: str = "text"
+    id_field: str = "id"
+    parquet_text_column: str = "text"
+    parquet_id_column: str = "id"
+    batch_rows: int = 1024
+    on_bad_record: str = "error"
+    on_bad_file: str = "error"
+
+
+class _ZstdRaw(io.RawIOBase):
+    """Streams a (multi-frame) .zst file and raises on a truncated last frame.
+
+    Written by hand because zstandard's stream_reader returns a short read, not an error, on truncation.
+    """
+
+    def __init__(self, f, path):
+        self._f, self._path = f, path
+        self._d = zstandard.ZstdDecompressor().decompressobj()
+        self._fed = False  # has the current frame's decompressor seen input?
+        self._buf = b""
+
+    def readable(self):
+        return True
+
+    def readinto(self, b):
+        while not self._buf:
+            chunk = self._f.read(1 << 20)
+            if not chunk:
+                if self._fed and not self._d.eof:
+                    raise ReadError(f"{self._path}: truncated zstd stream (the last frame has no end)")
+                return 0
+            while chunk:
+                self._fed = True
+                try:
+                    self._buf += self._d.decompress(chunk)
+                except zstandard.ZstdError as e:
+                    raise ReadError(f"{self._path}: corrupt zstd data: {e}") from None
+                if self._d.eof:
+                    chunk = self._d.unused_data
+                    self._d = zstandard.ZstdDecompressor().decompressobj()
+                    self._fed = False
+                else:
+                    chunk = b""
+        n = min(len(b), len(self._buf))
+        b[:n] = self._buf[:n]
+        self._buf = self._buf[n:]
+        return n
+
+
+def _open_lines(path: Path):
+    raw = open(path, "rb")
+    name = path.name
+    if name.endswith(".zst"):
+        return io.BufferedReader(_ZstdRaw(raw, path), buffer_size=1 << 20)
+    if name.endswith(".gz"):
+        return gzip.GzipFile(fileobj=raw, mode="rb")
+    return raw
+
+
+def _bad(policy: str, reason: str, message: str, counters: Counter, prefix: str) -> None:
+    if policy == "error":
+        raise ReadError(message)
+    counters[f"{prefix}.{reason}"] += 1
+
+
+def _read_jsonl(path: Path, rel: str, cfg: ReaderConfig, counters: Counter) -> Iterator[Record]:
+    lineno = 0
+    with _open_lines(path) as f:
+        try:
+            for lineno, line in enumerate(f, 1):
+                if not line.strip():
+                    counters["reader.blank_lines"] += 1
+                    continue
+                try:
+                    obj = json.loads(line)
+                except UnicodeDecodeError as e:
+                    _bad(cfg.on_bad_record, "invalid_utf8", f"{path}:{lineno}: not UTF-8: {e}", counters, "reader.records_skipped")
+                    yield Record(f"{rel}:{lineno}", "", rel, len(line), "bad_record_invalid_utf8")
+                    continue
+                except json.JSONDecodeError as e:
+                    _bad(cfg.on_bad_record, "invalid_json", f"{path}:{lineno}: invalid JSON: {e}", counters, "reader.records_skipped")
+                    yield Record(f"{rel}:{lineno}", "", rel, len(line), "bad_record_invalid_json")
+                    continue
+                text = obj.get(cfg.text_field) if isinstance(obj, dict) else None
+                if not isinstance(text, str):
+                    _bad(cfg.on_bad_record, "no_text_field",
+                         f"{path}:{lineno}: no string field {cfg.text_field!r} (keys: {sorted(obj)[:10] if isinstance(obj, dict) else type(obj).__name__})",
+                         counters, "reader.records_skipped")
+                    yield Record(f"{rel}:{lineno}", "", rel, len(line), "bad_record_no_text_field")
+                    continue
+                doc_id = obj.get(cfg.id_field)
+                if doc_id is None:
+                    counters["reader.ids_derived"] += 1
+                    doc_id = f"{rel}:{lineno}"
+                yield from _text_record(str(doc_id), text, rel, f"{path}:{lineno}", cfg, counters, len(line))
+        except (EOFError, OSError, zlib.error) as e:  # gzip: truncated or corrupt stream
+            raise ReadError(f"{path}: unreadable after line {lineno}: {e}") from None
+
+
+def _text_record(doc_id, text, rel, where, cfg, counters, raw_len) -> Iterator[Record]:
+    try:
+        n = len(text.encode("utf-8"))
+    except UnicodeEncodeError as e:  # lone surrogates from JSON escapes
+        _bad(cfg.on_bad_record, "invalid_utf8", f"{where}: text is not valid Unicode: {e}", counters, "reader.records_skipped")
+        yield Record(doc_id, "", rel, raw_len, "bad_record_invalid_utf8")
+        return
+    yield Record(doc_id, text, rel, n)
+
+
+def _read_txt(path: Path, rel: str, cfg: ReaderConfig, counters: Counter) -> Iterator[Record]:
+    data = path.read_bytes()
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        _bad(cfg.on_bad_record, "invalid_utf8", f"{path}: not UTF-8 at byte {e.start}: {e.reason}", counters, "reader.records_skipped")
+        yield Record(rel, "", rel, len(data), "bad_record_invalid_utf8")
+        return
+    yield Record(rel, text, rel, len(data))
+
+
+def _column(batch: pa.RecordBatch, dotted: str) -> pa.Array:
+    head, *rest = dotted.split(".")
+    arr = batch.column(head)
+    for name in rest:
+        arr = pc.struct_field(arr, name)
+    return arr
+
+
+def _has_path(schema: pa.Schema, dotted: str) -> bool:
+    head, *rest = dotted.split(".")
+    if head not in schema.names:
+        return False
+    t = schema.field(head).type
+    for name in rest:
+        if not pa.types.is_struct(t) or t.get_field_index(name) < 0:
+            return False
+        t = t.field(name).type
+    return True
+
+
+def _leaf_paths(schema: pa.Schema) -> list[str]:
+    out = []
+
+    def walk(prefix, t):
+        if pa.types.is_struct(t):
+            for f in t:
+                walk(f"{prefix}.{f.name}", f.type)
+        else:
+            out.append(f"{prefix} ({t})")
+
+    for f in schema:
+        walk(f.name, f.type)
+    return out
+
+
+def _read_parquet(path: Path, rel: str, cfg: ReaderConfig, counters: Counter) -> Iterator[Record]:
+    try:
+        pf = pq.ParquetFile(path)
+    except (pa.ArrowInvalid, OSError) as e:
+        raise ReadError(f"{path}: not a readable parquet file: {e}") from None
+    schema = pf.schema_arrow
+    if not _has_path(schema, cfg.parquet_text_column):
+        # The lesson of the reader that only looked at top-level string columns: say where text could be.
+        raise ReadError(
+            f"{path}: no column {cfg.parquet_text_column!r}; leaf columns are: {', '.join(_leaf_paths(schema))}. "
+            f"Set data.reader.parquet_text_column to the dotted path of the text."
+        )
+    has_id = _has_path(schema, cfg.parquet_id_column)
+    columns = [cfg.parquet_text_column] + ([cfg.parquet_id_column] if has_id else [])
+    row = 0
+    for rg in range(pf.num_row_groups):
+        texts_in_group = 0
+        try:
+            batches = pf.iter_batches(batch_size=cfg.batch_rows, row_groups=[rg], columns=columns)
+            for batch in batches:
+                texts = _column(batch, cfg.parquet_text_column)
+                is_binary = pa.types.is_binary(texts.type) or pa.types.is_large_binary(texts.type)
+                ids = _column(batch, cfg.parquet_id_column).to_pylist() if has_id else [None] * len(texts)
+                for text, doc_id in zip(texts.to_pylist(), ids):
+                    where = f"{path}: row group {rg}, row {row}"
+                    if doc_id is None:
+                        counters["reader.ids_derived"] += 1
+                        doc_id = f"{rel}#row{row}"
+                    row += 1
+                    if text is None:
+                        yield Record(str(doc_id), "", rel, 0, "null_text")
+                        continue
+                    if is_binary:
+                        try:
+                            text = text.decode("utf-8")
+                        except UnicodeDecodeError as e:
+                            _bad(cfg.on_bad_record, "invalid_utf8", f"{where}: not UTF-8: {e}", counters, "reader.records_skipped")
+                            yield Record(str(doc_id), "", rel, len(text), "bad_record_invalid_utf8")
+                            continue
+                    elif not isinstance(text, str):
+                        raise ReadError(f"{where}: column {cfg.parquet_text_column!r} holds {texts.type}, not text")
+                    texts_in_group += bool(text)
+                    yield from _text_record(str(doc_id), text, rel, where, cfg, counters, len(text))
+        except (pa.ArrowInvalid, OSError) as e:
+            raise ReadError(f"{path}: row group {rg} unreadable: {e}") from None
+        if texts_in_group == 0 and pf.metadata.row_group(rg).num_rows > 0:
+            _bad(cfg.on_bad_file, "row_group_no_text", f"{path}: row group {rg} yields no text in {cfg.parquet_text_column!r}",
+                 counters, "reader.row_groups_skipped")
+
+
+def read_file(path: Path, rel: str, cfg: ReaderConfig, counters: Counter) -> Iterator[Record]:
+    """Records of one raw file. Whole-file problems follow `on_bad_file`, per-record ones `on_bad_record`."""
+    name = path.name
+    if path.stat().st_size == 0:
+        _bad(cfg.on_bad_file, "empty_file", f"{path}: empty file", counters, "reader.files_skipped")
+        return
+    if name.endswith((".jsonl", ".jsonl.gz", ".jsonl.zst")):
+        reader = _read_jsonl
+    elif name.endswith(".parquet"):
+        reader = _read_parquet
+    elif name.endswith(".txt"):
+        reader = _read_txt
+    else:
+        raise ReadError(f"{path}: unknown raw format (expected .jsonl, .jsonl.gz, .jsonl.zst, .parquet, .txt)")
+    n_text = 0
+    try:
+        for rec in reader(path, rel, cfg, counters):
+            n_text += rec.skip is None and bool(rec.text)
+            yield rec
+    except ReadError as e:
+        if cfg.on_bad_file == "error":
+            raise
+        # Records already yielded were read intact and stay counted; the rest of the file is lost, loudly.
+        counters["reader.files_skipped.unreadable"] += 1
+        counters["reader.file_bytes_skipped.unreadable"] += path.stat().st_size
+        print(f"[reader] skipping the rest of {path} by policy on_bad_file=skip: {e}")
+        return
+    if n_text == 0:
+        _bad(cfg.on_bad_file, "no_text", f"{path}: file yields no text", counters, "reader.files_skipped")
+    counters["reader.files_read"] += 1

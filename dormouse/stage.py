@@ -1,0 +1,60 @@
+"""What every stage entry point shares: parse `--job`, verify its inputs, open its artifact writer."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from dormouse.plan import raw_input
+from dormouse.store import Artifact, ArtifactError, ArtifactWriter, open_artifact
+
+
+def parse_job(argv: list[str] | None, stage: str, doc: str) -> dict:
+    ap = argparse.ArgumentParser(prog=f"dormouse {stage}", description=doc)
+    ap.add_argument("--job", required=True, help="job JSON (as printed by `dormouse plan`), or @file holding it")
+    args = ap.parse_args(argv)
+    text = Path(args.job[1:]).read_text() if args.job.startswith("@") else args.job
+    job = json.loads(text)
+    if job.get("stage") != stage:
+        raise SystemExit(f"dormouse {stage}: job is for stage {job.get('stage')!r}")
+    print(f"[{stage}] job {job['digest']}\n[{stage}] params {json.dumps(job['params'], sort_keys=True)}", flush=True)
+    return job
+
+
+def input_artifact(job: dict, name: str) -> Artifact:
+    """Open an upstream artifact, verify every file's sha256 and that it is the digest the plan named."""
+    inp = job["inputs"][name]
+    art = open_artifact(Path(job["out"]).parent.parent / inp["stage"] / inp["digest"], stage=inp["stage"])
+    if art.digest != inp["digest"]:
+        raise ArtifactError(f"{art.path}: digest {art.digest} != planned {inp['digest']}")
+    return art
+
+
+def check_raw_input(job: dict, name: str) -> list[str]:
+    """Raw inputs must still be what the plan fingerprinted (files may change between plan and run)."""
+    inp = job["inputs"][name]
+    now = raw_input(inp["specs"])
+    if now["digest"] != inp["digest"]:
+        raise ArtifactError(
+            f"raw input {name} {inp['specs']} changed since the plan was made "
+            f"(fingerprint {now['digest']} != {inp['digest']}); rerun snakemake to re-plan"
+        )
+    return inp["specs"]
+
+
+def writer(job: dict) -> ArtifactWriter:
+    return ArtifactWriter(
+        Path(job["out"]),
+        job["stage"],
+        job["format_version"],
+        job["params"],
+        {k: v["digest"] for k, v in job["inputs"].items()},
+        job["retractions"],
+    )
+
+
+def summary(stage: str, counters) -> None:
+    for k, v in sorted(counters.items()):
+        print(f"[{stage}] {k}: {v}", file=sys.stdout)

@@ -1,0 +1,1 @@
+"""One entry point per stage: `dormouse <stage> --job JSON`."""

@@ -1,0 +1,163 @@
+"""filter: raw corpus -> documents that pass the heuristics and the fastText quality classifier.
+
+    dormouse filter --job "$(dormouse plan --preset tiny --stage filter)"
+
+Outputs: docs-*.jsonl.zst ({id, text, source, quality}), quality_model.bin (when trained here),
+per_file.json (read/kept per raw file). Counters: docs_/bytes_ read, kept, dropped.<reason>; the
+stage asserts read = kept + sum(dropped) for both.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+import sys
+import tempfile
+from collections import Counter, defaultdict
+from pathlib import Path
+
+import numpy as np
+from tqdm import tqdm
+
+from dormouse import quality
+from dormouse.docs_io import PartWriter, read_parts
+from dormouse.fnv import fnv1a_64
+from dormouse.heuristics import heuristic_drop_reason
+from dormouse.plan import expand_raw
+from dormouse.readers import ReaderConfig, read_file
+from dormouse.stage import check_raw_input, parse_job, summary, writer
+from dormouse.store import sha256_file
+
+SCORE_BATCH = 512
+
+
+def iter_records(specs: list[str], cfg: ReaderConfig, counters: Counter, files_out: list | None = None):
+    for spec in specs:
+        base = Path(spec)
+        for path in expand_raw(spec):
+            rel = path.relative_to(base).as_posix() if base.is_dir() else path.as_posix()
+            if files_out is not None:
+                files_out.append({"path": str(path), "size": path.stat().st_size, "sha256": sha256_file(path)})
+            yield from read_file(path, rel, cfg, counters)
+
+
+def train_classifier(job, art, qcfg, reader_cfg, counters) -> tuple[object, dict]:
+    tcfg = qcfg["train"]
+    examples = {"train": [], "valid": []}
+    for side, label in (("positive", qcfg["label_hq"]), ("negative", quality.LABEL_LQ)):
+        specs = check_raw_input(job, side)
+        for rec in iter_records(specs, reader_cfg, Counter()):
+            if rec.skip or not rec.text.strip():
+                counters[f"quality.examples_skipped.{side}"] += 1
+                continue
+            split = "valid" if fnv1a_64(f"{side}:{rec.id}") % 10 == 0 else "train"  # fixed 10% held out
+            examples[split].append((label, quality.prepare(rec.text, tcfg["max_example_bytes"])))
+            counters[f"quality.examples_{split}.{side}"] += 1
+    for side in ("positive", "negative"):
+        if not counters[f"quality.examples_train.{side}"]:
+            raise SystemExit(f"filter: the {side} example set {job['inputs'][side]['specs']} yields no text")
+    with tempfile.TemporaryDirectory() as tmp:
+        train_file, valid_file = Path(tmp) / "train.txt", Path(tmp) / "valid.txt"
+        quality.write_training_file(train_file, examples["train"], tcfg["seed"])
+        model = quality.train(train_file, tcfg)
+        metrics = {}
+        if examples["valid"]:
+            quality.write_training_file(valid_file, examples["valid"], tcfg["seed"])
+            n, precision, recall = model.test(str(valid_file))
+            metrics = {"valid_examples": n, "valid_precision_at_1": precision, "valid_recall_at_1": recall}
+    model.save_model(str(art.path("quality_model.bin")))
+    print(f"[filter] quality classifier trained: {metrics}", flush=True)
+    return model, metrics
+
+
+def main(argv=None) -> int:
+    job = parse_job(argv, "filter", __doc__)
+    params = job["params"]
+    reader_cfg = ReaderConfig(**params["reader"])
+    qcfg = params["quality"]
+    if (qcfg["threshold"] is None) == (qcfg["top_fraction"] is None):
+        raise SystemExit("filter: set exactly one of data.filter.quality.threshold and top_fraction")
+    corpus_specs = check_raw_input(job, "corpus")
+
+    with writer(job) as art:
+        c = art.counters
+        if qcfg["model"] == "train":
+            model, metrics = train_classifier(job, art, qcfg, reader_cfg, c)
+            art.extra["quality_model"] = {"trained": True, **metrics}
+        else:
+            (model_path,) = check_raw_input(job, "quality_model")
+            model = quality.load(Path(model_path))
+            art.extra["quality_model"] = {"trained": False, "path": model_path, "sha256": sha256_file(Path(model_path))}
+        quality.check_labels(model, qcfg["label_hq"], "data.filter.quality.model")
+
+        per_file: dict[str, Counter] = defaultdict(Counter)
+        corpus_files: list[dict] = []
+        scratch = Path(tempfile.mkdtemp(prefix="dormouse-filter-"))
+        try:
+            cand = PartWriter(lambda n: scratch / n, "cand")
+            batch: list = []
+            scores: list[float] = []
+
+            def flush():
+                texts = [quality.prepare(r.text) for r in batch]
+                for rec, s in zip(batch, quality.score(model, texts, qcfg["label_hq"])):
+                    cand.write({"id": rec.id, "text": rec.text, "source": rec.source, "quality": round(s, 6)})
+                    scores.append(s)
+                batch.clear()
+
+            records = iter_records(corpus_specs, reader_cfg, c, corpus_files)
+            for rec in tqdm(records, unit="doc", mininterval=5, desc="filter", file=sys.stdout):
+                c["docs_read"] += 1
+                c["bytes_read"] += rec.nbytes
+                per_file[rec.source]["docs_read"] += 1
+                reason = rec.skip
+                if reason is None and rec.nbytes < params["min_doc_bytes"]:
+                    reason = "too_small"
+                if reason is None:
+                    reason = heuristic_drop_reason(rec.text, params["heuristics"])
+                if reason is not None:
+                    c[f"docs_dropped.{reason}"] += 1
+                    c[f"bytes_dropped.{reason}"] += rec.nbytes
+                    continue
+                batch.append(rec)
+                if len(batch) >= SCORE_BATCH:
+                    flush()
+            flush()
+            cand.close()
+
+            scores_arr = np.asarray(scores, dtype=np.float64)
+            if qcfg["top_fraction"] is not None:
+                k = int(np.ceil(qcfg["top_fraction"] * len(scores_arr)))
+                order = np.argsort(-scores_arr, kind="stable")  # ties keep corpus order
+                keep = np.zeros(len(scores_arr), dtype=bool)
+                keep[order[:k]] = True
+                art.extra["quality_cutoff"] = float(scores_arr[order[k - 1]]) if k else None
+            else:
+                keep = scores_arr >= qcfg["threshold"]
+                art.extra["quality_cutoff"] = qcfg["threshold"]
+
+            with PartWriter(art.path, "docs") as out:
+                for i, doc in enumerate(read_parts([scratch / n for n in cand.names])):
+                    nbytes = len(doc["text"].encode("utf-8"))
+                    if keep[i]:
+                        out.write(doc)
+                        c["docs_kept"] += 1
+                        c["bytes_kept"] += nbytes
+                        per_file[doc["source"]]["docs_kept"] += 1
+                    else:
+                        c["docs_dropped.quality_low_score"] += 1
+                        c["bytes_dropped.quality_low_score"] += nbytes
+        finally:
+            shutil.rmtree(scratch, ignore_errors=True)
+
+        for unit in ("docs", "bytes"):
+            dropped = sum(v for k, v in c.items() if k.startswith(f"{unit}_dropped."))
+            assert c[f"{unit}_read"] == c[f"{unit}_kept"] + dropped, f"{unit}: read != kept + dropped ({dict(c)})"
+        if not c["docs_kept"]:
+            raise SystemExit(f"filter: no document survived; counters: {dict(c)}")
+        art.extra["corpus_files"] = corpus_files
+        art.extra["corpus_sha256"] = hashlib.sha256("".join(f["sha256"] for f in corpus_files).encode()).hexdigest()
+        art.path("per_file.json").write_text(json.dumps({k: dict(v) for k, v in sorted(per_file.items())}, indent=1))
+        summary("filter", c)
+    return 0

@@ -1,0 +1,116 @@
+"""shard: filtered documents -> N train shards routed by FNV-1a 64 of the id, plus an eval tail.
+
+    dormouse shard --job "$(dormouse plan --preset tiny --stage shard)"
+
+The eval tail is the documents with the smallest FNV-1a hashes, taken until `eval_tail_bytes`; a
+document is eval iff its hash <= the recorded cutoff, so membership depends on the id alone. Train
+documents go to shard `hash % num_shards`. A train document whose text is byte-identical to an eval
+document is dropped (counted): the eval tail never trains, not even through a copy.
+
+Layout: train/shard-NNNN.{bin,idx.npy,ids.jsonl}, eval/tail.{bin,idx.npy,ids.jsonl}, shards.json.
+`.bin` is the documents' UTF-8 bytes back to back; `.idx.npy` the int64 offsets (n_docs + 1).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import sys
+
+import numpy as np
+from tqdm import tqdm
+
+from dormouse.docs_io import read_parts
+from dormouse.fnv import fnv1a_64
+from dormouse.stage import input_artifact, parse_job, summary, writer
+
+
+class ShardWriter:
+    def __init__(self, art, stem: str):
+        self.bin = open(art.path(f"{stem}.bin"), "wb")
+        self.ids = open(art.path(f"{stem}.ids.jsonl"), "w", encoding="utf-8")
+        self.idx_path = art.path(f"{stem}.idx.npy")
+        self.offsets = [0]
+
+    def write(self, doc_id: str, data: bytes) -> None:
+        self.bin.write(data)
+        self.ids.write(json.dumps(doc_id, ensure_ascii=False) + "\n")
+        self.offsets.append(self.offsets[-1] + len(data))
+
+    def close(self) -> dict:
+        self.bin.close()
+        self.ids.close()
+        np.save(self.idx_path, np.asarray(self.offsets, dtype=np.int64))
+        return {"docs": len(self.offsets) - 1, "bytes": self.offsets[-1]}
+
+
+def content_key(data: bytes) -> bytes:
+    return hashlib.blake2b(data, digest_size=16).digest()
+
+
+def main(argv=None) -> int:
+    job = parse_job(argv, "shard", __doc__)
+    n_shards = job["params"]["num_shards"]
+    eval_target = job["params"]["eval_tail_bytes"]
+    filtered = input_artifact(job, "filter")
+    parts = [filtered.file(n) for n in filtered.files("docs-")]
+
+    # Pass 1: id hash, size and content key of every document; choose the eval cutoff.
+    hashes, sizes, keys = [], [], []
+    for doc in tqdm(read_parts(parts), unit="doc", mininterval=5, desc="shard pass 1", file=sys.stdout):
+        data = doc["text"].encode("utf-8")
+        hashes.append(fnv1a_64(doc["id"]))
+        sizes.append(len(data))
+        keys.append(content_key(data))
+    h = np.asarray(hashes, dtype=np.uint64)
+    sz = np.asarray(sizes, dtype=np.int64)
+    order = np.argsort(h, kind="stable")
+    cum = np.cumsum(sz[order])
+    n_eval = int(np.searchsorted(cum, eval_target) + 1) if len(cum) else 0
+    if n_eval >= len(h):
+        raise SystemExit(f"shard: eval_tail_bytes={eval_target} takes the whole corpus ({int(sz.sum())} bytes)")
+    cutoff = int(h[order[n_eval - 1]])
+    is_eval = h <= np.uint64(cutoff)
+    eval_keys = {keys[i] for i in np.flatnonzero(is_eval)}
+
+    # Pass 2: route.
+    with writer(job) as art:
+        c = art.counters
+        tail = ShardWriter(art, "eval/tail")
+        shards = [ShardWriter(art, f"train/shard-{i:04d}") for i in range(n_shards)]
+        seen_ids = set()
+        for i, doc in enumerate(tqdm(read_parts(parts), unit="doc", mininterval=5, desc="shard pass 2", file=sys.stdout)):
+            data = doc["text"].encode("utf-8")
+            c["docs_in"] += 1
+            c["bytes_in"] += len(data)
+            if doc["id"] in seen_ids:
+                c["docs_duplicate_id"] += 1
+            seen_ids.add(doc["id"])
+            if is_eval[i]:
+                tail.write(doc["id"], data)
+                c["eval_docs"] += 1
+                c["eval_bytes"] += len(data)
+            elif keys[i] in eval_keys:
+                c["train_docs_dropped.duplicate_of_eval"] += 1
+                c["train_bytes_dropped.duplicate_of_eval"] += len(data)
+            else:
+                shards[int(h[i]) % n_shards].write(doc["id"], data)
+                c["train_docs"] += 1
+                c["train_bytes"] += len(data)
+
+        tail_info = tail.close()
+        shard_info = [s.close() for s in shards]
+        assert c["docs_in"] == c["eval_docs"] + c["train_docs"] + c["train_docs_dropped.duplicate_of_eval"]
+        assert c["bytes_in"] == c["eval_bytes"] + c["train_bytes"] + c["train_bytes_dropped.duplicate_of_eval"]
+        shard_bytes = np.array([s["bytes"] for s in shard_info], dtype=np.float64)
+        summary_doc = {
+            "num_shards": n_shards,
+            "eval_cutoff_fnv1a64": f"{cutoff:016x}",
+            "eval": tail_info,
+            "train": shard_info,
+            "train_bytes_max_over_mean": float(shard_bytes.max() / shard_bytes.mean()) if shard_bytes.mean() else None,
+        }
+        art.path("shards.json").write_text(json.dumps(summary_doc, indent=1))
+        art.extra["shards"] = {k: v for k, v in summary_doc.items() if k != "train"}
+        summary("shard", c)
+    return 0

@@ -1,0 +1,183 @@
+"""The artifact store: content digests, atomic artifact directories, manifests, verified reads.
+
+An artifact is `results/store/<stage>/<digest>/` holding the stage's files and `manifest.json`.
+The digest is computed from what can change the output (stage, format version, params, input
+digests, matched retraction ids) — never from source code: a refactor must not rebuild a model;
+a bug fix that changes results is declared as a retraction instead.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from dormouse.provenance import code_version, environment
+
+MANIFEST = "manifest.json"
+DIGEST_CHARS = 20  # 80 bits of sha256: collision-free for any store a lab will ever hold
+
+
+class ArtifactError(RuntimeError):
+    """An artifact is missing, incomplete, or does not match its manifest."""
+
+
+def canonical_json(obj: Any) -> str:
+    """The one serialisation that digests are computed over (sorted keys, no whitespace)."""
+    return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+
+
+def artifact_digest(
+    stage: str, format_version: int, params: dict, inputs: dict[str, str], retractions: list[str]
+) -> str:
+    payload = {
+        "stage": stage,
+        "format_version": format_version,
+        "params": params,
+        "inputs": dict(sorted(inputs.items())),
+        "retractions": sorted(retractions),
+    }
+    return hashlib.sha256(canonical_json(payload).encode()).hexdigest()[:DIGEST_CHARS]
+
+
+def sha256_file(path: Path, chunk: int = 1 << 22) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(chunk):
+            h.update(block)
+    return h.hexdigest()
+
+
+@dataclass
+class ArtifactWriter:
+    """Builds an artifact in a temporary sibling directory and renames it into place on success.
+
+    A killed job leaves only `.<digest>.tmp-<pid>` (never a manifest), so nothing looks finished.
+    """
+
+    out_dir: Path
+    stage: str
+    format_version: int
+    params: dict
+    inputs: dict[str, str]
+    retractions: list[str]
+    counters: Counter = field(default_factory=Counter)
+    extra: dict = field(default_factory=dict)
+
+    def __post_init__(self):
+        self.out_dir = Path(self.out_dir)
+        expected = artifact_digest(self.stage, self.format_version, self.params, self.inputs, self.retractions)
+        if self.out_dir.name != expected:
+            raise ArtifactError(
+                f"{self.out_dir}: directory name is not the digest of this stage's params and inputs "
+                f"(expected {expected}); the plan and the stage disagree about what is being built"
+            )
+        self.digest = expected
+        self.tmp = self.out_dir.parent / f".{self.digest}.tmp-{os.getpid()}"
+        self._t0 = time.time()
+
+    def __enter__(self) -> "ArtifactWriter":
+        if self.tmp.exists():
+            shutil.rmtree(self.tmp)
+        self.tmp.mkdir(parents=True)
+        return self
+
+    def path(self, name: str) -> Path:
+        p = self.tmp / name
+        p.parent.mkdir(parents=True, exist_ok=True)
+        return p
+
+    def __exit__(self, exc_type, exc, tb):
+        if exc_type is not None:
+            shutil.rmtree(self.tmp, ignore_errors=True)
+            return False
+        files = {}
+        for p in sorted(self.tmp.rglob("*")):
+            if p.is_file():
+                rel = p.relative_to(self.tmp).as_posix()
+                files[rel] = {"sha256": sha256_file(p), "size": p.stat().st_size}
+        manifest = {
+            "stage": self.stage,
+            "format_version": self.format_version,
+            "digest": self.digest,
+            "params": self.params,
+            "inputs": self.inputs,
+            "retractions": sorted(self.retractions),
+            "files": files,
+            "code": code_version(self.stage),
+            "environment": environment(),
+            "wall_time_s": round(time.time() - self._t0, 3),
+            "created_unix": int(time.time()),
+            "counters": dict(sorted(self.counters.items())),
+            **self.extra,
+        }
+        (self.tmp / MANIFEST).write_text(json.dumps(manifest, indent=2, sort_keys=False) + "\n")
+        _move_into_place(self.tmp, self.out_dir)
+        return False
+
+
+def _move_into_place(tmp: Path, out_dir: Path) -> None:
+    if (out_dir / MANIFEST).exists():
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise ArtifactError(f"{out_dir}: a finished artifact already exists; artifacts are never overwritten")
+    if out_dir.exists():
+        # Snakemake creates the output's parent directory before the job runs; an empty one (or one
+        # holding leftovers of a killed job, which never has a manifest) is replaced.
+        shutil.rmtree(out_dir)
+    os.replace(tmp, out_dir)
+
+
+@dataclass
+class Artifact:
+    """A finished artifact, its manifest loaded and every file's sha256 verified."""
+
+    path: Path
+    manifest: dict
+
+    @property
+    def digest(self) -> str:
+        return self.manifest["digest"]
+
+    @property
+    def stage(self) -> str:
+        return self.manifest["stage"]
+
+    def file(self, name: str) -> Path:
+        if name not in self.manifest["files"]:
+            raise ArtifactError(f"{self.path}: manifest lists no file {name!r}")
+        return self.path / name
+
+    def files(self, prefix: str = "") -> list[str]:
+        return sorted(n for n in self.manifest["files"] if n.startswith(prefix))
+
+
+def open_artifact(path: str | Path, stage: str | None = None, verify: bool = True) -> Artifact:
+    """Load an artifact; with verify, every listed file must match its recorded size and sha256."""
+    path = Path(path)
+    if path.name == MANIFEST:
+        path = path.parent
+    mpath = path / MANIFEST
+    if not mpath.exists():
+        raise ArtifactError(f"{path}: no {MANIFEST}; the artifact is missing or was never finished")
+    manifest = json.loads(mpath.read_text())
+    if stage is not None and manifest.get("stage") != stage:
+        raise ArtifactError(f"{path}: expected a {stage!r} artifact, manifest says {manifest.get('stage')!r}")
+    if manifest.get("digest") != path.name:
+        raise ArtifactError(f"{path}: manifest digest {manifest.get('digest')!r} does not match its directory")
+    if verify:
+        for name, meta in manifest["files"].items():
+            p = path / name
+            if not p.exists():
+                raise ArtifactError(f"{p}: listed in the manifest but missing on disk")
+            if p.stat().st_size != meta["size"]:
+                raise ArtifactError(f"{p}: size {p.stat().st_size} != manifest {meta['size']}")
+            actual = sha256_file(p)
+            if actual != meta["sha256"]:
+                raise ArtifactError(f"{p}: sha256 {actual} != manifest {meta['sha256']}; the file was altered")
+    return Artifact(path, manifest)

@@ -1,0 +1,56 @@
+"""Per-preset result files (`results/<preset>/anchors.json`): a stage's result plus its digest chain."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from dormouse.store import open_artifact
+
+
+def digest_chain(artifact_dir: Path, store: Path) -> list[dict]:
+    """The artifact and every upstream artifact (verified), downstream first."""
+    chain, todo, seen = [], [Path(artifact_dir)], set()
+    while todo:
+        art = open_artifact(todo.pop(0))
+        if art.digest in seen:
+            continue
+        seen.add(art.digest)
+        chain.append({
+            "stage": art.stage,
+            "digest": art.digest,
+            "retractions": art.manifest["retractions"],
+            "inputs": art.manifest["inputs"],
+            "git_commit": art.manifest["code"]["git_commit"],
+        })
+        for name, digest in art.manifest["inputs"].items():
+            candidate = store / name / digest
+            if (candidate / "manifest.json").exists():
+                todo.append(candidate)
+    return chain
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="dormouse view")
+    ap.add_argument("kind", choices=["anchors"])
+    ap.add_argument("--preset", required=True)
+    ap.add_argument("--artifact", required=True, help="the artifact's directory or manifest.json")
+    ap.add_argument("--store", default="results/store")
+    ap.add_argument("--out", required=True)
+    args = ap.parse_args(argv)
+    art = open_artifact(args.artifact, stage=args.kind)
+    result = json.loads(art.file("anchors.json").read_text())
+    chain = digest_chain(art.path, Path(args.store))
+    view = {
+        "preset": args.preset,
+        **result,
+        "digest_chain": chain,
+        "retractions_applied": sorted({r for link in chain for r in link["retractions"]}),
+    }
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_suffix(".tmp")
+    tmp.write_text(json.dumps(view, indent=2) + "\n")
+    tmp.replace(out)
+    return 0

@@ -1,0 +1,24 @@
+# The plan: validated config, resolved presets and every job's digest, computed at parse time
+# (dormouse.plan; cheap: config files and file stats only).
+from dormouse.plan import build_plan
+
+PLAN = build_plan(config)
+STORE = PLAN.store
+
+
+wildcard_constraints:
+    d="[0-9a-f]{20}",
+    preset="|".join(PLAN.presets),
+
+
+def stage_inputs(stage):
+    return lambda w: PLAN.input_files(stage, w.d)
+
+
+def stage_job(stage):
+    # Canonical JSON string: Snakemake's params trigger compares repr, so keep it stable.
+    return lambda w: PLAN.job_json(stage, w.d)
+
+
+def view_input(stage):
+    return lambda w: PLAN.manifest_path(stage, PLAN.chain[w.preset][stage])

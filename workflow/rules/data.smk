@@ -1,0 +1,86 @@
+rule filter:
+    """fastText quality classifier + Gopher/C4 heuristics over the raw corpus; counted drops."""
+    input:
+        unpack(stage_inputs("filter")),
+    output:
+        manifest=f"{STORE}/filter/{{d}}/manifest.json",
+    log:
+        "results/logs/filter/{d}.log",
+    benchmark:
+        "results/benchmarks/filter/{d}.tsv"
+    params:
+        job=stage_job("filter"),
+    threads: 1
+    resources:
+        mem_mb=8000,
+        runtime=240,
+    conda:
+        "../../envs/dormouse.yaml"
+    shell:
+        "dormouse filter --job {params.job:q} > {log} 2>&1"
+
+
+rule shard:
+    """FNV-1a routing into N train shards plus an eval tail that never trains."""
+    input:
+        unpack(stage_inputs("shard")),
+    output:
+        manifest=f"{STORE}/shard/{{d}}/manifest.json",
+    log:
+        "results/logs/shard/{d}.log",
+    benchmark:
+        "results/benchmarks/shard/{d}.tsv"
+    params:
+        job=stage_job("shard"),
+    threads: 1
+    resources:
+        mem_mb=8000,
+        runtime=120,
+    conda:
+        "../../envs/dormouse.yaml"
+    shell:
+        "dormouse shard --job {params.job:q} > {log} 2>&1"
+
+
+rule anchors:
+    """Bits per byte of uniform / unigram / k-gram backoff / Kneser-Ney models on the eval tail."""
+    input:
+        unpack(stage_inputs("anchors")),
+    output:
+        manifest=f"{STORE}/anchors/{{d}}/manifest.json",
+    log:
+        "results/logs/anchors/{d}.log",
+    benchmark:
+        "results/benchmarks/anchors/{d}.tsv"
+    params:
+        job=stage_job("anchors"),
+    threads: 1
+    resources:
+        mem_mb=16000,
+        runtime=120,
+    conda:
+        "../../envs/dormouse.yaml"
+    shell:
+        "dormouse anchors --job {params.job:q} > {log} 2>&1"
+
+
+rule anchors_view:
+    """results/<preset>/anchors.json: the ladder plus the digest chain it came from."""
+    input:
+        anchors=view_input("anchors"),
+    output:
+        "results/{preset}/anchors.json",
+    log:
+        "results/logs/view/{preset}.anchors.log",
+    benchmark:
+        "results/benchmarks/view/{preset}.anchors.tsv"
+    params:
+        store=STORE,
+    threads: 1
+    resources:
+        mem_mb=1000,
+        runtime=5,
+    conda:
+        "../../envs/dormouse.yaml"
+    shell:
+        "dormouse view anchors --preset {wildcards.preset} --artifact {input.anchors} --store {params.store} --out {output} > {log} 2>&1"
