@@ -19,7 +19,10 @@ PACKAGE_ROOT = Path(dormouse.__file__).resolve().parent
 
 
 def _module_path(name: str) -> Path | None:
-    spec = importlib.util.find_spec(name)
+    try:
+        spec = importlib.util.find_spec(name)
+    except (ImportError, AttributeError):  # `pkg.module.name` where name is not a module
+        return None
     return Path(spec.origin) if spec and spec.origin and spec.origin.endswith(".py") else None
 
 

@@ -21,6 +21,21 @@ def prepare(text: str, max_bytes: int | None = None) -> str:
     return flat
 
 
+def example_pieces(text: str, piece_bytes: int) -> list[str]:
+    """Cut an example document into pieces of about `piece_bytes` at line boundaries: a small example
+    set then still gives fastText enough rows to learn from. Each piece is prepared (lines joined)."""
+    pieces, cur, size = [], [], 0
+    for line in text.splitlines():
+        cur.append(line)
+        size += len(line) + 1
+        if size >= piece_bytes:
+            pieces.append(prepare("\n".join(cur), piece_bytes * 2))
+            cur, size = [], 0
+    if cur and (size >= piece_bytes // 4 or not pieces):
+        pieces.append(prepare("\n".join(cur), piece_bytes * 2))
+    return [p for p in pieces if p.strip()]
+
+
 def write_training_file(path: Path, examples: list[tuple[str, str]], seed: int) -> None:
     rows = [f"{label} {text}" for label, text in examples if text]
     random.Random(seed).shuffle(rows)

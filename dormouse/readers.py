@@ -257,10 +257,11 @@ def read_file(path: Path, rel: str, cfg: ReaderConfig, counters: Counter) -> Ite
         reader = _read_txt
     else:
         raise ReadError(f"{path}: unknown raw format (expected .jsonl, .jsonl.gz, .jsonl.zst, .parquet, .txt)")
-    n_text = 0
+    n_text = n_bad = 0
     try:
         for rec in reader(path, rel, cfg, counters):
             n_text += rec.skip is None and bool(rec.text)
+            n_bad += (rec.skip or "").startswith("bad_record")
             yield rec
     except ReadError as e:
         if cfg.on_bad_file == "error":
@@ -270,6 +271,6 @@ def read_file(path: Path, rel: str, cfg: ReaderConfig, counters: Counter) -> Ite
         counters["reader.file_bytes_skipped.unreadable"] += path.stat().st_size
         print(f"[reader] skipping the rest of {path} by policy on_bad_file=skip: {e}")
         return
-    if n_text == 0:
+    if n_text == 0 and n_bad == 0:  # records skipped by policy were already counted
         _bad(cfg.on_bad_file, "no_text", f"{path}: file yields no text", counters, "reader.files_skipped")
     counters["reader.files_read"] += 1

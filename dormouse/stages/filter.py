@@ -52,10 +52,12 @@ def train_classifier(job, art, qcfg, reader_cfg, counters) -> tuple[object, dict
                 counters[f"quality.examples_skipped.{side}"] += 1
                 continue
             split = "valid" if fnv1a_64(f"{side}:{rec.id}") % 10 == 0 else "train"  # fixed 10% held out
-            examples[split].append((label, quality.prepare(rec.text, tcfg["max_example_bytes"])))
-            counters[f"quality.examples_{split}.{side}"] += 1
+            pieces = quality.example_pieces(rec.text, tcfg["example_piece_bytes"])
+            examples[split].extend((label, piece) for piece in pieces)
+            counters[f"quality.example_docs_{split}.{side}"] += 1
+            counters[f"quality.example_pieces_{split}.{side}"] += len(pieces)
     for side in ("positive", "negative"):
-        if not counters[f"quality.examples_train.{side}"]:
+        if not counters[f"quality.example_pieces_train.{side}"]:
             raise SystemExit(f"filter: the {side} example set {job['inputs'][side]['specs']} yields no text")
     with tempfile.TemporaryDirectory() as tmp:
         train_file, valid_file = Path(tmp) / "train.txt", Path(tmp) / "valid.txt"

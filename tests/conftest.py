@@ -1,0 +1,93 @@
+"""Shared fixtures: a small raw corpus made of real text that ships with every CPython.
+
+- technical prose: the reference-manual topics in `pydoc_data.topics` (79 documents, ~465 KB);
+- code: standard-library modules;
+- low quality: the generated codec tables in `encodings/cp*.py` (hex tables, near-identical lines).
+Written in the three raw formats the readers must handle.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import shutil
+import sysconfig
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import zstandard
+from pydoc_data.topics import topics
+
+STDLIB = Path(sysconfig.get_paths()["stdlib"])
+REPO = Path(__file__).resolve().parent.parent
+CODE_MODULES = ["textwrap.py", "shlex.py", "fnmatch.py", "bisect.py", "heapq.py", "colorsys.py", "glob.py",
+                "string.py", "queue.py", "sched.py", "calendar.py", "difflib.py", "csv.py", "tokenize.py"]
+
+
+def real_docs() -> dict[str, list[tuple[str, str]]]:
+    prose = sorted(topics.items())
+    code = [(f"stdlib/{m}", (STDLIB / m).read_text()) for m in CODE_MODULES]
+    lowq = [(f"stdlib/encodings/{p.name}", p.read_text()) for p in sorted((STDLIB / "encodings").glob("cp*.py"))]
+    return {"prose": prose, "code": code, "lowq": lowq}
+
+
+def write_jsonl_zst(path: Path, rows: list[dict]) -> None:
+    data = "".join(json.dumps(r) + "\n" for r in rows).encode()
+    path.write_bytes(zstandard.ZstdCompressor(level=3).compress(data))
+
+
+def write_nested_parquet(path: Path, rows: list[dict], row_group_size: int = 8) -> None:
+    table = pa.table({
+        "id": [r["id"] for r in rows],
+        "document": pa.array([{"title": r["id"], "text": r["text"], "url": f"https://example.org/{r['id']}"} for r in rows]),
+    })
+    pq.write_table(table, path, row_group_size=row_group_size)
+
+
+@pytest.fixture(scope="session")
+def small_corpus(tmp_path_factory) -> Path:
+    """Raw corpus dir: prose split over jsonl.zst and parquet, code as txt, low-quality in jsonl.zst and txt."""
+    root = tmp_path_factory.mktemp("corpus")
+    docs = real_docs()
+    prose = [{"id": f"topic/{k}", "text": v, "source": "pydoc_topics", "metadata": {}} for k, v in docs["prose"]]
+    write_jsonl_zst(root / "prose.jsonl.zst", prose[::2])
+    write_nested_parquet(root / "prose.parquet", prose[1::2])
+    (root / "code").mkdir()
+    for name, text in docs["code"]:
+        (root / "code" / Path(name).name.replace(".py", ".txt")).write_text(text)
+    lowq = docs["lowq"]
+    write_jsonl_zst(root / "lowq.jsonl.zst", [{"id": k, "text": v} for k, v in lowq[: len(lowq) // 2]])
+    (root / "lowq").mkdir()
+    for name, text in lowq[len(lowq) // 2 :]:
+        (root / "lowq" / Path(name).name.replace(".py", ".txt")).write_text(text)
+    return root
+
+
+@pytest.fixture(scope="session")
+def quality_examples(tmp_path_factory) -> tuple[Path, Path]:
+    """Positive / negative example sets for the fastText classifier (real text, disjoint from small_corpus ids)."""
+    root = tmp_path_factory.mktemp("quality")
+    docs = real_docs()
+    pos = [{"id": f"ex/{k}", "text": v} for k, v in docs["prose"][::3]]
+    pos += [{"id": f"ex/{n}", "text": t} for n, t in docs["code"][::2]]
+    neg = [{"id": f"ex/{n}", "text": t} for n, t in docs["lowq"][::2]]
+    (root / "positive").mkdir()
+    (root / "negative").mkdir()
+    write_jsonl_zst(root / "positive" / "hq.jsonl.zst", pos)
+    write_jsonl_zst(root / "negative" / "lq.jsonl.zst", neg)
+    return root / "positive", root / "negative"
+
+
+@pytest.fixture()
+def workdir(tmp_path) -> Path:
+    """A copy of the workflow (Snakefile, rules, schemas, config) to run Snakemake or plans in."""
+    for name in ("Snakefile", "workflow", "config"):
+        src = REPO / name
+        (shutil.copytree if src.is_dir() else shutil.copy)(src, tmp_path / name)
+    (tmp_path / "corpus" / "demo").mkdir(parents=True)
+    pins = REPO / "corpus" / "demo" / "sources.json"
+    if pins.exists():
+        shutil.copy(pins, tmp_path / "corpus" / "demo" / "sources.json")
+    return tmp_path

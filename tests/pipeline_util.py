@@ -1,0 +1,46 @@
+"""Test helpers: point a workflow copy at a fixture corpus and run stages through the plan."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import yaml
+
+from dormouse.cli import main as dormouse_main
+from dormouse.plan import build_plan
+
+
+def configure(workdir: Path, corpus: Path, positive: Path, negative: Path, presets=("tiny",), **shard) -> dict:
+    for name in presets:
+        path = workdir / "config" / "presets" / f"{name}.yaml"
+        preset = yaml.safe_load(path.read_text())
+        q = preset["data"]["filter"]["quality"]
+        q["positive"], q["negative"] = [str(positive)], [str(negative)]
+        preset["data"]["shard"].update({"num_shards": 3, "eval_tail_bytes": 60_000, **shard})
+        preset["anchors"]["max_order"] = 4
+        path.write_text(yaml.safe_dump(preset, sort_keys=False))
+    config = yaml.safe_load((workdir / "config" / "config.yaml").read_text())
+    config.update(corpus=str(corpus), presets=list(presets), preset=presets[0])
+    (workdir / "config" / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
+    return config
+
+
+def run_chain(workdir: Path, config: dict, preset: str = "tiny", stages=("filter", "shard", "anchors")):
+    """Run stages in order as Snakemake would (same job JSON), in workdir; returns the plan."""
+    cwd = os.getcwd()
+    os.chdir(workdir)
+    try:
+        plan = build_plan(config)
+        for stage in stages:
+            digest = plan.chain[preset][stage]
+            if not Path(plan.manifest_path(stage, digest)).exists():
+                assert dormouse_main([stage, "--job", plan.job_json(stage, digest)]) == 0
+        return plan
+    finally:
+        os.chdir(cwd)
+
+
+def manifest(workdir: Path, plan, stage: str, preset: str = "tiny") -> dict:
+    return json.loads((workdir / plan.manifest_path(stage, plan.chain[preset][stage])).read_text())

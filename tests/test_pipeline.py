@@ -1,0 +1,79 @@
+"""filter -> shard -> anchors on a small real corpus, run through the same job JSON Snakemake uses."""
+
+import json
+
+import numpy as np
+import pytest
+
+from dormouse.stages.anchors import iter_docs
+from pipeline_util import configure, manifest, run_chain
+
+
+@pytest.fixture()
+def built(workdir, small_corpus, quality_examples):
+    config = configure(workdir, small_corpus, *quality_examples)
+    plan = run_chain(workdir, config)
+    return workdir, plan
+
+
+def test_filter_accounts_for_every_document_and_byte(built):
+    workdir, plan = built
+    c = manifest(workdir, plan, "filter")["counters"]
+    for unit in ("docs", "bytes"):
+        dropped = sum(v for k, v in c.items() if k.startswith(f"{unit}_dropped."))
+        assert c[f"{unit}_read"] == c[f"{unit}_kept"] + dropped > 0
+    assert c["docs_kept"] > 0 and dropped > 0
+    # The codec tables are the low-quality material: none of them may survive.
+    per_file = json.loads((workdir / plan.artifact_dir("filter", plan.chain["tiny"]["filter"]) / "per_file.json").read_text())
+    lowq_kept = sum(v.get("docs_kept", 0) for k, v in per_file.items() if k.startswith("lowq"))
+    assert lowq_kept == 0, per_file
+
+
+def test_manifest_names_inputs_and_corpus_content(built):
+    workdir, plan = built
+    m = manifest(workdir, plan, "filter")
+    assert set(m["inputs"]) == {"corpus", "positive", "negative"}
+    assert len(m["corpus_files"]) > 10 and all(len(f["sha256"]) == 64 for f in m["corpus_files"])
+    assert m["quality_model"]["trained"] and 0.5 < m["quality_model"]["valid_precision_at_1"] <= 1
+
+
+def test_eval_tail_never_reaches_a_train_shard(built):
+    workdir, plan = built
+    art = workdir / plan.artifact_dir("shard", plan.chain["tiny"]["shard"])
+    read_ids = lambda p: [json.loads(line) for line in p.read_text().splitlines()]
+    eval_ids = set(read_ids(art / "eval" / "tail.ids.jsonl"))
+    train_ids = [i for p in sorted((art / "train").glob("*.ids.jsonl")) for i in read_ids(p)]
+    assert eval_ids and train_ids
+    assert not eval_ids & set(train_ids)
+    eval_texts = set(iter_docs(art / "eval" / "tail.bin", art / "eval" / "tail.idx.npy"))
+    for stem in sorted((art / "train").glob("*.bin")):
+        assert not eval_texts & set(iter_docs(stem, stem.with_suffix(".idx.npy")))
+    c = manifest(workdir, plan, "shard")["counters"]
+    assert c["eval_bytes"] >= 60_000
+    assert c["docs_in"] == c["eval_docs"] + c["train_docs"] + c.get("train_docs_dropped.duplicate_of_eval", 0)
+
+
+def test_anchor_ladder_is_ordered(built):
+    workdir, plan = built
+    art = workdir / plan.artifact_dir("anchors", plan.chain["tiny"]["anchors"])
+    result = json.loads((art / "anchors.json").read_text())
+    bpb = {(r["name"], r["order"]): r["bpb"] for r in result["ladder"]}
+    assert bpb[("uniform", 0)] == 8.0
+    assert bpb[("kneser_ney", 4)] < bpb[("kneser_ney", 2)] < bpb[("unigram", 1)] < 8.0
+    assert result["eval_bytes"] == manifest(workdir, plan, "shard")["counters"]["eval_bytes"]
+
+
+def test_consumer_refuses_a_tampered_upstream(built):
+    workdir, plan = built
+    from dormouse.store import ArtifactError
+
+    shard_dir = workdir / plan.artifact_dir("shard", plan.chain["tiny"]["shard"])
+    bin_path = sorted((shard_dir / "train").glob("*.bin"))[0]
+    data = bytearray(bin_path.read_bytes())
+    data[0] ^= 1
+    bin_path.write_bytes(bytes(data))
+    import shutil
+
+    shutil.rmtree(workdir / plan.artifact_dir("anchors", plan.chain["tiny"]["anchors"]))
+    with pytest.raises(ArtifactError, match="sha256"):
+        run_chain(workdir, plan.config, stages=("anchors",))

@@ -1,0 +1,69 @@
+import json
+
+import pytest
+
+from dormouse.store import ArtifactError, ArtifactWriter, artifact_digest, open_artifact
+
+
+def make(tmp_path, params=None, fail=False):
+    params = params or {"k": 1}
+    d = artifact_digest("filter", 1, params, {"corpus": "abc"}, [])
+    w = ArtifactWriter(tmp_path / "filter" / d, "filter", 1, params, {"corpus": "abc"}, [])
+    with w as art:
+        art.path("sub/data.txt").write_text("hello")
+        art.counters["docs_read"] += 3
+        if fail:
+            raise RuntimeError("killed")
+    return tmp_path / "filter" / d
+
+
+def test_digest_depends_on_every_part_and_not_on_key_order():
+    base = artifact_digest("s", 1, {"a": 1, "b": 2}, {"x": "1"}, [])
+    assert base == artifact_digest("s", 1, {"b": 2, "a": 1}, {"x": "1"}, [])
+    others = [
+        artifact_digest("t", 1, {"a": 1, "b": 2}, {"x": "1"}, []),
+        artifact_digest("s", 2, {"a": 1, "b": 2}, {"x": "1"}, []),
+        artifact_digest("s", 1, {"a": 1, "b": 3}, {"x": "1"}, []),
+        artifact_digest("s", 1, {"a": 1, "b": 2}, {"x": "2"}, []),
+        artifact_digest("s", 1, {"a": 1, "b": 2}, {"x": "1"}, ["R1"]),
+    ]
+    assert len({base, *others}) == 6
+
+
+def test_manifest_records_files_counters_code_and_environment(tmp_path):
+    path = make(tmp_path)
+    art = open_artifact(path, stage="filter")
+    m = art.manifest
+    assert m["files"]["sub/data.txt"]["size"] == 5
+    assert m["counters"] == {"docs_read": 3}
+    assert m["code"]["package_version"] and m["code"]["source_digest"]
+    assert "dormouse/stages/filter.py" in m["code"]["source_files"]
+    assert "dormouse/readers.py" in m["code"]["source_files"]  # transitive closure
+    assert m["environment"]["python"] and m["wall_time_s"] >= 0
+
+
+def test_failed_stage_leaves_nothing_that_looks_finished(tmp_path):
+    with pytest.raises(RuntimeError):
+        make(tmp_path, fail=True)
+    assert not list((tmp_path / "filter").rglob("manifest.json"))
+    assert not [p for p in (tmp_path / "filter").iterdir()]  # temp dir removed too
+
+
+def test_tampered_file_fails_loudly(tmp_path):
+    path = make(tmp_path)
+    (path / "sub" / "data.txt").write_text("hellO")
+    with pytest.raises(ArtifactError, match="sha256"):
+        open_artifact(path)
+
+
+def test_wrong_directory_name_is_refused(tmp_path):
+    with pytest.raises(ArtifactError, match="not the digest"):
+        ArtifactWriter(tmp_path / "filter" / ("0" * 20), "filter", 1, {}, {}, [])
+
+
+def test_finished_artifact_is_never_overwritten(tmp_path):
+    path = make(tmp_path)
+    before = json.loads((path / "manifest.json").read_text())
+    with pytest.raises(ArtifactError, match="never overwritten"):
+        make(tmp_path)
+    assert json.loads((path / "manifest.json").read_text()) == before
