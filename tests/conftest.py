@@ -83,7 +83,7 @@ def quality_examples(tmp_path_factory) -> tuple[Path, Path]:
 @pytest.fixture()
 def workdir(tmp_path) -> Path:
     """A copy of the workflow (Snakefile, rules, schemas, config) to run Snakemake or plans in."""
-    for name in ("Snakefile", "workflow", "config"):
+    for name in ("Snakefile", "workflow", "config", "envs", "requirements.txt"):
         src = REPO / name
         (shutil.copytree if src.is_dir() else shutil.copy)(src, tmp_path / name)
     (tmp_path / "corpus" / "demo").mkdir(parents=True)

@@ -1,0 +1,69 @@
+"""The workflow under Snakemake itself: lint, dry runs of every preset, and a real run."""
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from pipeline_util import configure
+
+BIN = Path(sys.executable).parent
+
+
+def snakemake(workdir, *args, check=True):
+    env = {**os.environ, "PATH": f"{BIN}:{os.environ['PATH']}"}
+    proc = subprocess.run([str(BIN / "snakemake"), "--cores", "2", *args], cwd=workdir, env=env,
+                          capture_output=True, text=True, timeout=600)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"snakemake {' '.join(args)} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
+    return proc
+
+
+@pytest.fixture()
+def fixture_workflow(workdir, small_corpus, quality_examples):
+    configure(workdir, small_corpus, *quality_examples, presets=("tiny", "small", "medium", "b1"))
+    return workdir
+
+
+def test_lint_is_clean(fixture_workflow):
+    proc = snakemake(fixture_workflow, "--lint", check=False)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "Congratulations, your workflow is in a good condition!" in proc.stdout + proc.stderr
+
+
+def test_dry_run_of_every_preset_plans_shared_artifacts(fixture_workflow):
+    # The fixture gives every preset the same data params; tiny alone gets another shard count.
+    tiny = fixture_workflow / "config" / "presets" / "tiny.yaml"
+    tiny.write_text(tiny.read_text().replace("num_shards: 3", "num_shards: 5"))
+    targets = [f"results/{p}/anchors.json" for p in ("tiny", "small", "medium", "b1")]
+    t0 = time.time()
+    proc = snakemake(fixture_workflow, "-n", *targets)
+    print(f"dry run of four presets: {time.time() - t0:.1f} s")  # informational; the target is in benchmarks/
+    counts = job_counts(proc.stdout)
+    assert counts == {"filter": 1, "shard": 2, "anchors": 2, "anchors_view": 4, "total": 9}, counts
+
+
+def job_counts(out: str) -> dict:
+    """The job table of a Snakemake dry run: {rule: count}."""
+    counts = {}
+    for line in out.splitlines():
+        parts = line.split()
+        if len(parts) == 2 and parts[1].isdigit():
+            counts[parts[0]] = int(parts[1])
+            if parts[0] == "total":
+                break
+    return counts
+
+
+def test_snakemake_builds_anchors_and_reruns_nothing(fixture_workflow):
+    snakemake(fixture_workflow, "results/tiny/anchors.json")
+    view = json.loads((fixture_workflow / "results" / "tiny" / "anchors.json").read_text())
+    assert [link["stage"] for link in view["digest_chain"]] == ["anchors", "shard", "filter"]
+    assert view["ladder"][0] == {**view["ladder"][0], "name": "uniform", "bpb": 8.0}
+    assert view["retractions_applied"] == []
+    again = snakemake(fixture_workflow, "-n", "results/tiny/anchors.json")
+    assert "Nothing to be done" in again.stdout + again.stderr
