@@ -18,7 +18,7 @@ from dormouse.store import artifact_digest, canonical_json
 
 RAW_SUFFIXES = (".jsonl", ".jsonl.gz", ".jsonl.zst", ".parquet", ".txt")
 DEMO_ROOT = Path("corpus/demo")
-DEMO_PINS = DEMO_ROOT / "sources.json"  # the demo corpus is a pure function of these pins
+DEMO_BUILDER = Path(__file__).with_name("demo_corpus.py")  # pins + selection: the demo is a pure function of it
 DEMO_BUILT = DEMO_ROOT / "BUILD.json"  # written last by the demo-corpus rule
 
 
@@ -88,13 +88,10 @@ def is_demo(spec: str, root: Path = Path(".")) -> bool:
 
 
 def raw_fingerprint(spec: str, root: Path = Path(".")) -> str:
-    """Digest of a raw input. The demo corpus is fingerprinted by its pins (it may not be built yet);
+    """Digest of a raw input. The demo corpus is fingerprinted by its builder (it may not be built yet);
     anything else by its file list, sizes and mtimes (filter records full content hashes)."""
     if is_demo(spec, root):
-        pins = root / DEMO_PINS
-        if not pins.exists():
-            raise ConfigError(f"{pins}: missing; the demo corpus cannot be planned without its pins")
-        payload = {"demo_pins": hashlib.sha256(pins.read_bytes()).hexdigest(), "spec": Path(spec).as_posix()}
+        payload = {"demo_builder": hashlib.sha256(DEMO_BUILDER.read_bytes()).hexdigest(), "spec": Path(spec).as_posix()}
     else:
         files = expand_raw(spec, root)
         if not files:

@@ -87,7 +87,4 @@ def workdir(tmp_path) -> Path:
         src = REPO / name
         (shutil.copytree if src.is_dir() else shutil.copy)(src, tmp_path / name)
     (tmp_path / "corpus" / "demo").mkdir(parents=True)
-    pins = REPO / "corpus" / "demo" / "sources.json"
-    if pins.exists():
-        shutil.copy(pins, tmp_path / "corpus" / "demo" / "sources.json")
     return tmp_path

@@ -375,7 +375,7 @@ def _tree(root: Path) -> dict[str, bytes]:
 
 def test_offline_build_end_to_end(offline_pins):
     out, cache = offline_pins / "corpus", offline_pins / "cache"
-    summary = dc.build_demo_corpus(out, cache, progress=False)
+    summary = dc.build_demo_corpus(out, cache, progress=False, quality_holdout_percent=0)
     assert json.loads((out / "BUILD.json").read_text()) == summary
     assert sorted(p.name for p in out.iterdir()) == ["BUILD.json", "data"]  # no temp dirs left
     assert set(summary["domains"]) == {"prose", "code", "docs", "math", "lowq"}
@@ -395,7 +395,7 @@ def test_offline_build_end_to_end(offline_pins):
     assert len(ids) == len(set(ids)) == summary["total"]["docs"]
 
     first = _tree(out)
-    summary2 = dc.build_demo_corpus(out, cache, progress=False)  # cached rebuild: byte-identical
+    summary2 = dc.build_demo_corpus(out, cache, progress=False, quality_holdout_percent=0)  # cached rebuild: byte-identical
     assert summary2 == summary and _tree(out) == first
 
 

@@ -102,7 +102,7 @@ def test_counts_match_reference_and_chunking(small):
         }
         assert got == {g: v for g, v in ref.c.items() if len(g) == n}
     # tiny chunks force many binary-counter merges; result must be identical
-    chunked = ngram.count_ngrams(iter(SMALL_TRAIN), 5, chunk_bytes=300)
+    chunked = ngram.count_ngrams(iter(SMALL_TRAIN), 5, progress=True, chunk_bytes=300)
     for a, b in zip(counts.keys + counts.counts, chunked.keys + chunked.counts):
         np.testing.assert_array_equal(a, b)
     assert (chunked.n_docs, chunked.n_bytes) == (len(SMALL_TRAIN), sum(map(len, SMALL_TRAIN)))
@@ -125,7 +125,7 @@ def test_kneser_ney_matches_reference(small, discount):
     counts, ref = small
     for k in range(2, 6):
         got = ngram.kneser_ney_bits(counts, SMALL_EVAL, k, discount=discount).bits
-        d = None if discount is None else ([discount] * 5 if isinstance(discount, float) else discount)
+        d = [discount] * 5 if isinstance(discount, float) else discount
         want = ref.bits(SMALL_EVAL, k, lambda h, x: ref.kn(h, x, d))
         assert got == pytest.approx(want, rel=1e-9), k
 
@@ -138,7 +138,8 @@ def test_ladder_reuses_eval_set_consistently(small):
     ]
     fn = {"backoff": ngram.backoff_bits, "kneser_ney": ngram.kneser_ney_bits}
     for r in rows[2:]:
-        assert r["bits"] == pytest.approx(fn[r["name"]](counts, SMALL_EVAL, r["order"]).bits, rel=1e-12)
+        alone = fn[r["name"]](counts, SMALL_EVAL, r["order"]).bits
+        assert r["bits"] == pytest.approx(alone, rel=1e-12)
         assert r["bytes"] == sum(map(len, SMALL_EVAL)) and r["bpb"] == r["bits"] / r["bytes"]
     # training from raw documents gives the same ladder
     assert ngram.anchor_ladder(SMALL_TRAIN, SMALL_EVAL, 4) == rows
@@ -204,22 +205,26 @@ def test_prob_vector_agrees_with_bulk_scoring(small, rung):
 #      - For a context shorter than k-1, NLTK uses the continuation (lower-order)
 #        distribution; our document-start convention uses the shorter model's top level (raw
 #        counts). NLTK never sees this case in its own use (it pads), so it is not compared.
-nltk_lm = pytest.importorskip("nltk.lm")
-from nltk.util import everygrams  # noqa: E402
-
 # Every document starts with "the", and "t", "th", "the" also occur inside documents, so no
 # n-gram of order 2..3 is confined to document starts.
 NLTK_TRAIN = [b"the" + part for part in TEXT[1500:4500].split(b" the")]
 NLTK_CONTEXTS = [b"the", b" th", b"ens", b"se ", b"ou ", b"zzz", b"\x00ab", b"q t", b"or "]
 
 
-def _vocab():
+@pytest.fixture(scope="module")
+def nltk_lm():
+    return pytest.importorskip("nltk.lm")  # skips only the NLTK tests when nltk is missing
+
+
+def _vocab(nltk_lm):
     vocab = nltk_lm.Vocabulary([chr(b) for b in range(1, 256)], unk_label=chr(0))
     assert len(vocab) == 256 and all(vocab.lookup(chr(b)) == chr(b) for b in range(256))
     return vocab
 
 
 def _fit(model, k: int):
+    from nltk.util import everygrams
+
     model.fit([list(everygrams([chr(b) for b in d], max_len=k)) for d in NLTK_TRAIN])
     return model
 
@@ -232,13 +237,13 @@ def test_nltk_corpus_precondition():
         assert everywhere == with_left, n
 
 
-def test_nltk_laplace_and_lidstone():
+def test_nltk_laplace_and_lidstone(nltk_lm):
     counts = ngram.count_ngrams(NLTK_TRAIN, 3)
-    lap = _fit(nltk_lm.Laplace(1, vocabulary=_vocab()), 1)
+    lap = _fit(nltk_lm.Laplace(1, vocabulary=_vocab(nltk_lm)), 1)
     ours = ngram.prob_vector(counts, b"", "unigram", 1, alpha=1.0)
     np.testing.assert_allclose(ours, [lap.score(chr(x)) for x in range(256)], rtol=1e-12)
     gamma, k = 0.05, 3
-    lid = _fit(nltk_lm.Lidstone(gamma, k, vocabulary=_vocab()), k)
+    lid = _fit(nltk_lm.Lidstone(gamma, k, vocabulary=_vocab(nltk_lm)), k)
     seen = 0
     for ctx in NLTK_CONTEXTS + [b"he", b"e ", b"\x00\x01"]:
         h = ctx[-(k - 1) :]
@@ -253,10 +258,10 @@ def test_nltk_laplace_and_lidstone():
 
 
 @pytest.mark.parametrize("k", [3, 4])
-def test_nltk_kneser_ney_interpolated(k):
+def test_nltk_kneser_ney_interpolated(nltk_lm, k):
     d = 0.6
     counts = ngram.count_ngrams(NLTK_TRAIN, k)
-    kn = _fit(nltk_lm.KneserNeyInterpolated(k, discount=d, vocabulary=_vocab()), k)
+    kn = _fit(nltk_lm.KneserNeyInterpolated(k, discount=d, vocabulary=_vocab(nltk_lm)), k)
     discounts = [0.0] + [d] * (k - 1)
     n_seen = 0
     for ctx in NLTK_CONTEXTS:
@@ -285,3 +290,7 @@ def test_rejects_orders_out_of_range(small):
         ngram.count_ngrams(SMALL_TRAIN, 9)
     with pytest.raises(ValueError):
         ngram.kneser_ney_bits(counts, SMALL_EVAL, 6)  # counts only go to order 5
+    with pytest.raises(ValueError):
+        ngram.kneser_ney_bits(counts, SMALL_EVAL, 3, discount=1.5)
+    with pytest.raises(ValueError):
+        ngram.backoff_bits(counts, ngram.prepare_eval(SMALL_EVAL, 2), 3)  # EvalSet too short

@@ -1,7 +1,7 @@
 rule demo_corpus:
     """The embedded demo corpus, built from pinned package-registry sources (corpus/demo/README.md)."""
     input:
-        pins="corpus/demo/sources.json",
+        builder="dormouse/demo_corpus.py",
     output:
         built="corpus/demo/BUILD.json",
     log:
