@@ -83,8 +83,11 @@ def quality_examples(tmp_path_factory) -> tuple[Path, Path]:
 @pytest.fixture()
 def workdir(tmp_path) -> Path:
     """A copy of the workflow (Snakefile, rules, schemas, config) to run Snakemake or plans in."""
-    for name in ("Snakefile", "workflow", "config", "envs", "requirements.txt"):
+    for name in ("Snakefile", "profiles", "workflow", "config", "envs", "requirements.txt"):
         src = REPO / name
-        (shutil.copytree if src.is_dir() else shutil.copy)(src, tmp_path / name)
+        if src.is_symlink():  # profiles -> workflow/profiles (Snakemake's default-profile lookup)
+            (tmp_path / name).symlink_to(src.readlink())
+        else:
+            (shutil.copytree if src.is_dir() else shutil.copy)(src, tmp_path / name)
     (tmp_path / "corpus" / "demo").mkdir(parents=True)
     return tmp_path
