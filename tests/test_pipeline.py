@@ -77,3 +77,20 @@ def test_consumer_refuses_a_tampered_upstream(built):
     shutil.rmtree(workdir / plan.artifact_dir("anchors", plan.chain["tiny"]["anchors"]))
     with pytest.raises(ArtifactError, match="sha256"):
         run_chain(workdir, plan.config, stages=("anchors",))
+
+
+def test_shard_sizes_within_the_stated_bound(built):
+    workdir, plan = built
+    info = manifest(workdir, plan, "shard")["shards"]
+    b = info["balance"]
+    assert 0 < b["max_abs_deviation_bytes"] <= b["bound_bytes"], b
+
+
+def test_balance_bound_catches_a_skewed_router():
+    from dormouse.stages.shard import balance
+
+    sizes = np.full(1000, 1000)
+    fair = balance(np.array([250_000.0] * 4), sizes)
+    assert fair["max_abs_deviation_bytes"] <= fair["bound_bytes"]
+    skewed = balance(np.array([400_000.0, 200_000.0, 200_000.0, 200_000.0]), sizes)  # e.g. routing by a biased hash
+    assert skewed["max_abs_deviation_bytes"] > skewed["bound_bytes"]

@@ -48,6 +48,22 @@ def content_key(data: bytes) -> bytes:
     return hashlib.blake2b(data, digest_size=16).digest()
 
 
+def balance(shard_bytes: np.ndarray, doc_sizes: np.ndarray) -> dict:
+    """Stated bound: routing by a uniform hash puts each document in a shard with probability 1/N,
+    so shard bytes have mean S/N and std sqrt((1/N)(1-1/N) * sum(s_i^2)). Every shard must lie
+    within 5 std of the mean (a chance failure has probability ~N * 6e-7)."""
+    n = len(shard_bytes)
+    sq = float(np.square(doc_sizes.astype(np.float64)).sum())
+    std = (sq * (1 / n) * (1 - 1 / n)) ** 0.5
+    mean = float(shard_bytes.mean()) if n else 0.0
+    return {
+        "mean_bytes": mean,
+        "expected_std_bytes": std,
+        "bound_bytes": 5 * std,
+        "max_abs_deviation_bytes": float(np.abs(shard_bytes - mean).max()) if n else 0.0,
+    }
+
+
 def main(argv=None) -> int:
     job = parse_job(argv, "shard", __doc__)
     n_shards = job["params"]["num_shards"]
@@ -104,6 +120,7 @@ def main(argv=None) -> int:
         assert c["bytes_in"] == c["eval_bytes"] + c["train_bytes"] + c["train_bytes_dropped.duplicate_of_eval"]
         shard_bytes = np.array([s["bytes"] for s in shard_info], dtype=np.float64)
         summary_doc = {
+            "balance": balance(shard_bytes, sz[~is_eval]),
             "num_shards": n_shards,
             "eval_cutoff_fnv1a64": f"{cutoff:016x}",
             "eval": tail_info,
