@@ -67,3 +67,18 @@ def test_snakemake_builds_anchors_and_reruns_nothing(fixture_workflow):
     assert view["retractions_applied"] == []
     again = snakemake(fixture_workflow, "-n", "results/tiny/anchors.json")
     assert "Nothing to be done" in again.stdout + again.stderr
+
+
+def test_config_corpus_override_points_the_chain_at_another_corpus(fixture_workflow, small_corpus, tmp_path):
+    other = tmp_path / "other"
+    other.mkdir()
+    for f in sorted((small_corpus / "code").glob("*.txt"))[:8]:
+        (other / f.name).write_text(f.read_text())
+    base = job_counts(snakemake(fixture_workflow, "-n", "results/tiny/anchors.json").stdout)
+    assert base["filter"] == 1
+    snakemake(fixture_workflow, "results/tiny/anchors.json")
+    # Built: nothing to do for the configured corpus; a --config corpus=... override re-plans the chain.
+    proc = snakemake(fixture_workflow, "-n", "results/tiny/anchors.json", "--config", f"corpus={other}")
+    assert job_counts(proc.stdout) == {"filter": 1, "shard": 1, "anchors": 1, "anchors_view": 1, "total": 4}
+    missing = snakemake(fixture_workflow, "-n", "--config", f"corpus={tmp_path / 'nowhere'}", check=False)
+    assert missing.returncode != 0 and "matched no files" in missing.stdout + missing.stderr
