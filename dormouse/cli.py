@@ -11,6 +11,7 @@ COMMANDS = {
     "anchors": ("dormouse.stages.anchors", "n-gram anchor ladder (bits per byte) on the eval tail"),
     "demo-corpus": ("dormouse.demo_corpus", "build corpus/demo from pinned package-registry sources"),
     "plan": ("dormouse.plan_cli", "print the plan, or one job's JSON to run a stage by hand"),
+    "retractions": ("dormouse.retractions", "the retraction ledger: what each entry hits and superseded"),
     "view": ("dormouse.views", "write a per-preset result file from an artifact and its chain"),
 }
 

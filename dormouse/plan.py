@@ -245,4 +245,19 @@ def build_plan(config: dict, root: Path = Path(".")) -> Plan:
             job = jobs.setdefault((stage, digest), Job(stage, digest, params, inputs, ids))
             job.presets.append(name)
             chain[name][stage] = digest
+    check_match_keys(retractions, jobs.values(), config["retractions"])
     return Plan(config, presets, jobs, chain, retractions)
+
+
+def check_match_keys(entries: list[dict], jobs, source: str) -> None:
+    """A match key that no job of its stage has is a typo that would silently retract nothing."""
+    known: dict[str, set[str]] = {}
+    for job in jobs:
+        known.setdefault(job.stage, set()).update(flatten(job.params))
+    for e in entries:
+        unknown = sorted(k for k in e["match"] if k not in known.get(e["stage"], set()))
+        if unknown:
+            raise ConfigError(
+                f"{source}: retraction {e['id']}: {unknown} not among the params of stage {e['stage']!r} "
+                f"(known: {', '.join(sorted(known.get(e['stage'], ())))})"
+            )
