@@ -10,6 +10,7 @@ COMMANDS = {
     "shard": ("dormouse.stages.shard", "route documents into train shards and the eval tail"),
     "anchors": ("dormouse.stages.anchors", "n-gram anchor ladder (bits per byte) on the eval tail"),
     "demo-corpus": ("dormouse.demo_corpus", "build corpus/demo from pinned package-registry sources"),
+    "gpu-run": ("dormouse.devices", "run a command on free GPU slots (sets CUDA_VISIBLE_DEVICES)"),
     "plan": ("dormouse.plan_cli", "print the plan, or one job's JSON to run a stage by hand"),
     "retractions": ("dormouse.retractions", "the retraction ledger: what each entry hits and superseded"),
     "view": ("dormouse.views", "write a per-preset result file from an artifact and its chain"),

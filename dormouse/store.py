@@ -83,10 +83,21 @@ class ArtifactWriter:
         self._t0 = time.time()
 
     def __enter__(self) -> "ArtifactWriter":
-        if self.tmp.exists():
-            shutil.rmtree(self.tmp)
+        # Leftovers of killed runs of this same job (any pid). Snakemake's lock means no other live
+        # writer builds this digest, so they are garbage; counted so a manifest shows the recovery.
+        for stale in self.out_dir.parent.glob(f".{self.digest}.tmp-*"):
+            shutil.rmtree(stale, ignore_errors=True)
+            self.counters["store.stale_tmp_dirs_removed"] += 1
         self.tmp.mkdir(parents=True)
         return self
+
+    @property
+    def scratch(self) -> Path:
+        """Resumable scratch space keyed by the digest, outside the declared output (Snakemake
+        deletes outputs before a rerun; this survives). Kept on failure, removed on success."""
+        path = scratch_dir(self.out_dir)
+        path.mkdir(parents=True, exist_ok=True)
+        return path
 
     def path(self, name: str) -> Path:
         p = self.tmp / name
@@ -119,7 +130,14 @@ class ArtifactWriter:
         }
         (self.tmp / MANIFEST).write_text(json.dumps(manifest, indent=2, sort_keys=False) + "\n")
         _move_into_place(self.tmp, self.out_dir)
+        shutil.rmtree(scratch_dir(self.out_dir), ignore_errors=True)
         return False
+
+
+def scratch_dir(out_dir: Path) -> Path:
+    """<store>/../scratch/<stage>/<digest> for the artifact <store>/<stage>/<digest>."""
+    out_dir = Path(out_dir)
+    return out_dir.parent.parent.parent / "scratch" / out_dir.parent.name / out_dir.name
 
 
 def _move_into_place(tmp: Path, out_dir: Path) -> None:

@@ -67,3 +67,31 @@ def test_finished_artifact_is_never_overwritten(tmp_path):
     with pytest.raises(ArtifactError, match="never overwritten"):
         make(tmp_path)
     assert json.loads((path / "manifest.json").read_text()) == before
+
+
+def test_scratch_survives_failure_is_keyed_by_digest_and_goes_on_success(tmp_path):
+    params = {"k": 2}
+    d = artifact_digest("shard", 1, params, {}, [])
+    out = tmp_path / "store" / "shard" / d
+    with pytest.raises(RuntimeError):
+        with ArtifactWriter(out, "shard", 1, params, {}, []) as art:
+            (art.scratch / "step-100.pt").write_text("checkpoint")
+            raise RuntimeError("killed at step 150")
+    assert (tmp_path / "scratch" / "shard" / d / "step-100.pt").read_text() == "checkpoint"
+    with ArtifactWriter(out, "shard", 1, params, {}, []) as art:
+        assert (art.scratch / "step-100.pt").exists()  # the rerun resumes from it
+        art.path("done.txt").write_text("ok")
+    assert not (tmp_path / "scratch" / "shard" / d).exists()
+    assert open_artifact(out).manifest["files"]["done.txt"]["size"] == 2
+
+
+def test_leftovers_of_a_killed_writer_are_cleared_and_counted(tmp_path):
+    params = {"k": 3}
+    d = artifact_digest("shard", 1, params, {}, [])
+    stale = tmp_path / "shard" / f".{d}.tmp-99999"
+    stale.mkdir(parents=True)
+    (stale / "half.bin").write_bytes(b"\0" * 10)
+    with ArtifactWriter(tmp_path / "shard" / d, "shard", 1, params, {}, []) as art:
+        art.path("x").write_text("1")
+    assert not stale.exists()
+    assert open_artifact(tmp_path / "shard" / d).manifest["counters"]["store.stale_tmp_dirs_removed"] == 1

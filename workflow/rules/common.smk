@@ -22,3 +22,15 @@ def stage_job(stage):
 
 def view_input(stage):
     return lambda w: PLAN.manifest_path(stage, PLAN.chain[w.preset][stage])
+
+
+def slurm(gpu=False):
+    """sbatch partition/account resources from config (ignored by the local executor)."""
+    cfg = PLAN.config["slurm"]
+    partition = (cfg["gpu_partition"] or cfg["partition"]) if gpu else cfg["partition"]
+    out = {}
+    if partition:
+        out["slurm_partition"] = partition
+    if cfg["account"]:
+        out["slurm_account"] = cfg["account"]
+    return out

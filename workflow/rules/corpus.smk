@@ -12,6 +12,7 @@ rule demo_corpus:
     resources:
         mem_mb=4000,
         runtime=30,
+        **slurm(),
     conda:
         "../../envs/dormouse.yaml"
     shell:

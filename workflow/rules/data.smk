@@ -14,6 +14,7 @@ rule filter:
     resources:
         mem_mb=8000,
         runtime=240,
+        **slurm(),
     conda:
         "../../envs/dormouse.yaml"
     shell:
@@ -36,6 +37,7 @@ rule shard:
     resources:
         mem_mb=8000,
         runtime=120,
+        **slurm(),
     conda:
         "../../envs/dormouse.yaml"
     shell:
@@ -58,6 +60,7 @@ rule anchors:
     resources:
         mem_mb=16000,
         runtime=120,
+        **slurm(),
     conda:
         "../../envs/dormouse.yaml"
     shell:
@@ -80,6 +83,7 @@ rule anchors_view:
     resources:
         mem_mb=1000,
         runtime=5,
+        **slurm(),
     conda:
         "../../envs/dormouse.yaml"
     shell:
