@@ -24,8 +24,14 @@ def main(argv: list[str] | None = None) -> int:
         for name, (_, help_) in COMMANDS.items():
             print(f"  {name:12s} {help_}")
         return 0 if argv and argv[0] in ("-h", "--help") else 2
+    from dormouse.config import ConfigError
+
     module = importlib.import_module(COMMANDS[argv[0]][0])
-    return int(module.main(argv[1:]) or 0)
+    try:
+        return int(module.main(argv[1:]) or 0)
+    except ConfigError as e:
+        print(f"dormouse {argv[0]}: {e}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

@@ -7,6 +7,7 @@ so every resolved value a stage sees is written down (and digested) even when a 
 from __future__ import annotations
 
 import copy
+import datetime
 from pathlib import Path
 
 import jsonschema
@@ -70,6 +71,9 @@ def load_preset(name: str, root: Path = Path(".")) -> dict:
 def load_retractions(path: Path, root: Path = Path(".")) -> list[dict]:
     entries = load_yaml(root / path) if (root / path).exists() else []
     entries = [] if entries == {} else entries
+    for e in entries if isinstance(entries, list) else []:
+        if isinstance(e, dict) and isinstance(e.get("date"), datetime.date):  # YAML reads 2026-12-02 as a date
+            e["date"] = e["date"].isoformat()
     validate(entries, "retractions.schema.yaml", str(path), root)
     ids = [e["id"] for e in entries]
     dupes = sorted({i for i in ids if ids.count(i) > 1})
