@@ -1,0 +1,1 @@
+"""The byte-level language model: KDA mixer, SwiGLU / MoE FFN, loop, Engram memory."""
