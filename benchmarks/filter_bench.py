@@ -27,9 +27,12 @@ Where datatrove's filters are not the same rules as ours (stated again in the TS
     (only "drop lines holding a word > N chars"), so the same semantics needs a LambdaFilter; we use
     one with exactly our two rules (--dt-c4 builtin instead runs C4QualityFilter with only
     lorem-ipsum on plus the long-line lambda, which also rewrites the text: for reference only).
-  * Gopher words: datatrove tokenizes with spaCy (punctuation tokens split off), ours splits on
-    whitespace; datatrove's stop-word rule counts *distinct* stop words, ours counts occurrences;
-    datatrove's bullets are only "•" and "-"; its char fractions divide by len(text).
+  * Gopher words: datatrove tokenizes English with spaCy (punctuation tokens split off), ours splits on
+    whitespace. --dt-words split hands datatrove's Gopher filters a WordTokenizer that does str.split,
+    which isolates the framework + filter code from the tokenizer choice (a cProfile of one datatrove
+    run on 2026-12-02 put ~85% of its time in spaCy's tokenizer). datatrove's stop-word rule counts
+    *distinct* stop words, ours counts occurrences; its bullets are only "•" and "-"; its char
+    fractions divide by len(text).
   * Gopher repetition: datatrove also has the duplicate 5..10-gram rules; ours has none, so they are
     turned off (dup_n_grams=()). Lines are split on "\n+" (ours: non-blank splitlines()).
   * fastText: both use P(__label__hq) >= threshold on the text with newlines replaced by one space
@@ -245,11 +248,25 @@ def worker_datatrove(cfg: dict) -> dict:
     from datatrove.pipeline.readers import JsonlReader
     from datatrove.pipeline.writers import JsonlWriter
     from datatrove.utils.text import split_into_words
+    from datatrove.utils.word_tokenizers import WordTokenizer
 
     t_import = time.perf_counter() - t0
     logger.remove()
     logger.add(sys.stderr, level="WARNING")  # the INFO line per input file would be noise, not work
 
+    class SplitTokenizer(WordTokenizer):
+        """--dt-words split: our word definition (str.split) inside datatrove's Gopher filters."""
+
+        def word_tokenize(self, text):
+            return text.split()
+
+        def sent_tokenize(self, text):
+            raise NotImplementedError
+
+        def span_tokenize(self, text):
+            raise NotImplementedError
+
+    lang = {"language": SplitTokenizer("split")} if cfg["dt_words"] == "split" else {}  # default: English = spaCy
     params = cfg["params"]
     h = params["heuristics"]
     qcfg = params["quality"]
@@ -293,6 +310,7 @@ def worker_datatrove(cfg: dict) -> dict:
             dup_line_char_frac=rep.get("max_dup_line_char_frac"), dup_para_char_frac=rep.get("max_dup_para_char_frac"),
             top_n_grams=tuple((n, f) for n, f in top if f is not None),
             dup_n_grams=(),  # ours has no duplicate 5..10-gram rules
+            **lang,
         ))
     gq = h.get("gopher_quality")
     if gq is not None:
@@ -304,6 +322,7 @@ def worker_datatrove(cfg: dict) -> dict:
             max_ellipsis_lines_ratio=gq.get("max_ellipsis_lines_ratio"),
             max_non_alpha_words_ratio=gq.get("max_non_alpha_words_ratio"),
             min_stop_words=gq.get("min_stop_words"),
+            **lang,
         ))
     label = qcfg["label_hq"].removeprefix("__label__")
     ft = FastTextClassifierFilter(cfg["model"], keep_labels=[(label, qcfg["threshold"])], newline_replacement=" ")
@@ -315,7 +334,7 @@ def worker_datatrove(cfg: dict) -> dict:
     _ = ft.model  # copies the local .bin into the HF assets cache once, then loads it
     t_model = time.perf_counter() - t
     t = time.perf_counter()
-    split_into_words("Load the spaCy tokenizer before the clock starts.")
+    split_into_words("Load the spaCy tokenizer before the clock starts.", **lang)
     t_spacy = time.perf_counter() - t
     import shutil
 
@@ -395,6 +414,9 @@ def main() -> None:
     ap.add_argument("--model", help="fastText .bin (default: the planned filter artifact's quality_model.bin)")
     ap.add_argument("--dt-python", default="/tmp/dtvenv/bin/python", help="python of the datatrove venv")
     ap.add_argument("--dt-c4", choices=["lambda", "builtin"], default="lambda")
+    ap.add_argument("--dt-words", choices=["spacy", "split"], default="spacy",
+                    help="datatrove's word tokenizer for the Gopher filters: its English default (spaCy) or str.split "
+                         "as ours (a WordTokenizer subclass passed as language=)")
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--cpu", default="1", help="taskset -c list for each worker")
     ap.add_argument("--no-tsv", action="store_true")
@@ -438,12 +460,14 @@ def main() -> None:
     print(f"model: {model} ({Path(model).stat().st_size / MB:.1f} MB)")
     print(f"params ({args.preset}): {json.dumps({k: params[k] for k in ('min_doc_bytes', 'heuristics')}, sort_keys=True)}")
     print(f"quality: label {params['quality']['label_hq']} threshold {params['quality']['threshold']} "
-          f"top_fraction {params['quality']['top_fraction']}   datatrove C4 mode: {args.dt_c4}", flush=True)
+          f"top_fraction {params['quality']['top_fraction']}   datatrove C4 mode: {args.dt_c4}, words: {args.dt_words}",
+          flush=True)
 
     with tempfile.TemporaryDirectory(prefix="filter-bench-") as tmp:
         cfg_path = Path(tmp) / "cfg.json"
         cfg_path.write_text(json.dumps({"params": params, "model": model, "inputs": [args.input_dir],
-                                        "input_dir": args.input_dir, "dt_c4": args.dt_c4}))
+                                        "input_dir": args.input_dir, "dt_c4": args.dt_c4,
+                                        "dt_words": args.dt_words}))
         sides = {"ours": str(ROOT / ".venv/bin/python")}
         dt_error = None
         if Path(args.dt_python).exists():
@@ -508,23 +532,27 @@ def main() -> None:
         versions += (f"; datatrove venv: py {dt_v['python']} datatrove {dt_v['datatrove']} numpy {dt_v['numpy']} "
                      f"fasttext-numpy2-wheel {dt_v['fasttext-numpy2-wheel']} spacy {dt_v['spacy']} orjson {dt_v['orjson']}")
     kept = {s: summary[s]["res"]["docs_kept"] for s in summary}
+    reps = {s: [round(r["loop_s"], 2) for r in results[s]] for s in summary}
     note_common = (f"input {inp['files']} demo jsonl.zst, {inp['docs']} docs, {text_mb:.2f} MB text; preset {args.preset}; "
-                   f"median of {args.reps}; 1 task pinned taskset -c {args.cpu}; kept docs {kept}")
+                   f"median of {args.reps}, loop s per rep {reps}; 1 task pinned taskset -c {args.cpu}; kept docs {kept}")
     mismatch = ("mismatch: C4 doc rules (lorem ipsum, line>2000 B) via LambdaFilter"
                 + (" + C4QualityFilter(lorem only, rewrites text)" if args.dt_c4 == "builtin" else "")
-                + "; datatrove Gopher uses spaCy words and distinct stop words; dup 5-10-gram rules off; "
+                + ("; datatrove Gopher words = spaCy (its English default)"
+                   if args.dt_words == "spacy" else "; datatrove Gopher words = str.split via a custom WordTokenizer (as ours)")
+                + "; datatrove counts distinct stop words; dup 5-10-gram rules off; "
                   "fastText per doc (dt) vs batches of 512 (ours)")
     rows = []
     base = {"date": date, "machine": machine, "versions": versions, "command": command}
     o = summary["ours"]
     d = summary.get("datatrove")
-    rows.append({**base, "metric": "filter_ours_MBps_per_core_loop", "value": f"{o['mbps']:.3f}",
+    sfx = "" if (args.dt_words, args.dt_c4) == ("spacy", "lambda") else f"_dt_{args.dt_words}_{args.dt_c4}"
+    rows.append({**base, "metric": f"filter_ours_MBps_per_core_loop{sfx}", "value": f"{o['mbps']:.3f}",
                  "baseline": f"{d['mbps']:.3f}" if d else "", "ratio": f"{ratio:.3f}" if ratio else "",
                  "note": f"baseline = datatrove 0.10.1 same pipeline; excl. imports+model load; {note_common}; {mismatch}"})
     if d:
-        rows.append({**base, "metric": "filter_datatrove_MBps_per_core_loop", "value": f"{d['mbps']:.3f}",
+        rows.append({**base, "metric": f"filter_datatrove_MBps_per_core_loop{sfx}", "value": f"{d['mbps']:.3f}",
                      "baseline": "", "ratio": "", "note": f"{note_common}; {mismatch}"})
-    rows.append({**base, "metric": "filter_ours_MBps_per_core_process", "value": f"{o['mbps_process']:.3f}",
+    rows.append({**base, "metric": f"filter_ours_MBps_per_core_process{sfx}", "value": f"{o['mbps_process']:.3f}",
                  "baseline": f"{d['mbps_process']:.3f}" if d else "", "ratio": f"{ratio_proc:.3f}" if ratio_proc else "",
                  "note": f"whole subprocess wall clock incl. imports and model load (ours {o['res']['model_load_s']:.2f} s"
                          + (f", datatrove {d['res']['model_load_s']:.2f} s incl. spaCy" if d else "") + f"); {note_common}"})

@@ -15,13 +15,13 @@ BULLETS = ("•", "●", "○", "■", "□", "▪", "▫", "*", "-", "–", "�
 _ALPHA_WORD = re.compile(r"\S*[^\W\d_]\S*")
 _PARA_SPLIT = re.compile(r"\n{2,}")
 _LORE = re.compile(r"lorem ipsum", re.IGNORECASE)
-_PUNCT = frozenset("!\"#$%&'()*+,-./:;<=>?@[\\]^_`{|}~…–—")
+_PUNCT = "!\"#$%&'()*+,-./:;<=>?@[\\]^_`{|}~…–—"
 
 
 def gopher_quality(text: str, cfg: dict) -> str | None:
     """Rae et al. 2021 (Gopher), appendix A.1.1 quality filters."""
     words = text.split()
-    content = [w for w in words if not all(c in _PUNCT for c in w)]
+    content = [w for w in words if w.strip(_PUNCT)]  # words that are not only punctuation
     n = len(content)
     if cfg.get("min_words") is not None and n < cfg["min_words"]:
         return "gopher_too_few_words"
@@ -52,7 +52,7 @@ def gopher_quality(text: str, cfg: dict) -> str | None:
         if len(_ALPHA_WORD.findall(text)) / len(words) < cfg["max_non_alpha_words_ratio"]:
             return "gopher_non_alpha_words"
     if cfg.get("min_stop_words") is not None:
-        stops = sum(1 for w in words if w.lower() in STOP_WORDS)
+        stops = sum(1 for w in text.lower().split() if w in STOP_WORDS)
         if stops < cfg["min_stop_words"]:
             return "gopher_few_stop_words"
     return None

@@ -36,6 +36,7 @@ STAGES = {
         StageSpec("filter", 1, ()),
         StageSpec("shard", 1, ("filter",)),
         StageSpec("anchors", 1, ("shard",)),
+        StageSpec("pretrain", 1, ("shard",)),
     )
 }
 
@@ -55,6 +56,14 @@ def stage_params(stage: str, preset: dict) -> dict:
         return dict(data["shard"])
     if stage == "anchors":
         return dict(preset["anchors"])
+    if stage == "pretrain":
+        from dormouse.model.config import ModelConfig  # torch-free
+
+        try:
+            model = ModelConfig.from_dict(preset["model"]).to_dict()
+        except (TypeError, ValueError) as e:
+            raise ConfigError(f"model: {e}") from None
+        return {"model": model, "train": dict(preset["train"])}
     raise KeyError(stage)
 
 
@@ -191,6 +200,11 @@ class Plan:
     def digests(self, stage: str) -> list[str]:
         return sorted(d for s, d in self.jobs if s == stage)
 
+    def gpus(self, stage: str, digest: str) -> int:
+        """GPUs a job holds: 1 for a cuda training job, else 0 (the gpu resource and gpu-run slot)."""
+        params = self.job(stage, digest).params
+        return int(params.get("train", {}).get("device") == "cuda")
+
     def job_json(self, stage: str, digest: str) -> str:
         return canonical_json(self.job(stage, digest).spec(self.store))
 
@@ -228,7 +242,10 @@ def build_plan(config: dict, root: Path = Path(".")) -> Plan:
     for name, preset in presets.items():
         chain[name] = {}
         for stage, spec in STAGES.items():
-            params = stage_params(stage, preset)
+            try:
+                params = stage_params(stage, preset)
+            except ConfigError as e:
+                raise ConfigError(f"config/presets/{name}.yaml: {e}") from None
             inputs = {up: {"kind": "artifact", "stage": up, "digest": chain[name][up]} for up in spec.upstream}
             if stage == "filter":
                 inputs["corpus"] = raw("corpus", [config["corpus"]])

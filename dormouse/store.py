@@ -153,10 +153,12 @@ def _move_into_place(tmp: Path, out_dir: Path) -> None:
 
 @dataclass
 class Artifact:
-    """A finished artifact, its manifest loaded and every file's sha256 verified."""
+    """A finished artifact. Each file's size and sha256 are checked against the manifest the first
+    time the consumer asks for it (`file()`), so a stage verifies exactly what it reads."""
 
     path: Path
     manifest: dict
+    verified: set = field(default_factory=set)
 
     @property
     def digest(self) -> str:
@@ -169,14 +171,30 @@ class Artifact:
     def file(self, name: str) -> Path:
         if name not in self.manifest["files"]:
             raise ArtifactError(f"{self.path}: manifest lists no file {name!r}")
-        return self.path / name
+        p = self.path / name
+        if name not in self.verified:
+            meta = self.manifest["files"][name]
+            if not p.exists():
+                raise ArtifactError(f"{p}: listed in the manifest but missing on disk")
+            if p.stat().st_size != meta["size"]:
+                raise ArtifactError(f"{p}: size {p.stat().st_size} != manifest {meta['size']}")
+            actual = sha256_file(p)
+            if actual != meta["sha256"]:
+                raise ArtifactError(f"{p}: sha256 {actual} != manifest {meta['sha256']}; the file was altered")
+            self.verified.add(name)
+        return p
 
     def files(self, prefix: str = "") -> list[str]:
         return sorted(n for n in self.manifest["files"] if n.startswith(prefix))
 
+    def verify_all(self) -> "Artifact":
+        for name in self.manifest["files"]:
+            self.file(name)
+        return self
 
-def open_artifact(path: str | Path, stage: str | None = None, verify: bool = True) -> Artifact:
-    """Load an artifact; with verify, every listed file must match its recorded size and sha256."""
+
+def open_artifact(path: str | Path, stage: str | None = None, verify: bool = False) -> Artifact:
+    """Load an artifact's manifest; files are verified when read (or all now, with verify=True)."""
     path = Path(path)
     if path.name == MANIFEST:
         path = path.parent
@@ -188,14 +206,5 @@ def open_artifact(path: str | Path, stage: str | None = None, verify: bool = Tru
         raise ArtifactError(f"{path}: expected a {stage!r} artifact, manifest says {manifest.get('stage')!r}")
     if manifest.get("digest") != path.name:
         raise ArtifactError(f"{path}: manifest digest {manifest.get('digest')!r} does not match its directory")
-    if verify:
-        for name, meta in manifest["files"].items():
-            p = path / name
-            if not p.exists():
-                raise ArtifactError(f"{p}: listed in the manifest but missing on disk")
-            if p.stat().st_size != meta["size"]:
-                raise ArtifactError(f"{p}: size {p.stat().st_size} != manifest {meta['size']}")
-            actual = sha256_file(p)
-            if actual != meta["sha256"]:
-                raise ArtifactError(f"{p}: sha256 {actual} != manifest {meta['sha256']}; the file was altered")
-    return Artifact(path, manifest)
+    art = Artifact(path, manifest)
+    return art.verify_all() if verify else art

@@ -33,14 +33,22 @@ def digest_chain(artifact_dir: Path, store: Path) -> list[dict]:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="dormouse view")
-    ap.add_argument("kind", choices=["anchors"])
+    ap.add_argument("kind", choices=["anchors", "pretrain"])
     ap.add_argument("--preset", required=True)
     ap.add_argument("--artifact", required=True, help="the artifact's directory or manifest.json")
     ap.add_argument("--store", default="results/store")
     ap.add_argument("--out", required=True)
     args = ap.parse_args(argv)
     art = open_artifact(args.artifact, stage=args.kind)
-    result = json.loads(art.file("anchors.json").read_text())
+    if args.kind == "anchors":
+        result = json.loads(art.file("anchors.json").read_text())
+    else:
+        metrics = [json.loads(line) for line in art.file("metrics.jsonl").read_text().splitlines()]
+        result = {
+            **art.manifest["final"],
+            "eval_curve": [{"step": m["step"], "eval_bpb": m["eval_bpb"]} for m in metrics if "eval_bpb" in m],
+            "counters": art.manifest["counters"],
+        }
     chain = digest_chain(art.path, Path(args.store))
     view = {
         "preset": args.preset,

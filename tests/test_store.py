@@ -52,8 +52,11 @@ def test_failed_stage_leaves_nothing_that_looks_finished(tmp_path):
 def test_tampered_file_fails_loudly(tmp_path):
     path = make(tmp_path)
     (path / "sub" / "data.txt").write_text("hellO")
+    art = open_artifact(path)  # manifest only: files are checked when a consumer reads them
     with pytest.raises(ArtifactError, match="sha256"):
-        open_artifact(path)
+        art.file("sub/data.txt")
+    with pytest.raises(ArtifactError, match="sha256"):
+        open_artifact(path, verify=True)
 
 
 def test_wrong_directory_name_is_refused(tmp_path):

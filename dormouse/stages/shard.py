@@ -15,7 +15,10 @@ from __future__ import annotations
 
 import hashlib
 import json
+import shutil
 import sys
+import tempfile
+from pathlib import Path
 
 import numpy as np
 from tqdm import tqdm
@@ -71,63 +74,75 @@ def main(argv=None) -> int:
     filtered = input_artifact(job, "filter")
     parts = [filtered.file(n) for n in filtered.files("docs-")]
 
-    # Pass 1: id hash, size and content key of every document; choose the eval cutoff.
-    hashes, sizes, keys = [], [], []
-    for doc in tqdm(read_parts(parts), unit="doc", mininterval=5, desc="shard pass 1", file=sys.stdout):
-        data = doc["text"].encode("utf-8")
-        hashes.append(fnv1a_64(doc["id"]))
-        sizes.append(len(data))
-        keys.append(content_key(data))
-    h = np.asarray(hashes, dtype=np.uint64)
-    sz = np.asarray(sizes, dtype=np.int64)
-    order = np.argsort(h, kind="stable")
-    cum = np.cumsum(sz[order])
-    n_eval = int(np.searchsorted(cum, eval_target) + 1) if len(cum) else 0
-    if n_eval >= len(h):
-        raise SystemExit(f"shard: eval_tail_bytes={eval_target} takes the whole corpus ({int(sz.sum())} bytes)")
-    cutoff = int(h[order[n_eval - 1]])
-    is_eval = h <= np.uint64(cutoff)
-    eval_keys = {keys[i] for i in np.flatnonzero(is_eval)}
+    # Pass 1: decode every document once into a scratch byte file; id hash and size per document.
+    scratch = Path(tempfile.mkdtemp(prefix="dormouse-shard-"))
+    try:
+        ids, hashes, offsets = [], [], [0]
+        with open(scratch / "texts.bin", "wb") as texts:
+            for doc in tqdm(read_parts(parts), unit="doc", mininterval=5, desc="shard pass 1", file=sys.stdout):
+                data = doc["text"].encode("utf-8")
+                texts.write(data)
+                ids.append(doc["id"])
+                hashes.append(fnv1a_64(doc["id"]))
+                offsets.append(offsets[-1] + len(data))
+        h = np.asarray(hashes, dtype=np.uint64)
+        off = np.asarray(offsets, dtype=np.int64)
+        sz = np.diff(off)
+        order = np.argsort(h, kind="stable")
+        cum = np.cumsum(sz[order])
+        n_eval = int(np.searchsorted(cum, eval_target) + 1) if len(cum) else 0
+        if n_eval >= len(h):
+            raise SystemExit(f"shard: eval_tail_bytes={eval_target} takes the whole corpus ({int(sz.sum())} bytes)")
+        cutoff = int(h[order[n_eval - 1]])
+        is_eval = h <= np.uint64(cutoff)
+        buf = np.memmap(scratch / "texts.bin", dtype=np.uint8, mode="r") if off[-1] else np.zeros(0, np.uint8)
+        text_of = lambda i: buf[off[i] : off[i + 1]].tobytes()
+        # Copies of eval texts can only hide among train documents of the same length.
+        eval_idx = np.flatnonzero(is_eval)
+        eval_keys = {content_key(text_of(i)) for i in eval_idx}
+        eval_sizes = set(sz[eval_idx].tolist())
 
-    # Pass 2: route.
-    with writer(job) as art:
-        c = art.counters
-        tail = ShardWriter(art, "eval/tail")
-        shards = [ShardWriter(art, f"train/shard-{i:04d}") for i in range(n_shards)]
-        seen_ids = set()
-        for i, doc in enumerate(tqdm(read_parts(parts), unit="doc", mininterval=5, desc="shard pass 2", file=sys.stdout)):
-            data = doc["text"].encode("utf-8")
-            c["docs_in"] += 1
-            c["bytes_in"] += len(data)
-            if doc["id"] in seen_ids:
-                c["docs_duplicate_id"] += 1
-            seen_ids.add(doc["id"])
-            if is_eval[i]:
-                tail.write(doc["id"], data)
-                c["eval_docs"] += 1
-                c["eval_bytes"] += len(data)
-            elif keys[i] in eval_keys:
-                c["train_docs_dropped.duplicate_of_eval"] += 1
-                c["train_bytes_dropped.duplicate_of_eval"] += len(data)
-            else:
-                shards[int(h[i]) % n_shards].write(doc["id"], data)
-                c["train_docs"] += 1
-                c["train_bytes"] += len(data)
+        # Pass 2: route from the scratch bytes.
+        with writer(job) as art:
+            c = art.counters
+            tail = ShardWriter(art, "eval/tail")
+            shards = [ShardWriter(art, f"train/shard-{i:04d}") for i in range(n_shards)]
+            seen_ids = set()
+            for i in tqdm(range(len(ids)), unit="doc", mininterval=5, desc="shard pass 2", file=sys.stdout):
+                data = text_of(i)
+                c["docs_in"] += 1
+                c["bytes_in"] += len(data)
+                if ids[i] in seen_ids:
+                    c["docs_duplicate_id"] += 1
+                seen_ids.add(ids[i])
+                if is_eval[i]:
+                    tail.write(ids[i], data)
+                    c["eval_docs"] += 1
+                    c["eval_bytes"] += len(data)
+                elif len(data) in eval_sizes and content_key(data) in eval_keys:
+                    c["train_docs_dropped.duplicate_of_eval"] += 1
+                    c["train_bytes_dropped.duplicate_of_eval"] += len(data)
+                else:
+                    shards[int(h[i]) % n_shards].write(ids[i], data)
+                    c["train_docs"] += 1
+                    c["train_bytes"] += len(data)
 
-        tail_info = tail.close()
-        shard_info = [s.close() for s in shards]
-        assert c["docs_in"] == c["eval_docs"] + c["train_docs"] + c["train_docs_dropped.duplicate_of_eval"]
-        assert c["bytes_in"] == c["eval_bytes"] + c["train_bytes"] + c["train_bytes_dropped.duplicate_of_eval"]
-        shard_bytes = np.array([s["bytes"] for s in shard_info], dtype=np.float64)
-        summary_doc = {
-            "balance": balance(shard_bytes, sz[~is_eval]),
-            "num_shards": n_shards,
-            "eval_cutoff_fnv1a64": f"{cutoff:016x}",
-            "eval": tail_info,
-            "train": shard_info,
-            "train_bytes_max_over_mean": float(shard_bytes.max() / shard_bytes.mean()) if shard_bytes.mean() else None,
-        }
-        art.path("shards.json").write_text(json.dumps(summary_doc, indent=1))
-        art.extra["shards"] = {k: v for k, v in summary_doc.items() if k != "train"}
-        summary("shard", c)
+            tail_info = tail.close()
+            shard_info = [s.close() for s in shards]
+            assert c["docs_in"] == c["eval_docs"] + c["train_docs"] + c["train_docs_dropped.duplicate_of_eval"]
+            assert c["bytes_in"] == c["eval_bytes"] + c["train_bytes"] + c["train_bytes_dropped.duplicate_of_eval"]
+            shard_bytes = np.array([s["bytes"] for s in shard_info], dtype=np.float64)
+            summary_doc = {
+                "balance": balance(shard_bytes, sz[~is_eval]),
+                "num_shards": n_shards,
+                "eval_cutoff_fnv1a64": f"{cutoff:016x}",
+                "eval": tail_info,
+                "train": shard_info,
+                "train_bytes_max_over_mean": float(shard_bytes.max() / shard_bytes.mean()) if shard_bytes.mean() else None,
+            }
+            art.path("shards.json").write_text(json.dumps(summary_doc, indent=1))
+            art.extra["shards"] = {k: v for k, v in summary_doc.items() if k != "train"}
+            summary("shard", c)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
     return 0

@@ -1,0 +1,86 @@
+"""Byte batches over the train shards, resumable to the exact byte, and the fixed eval window.
+
+Train: each epoch visits every shard once in an order drawn from (seed, epoch); the shards' bytes
+are read as one stream, and each batch is the next B*T+1 bytes viewed as B rows (inputs) shifted by
+one (targets). The position (epoch, cursor) is the whole data state: saving and restoring it
+resumes at the same byte. Documents are concatenated as they are in the shard (no separator byte:
+every byte value is text to a byte model; the shard's .idx.npy keeps the boundaries).
+
+Eval: the first `eval_bytes` of the eval tail, cut into rows of T+1 bytes, identical for every
+evaluation (rewound each time) and reported with its byte count.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+
+@dataclass
+class StreamState:
+    epoch: int = 0
+    cursor: int = 0  # bytes of this epoch's stream already consumed
+
+    def to_dict(self) -> dict:
+        return {"epoch": self.epoch, "cursor": self.cursor}
+
+
+class TrainStream:
+    def __init__(self, shard_bins: list[Path], batch_size: int, seq_len: int, seed: int, state: StreamState | None = None):
+        self.shards = [np.memmap(p, dtype=np.uint8, mode="r") for p in shard_bins]
+        self.shards = [s for s in self.shards if len(s)]  # an empty shard has nothing to give
+        if not self.shards:
+            raise ValueError(f"every train shard is empty: {[str(p) for p in shard_bins]}")
+        self.B, self.T, self.seed = batch_size, seq_len, seed
+        self.state = state or StreamState()
+        self.epoch_bytes = sum(len(s) for s in self.shards)
+        if self.epoch_bytes < batch_size * seq_len + 1:
+            raise ValueError(f"train shards hold {self.epoch_bytes} bytes, less than one batch ({batch_size}x{seq_len}+1)")
+        self._order_epoch = None
+
+    def _order(self, epoch: int) -> list[np.ndarray]:
+        if self._order_epoch != epoch:
+            perm = np.random.default_rng([self.seed, epoch]).permutation(len(self.shards))
+            self._order_cache = [self.shards[i] for i in perm]
+            self._order_epoch = epoch
+        return self._order_cache
+
+    def _read(self, epoch: int, start: int, n: int) -> np.ndarray:
+        out, pos = [], 0
+        for shard in self._order(epoch):
+            end = pos + len(shard)
+            if end > start and pos < start + n:
+                a, b = max(start - pos, 0), min(start + n - pos, len(shard))
+                out.append(np.asarray(shard[a:b]))
+            pos = end
+        return np.concatenate(out)
+
+    def next_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
+        need = self.B * self.T + 1
+        if self.state.cursor + need > self.epoch_bytes:  # the tail of an epoch is skipped, not wrapped
+            self.state = StreamState(self.state.epoch + 1, 0)
+        buf = torch.from_numpy(self._read(self.state.epoch, self.state.cursor, need).astype(np.int64))
+        self.state = StreamState(self.state.epoch, self.state.cursor + self.B * self.T)
+        return buf[:-1].view(self.B, self.T), buf[1:].view(self.B, self.T)
+
+    def bytes_seen(self) -> int:
+        """Train bytes consumed so far (all epochs), as a float of epochs: see `epochs_seen`."""
+        return self.state.epoch * self.epoch_bytes + self.state.cursor
+
+    def epochs_seen(self) -> float:
+        return self.bytes_seen() / self.epoch_bytes
+
+
+def eval_window(eval_bin: Path, eval_bytes: int, seq_len: int) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """(inputs, targets, n_target_bytes): rows of seq_len+1 bytes from the start of the eval tail."""
+    data = np.fromfile(eval_bin, dtype=np.uint8)
+    rows = min(eval_bytes, len(data) - 1) // seq_len
+    if rows < 1:
+        raise ValueError(f"{eval_bin}: {len(data)} bytes; cannot fill one eval row of {seq_len + 1}")
+    usable = data[: rows * seq_len + 1]
+    x = np.lib.stride_tricks.sliding_window_view(usable, seq_len + 1)[::seq_len][:rows]
+    t = torch.from_numpy(np.ascontiguousarray(x).astype(np.int64))
+    return t[:, :-1], t[:, 1:], rows * seq_len

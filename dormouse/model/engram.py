@@ -1,0 +1,183 @@
+"""Engram: a hashed byte n-gram memory read by the input bytes and gated into the residual stream.
+
+After deepseek-ai/Engram (engram_demo_v1.py), on bytes instead of compressed tokens.
+
+Tables (one per (order, head); `engram_tables(cfg)` is the single source of truth for their sizes):
+- order 1: exact, `vocab` rows (the current byte; every position has one).
+- order 2: exact, `vocab**2 + 1` rows: row prev*vocab + cur (65 536 rows for bytes), plus one reserved
+  "no n-gram" row (index vocab**2) read at position 0 of a sequence, which has no previous byte.
+- order n >= 3: `engram_heads` hashed tables of `engram_rows` rows each. Head h of order n mixes the n
+  bytes b_0 = x[t], b_1 = x[t-1], ... with its own odd 31-bit multipliers m_{n,h,k}:
+      mix = (b_0 * m_0) XOR (b_1 * m_1) XOR ... XOR (b_{n-1} * m_{n-1});   row = mix mod p_{n,h}
+  where the p are distinct primes <= engram_rows - 1 (the largest ones), shared by all Engram layers;
+  the multipliers differ per layer (seeded by (stack position, order, head)). The last row,
+  engram_rows - 1, is never produced by the hash and is the reserved "no n-gram" row for positions
+  t < n - 1 (fewer than n - 1 bytes of history in this sequence).
+  A reserved row is *read* (and learned: it acts as a "sequence start" embedding), never masked, so
+  every position reads exactly one row per table and `rows_read` is exactly B*T*n_tables.
+  Multipliers and moduli are persistent int64 buffers, so a checkpoint carries its own hash.
+
+Forward (per position, causal: only x[t-n+1..t] and the hidden state at t; the optional conv looks back):
+    e = concat of the looked-up rows                                    [n_tables * engram_dim]
+    k = RMSNorm(W_k e),  q = RMSNorm(h),  gate = sigmoid(signed_sqrt(q.k / sqrt(D)))
+    v = gate * W_v e
+    out = v + silu(causal_depthwise_conv(RMSNorm(v)))   (kernel ENGRAM_CONV_SIZE, dilation max order)
+and the block adds `out` to its residual before its mixer. W_v is the branch's output projection.
+Counter: counters["engram.rows_read"] += B*T*n_tables per call.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .config import ModelConfig
+
+# Short causal conv on the gated value (as the Engram demo). There is no config field for it; a
+# ModelConfig.engram_conv_size, if one is ever added, is picked up here (0 turns the conv off).
+ENGRAM_CONV_SIZE = 4
+
+
+def engram_conv_size(cfg: ModelConfig) -> int:
+    return int(getattr(cfg, "engram_conv_size", ENGRAM_CONV_SIZE))
+
+
+@dataclass(frozen=True)
+class TableSpec:
+    order: int
+    head: int  # 0 for the exact tables
+    rows: int  # parameter rows, the reserved row included
+    modulus: int  # hashed: the prime p; exact: 0
+
+    @property
+    def hashed(self) -> bool:
+        return self.modulus > 0
+
+
+def _is_prime(n: int) -> bool:
+    if n < 2:
+        return False
+    if n % 2 == 0:
+        return n == 2
+    f = 3
+    while f * f <= n:
+        if n % f == 0:
+            return False
+        f += 2
+    return True
+
+
+def _largest_primes(limit: int, count: int) -> list[int]:
+    """The `count` largest primes <= limit, descending."""
+    out, c = [], limit
+    while len(out) < count and c >= 2:
+        if _is_prime(c):
+            out.append(c)
+        c -= 1
+    if len(out) < count:
+        raise ValueError(f"engram_rows={limit + 1} is too small for {count} distinct hash moduli")
+    return out
+
+
+def engram_tables(cfg: ModelConfig) -> list[TableSpec]:
+    """The tables of one Engram layer, in lookup/concatenation order."""
+    orders = tuple(cfg.engram_orders)
+    if not orders or len(set(orders)) != len(orders) or min(orders) < 1:
+        raise ValueError(f"engram_orders must be distinct positive ints, got {orders}")
+    if cfg.engram_heads < 1:
+        raise ValueError("engram_heads must be >= 1")
+    v = cfg.vocab_size
+    n_hashed = sum(cfg.engram_heads for n in orders if n >= 3)
+    primes = iter(_largest_primes(cfg.engram_rows - 1, n_hashed)) if n_hashed else iter(())
+    specs = []
+    for n in sorted(orders):
+        if n == 1:
+            specs.append(TableSpec(1, 0, v, 0))
+        elif n == 2:
+            specs.append(TableSpec(2, 0, v * v + 1, 0))
+        else:
+            specs.extend(TableSpec(n, h, cfg.engram_rows, next(primes)) for h in range(cfg.engram_heads))
+    return specs
+
+
+class Engram(nn.Module):
+    def __init__(self, cfg: ModelConfig, position: int):
+        super().__init__()
+        self.position = position
+        self.specs = engram_tables(cfg)
+        self.max_order = max(s.order for s in self.specs)
+        self.d_model, self.vocab = cfg.d_model, cfg.vocab_size
+        d, mem = cfg.d_model, len(self.specs) * cfg.engram_dim
+        offsets = np.cumsum([0] + [s.rows for s in self.specs[:-1]])
+        mult = np.zeros((len(self.specs), self.max_order), dtype=np.int64)
+        for i, s in enumerate(self.specs):
+            if s.hashed:
+                rng = np.random.default_rng([position, s.order, s.head])
+                mult[i, : s.order] = rng.integers(0, 2**30, size=s.order, dtype=np.int64) * 2 + 1
+        self.register_buffer("offsets", torch.tensor(offsets, dtype=torch.long))
+        self.register_buffer("hash_multipliers", torch.from_numpy(mult))
+        self.register_buffer("hash_moduli", torch.tensor([s.modulus for s in self.specs], dtype=torch.long))
+        self.table = nn.Embedding(sum(s.rows for s in self.specs), cfg.engram_dim)
+        self.key_proj = nn.Linear(mem, d, bias=False)
+        self.value_proj = nn.Linear(mem, d, bias=False)
+        self.key_norm = nn.RMSNorm(d, eps=cfg.norm_eps)
+        self.query_norm = nn.RMSNorm(d, eps=cfg.norm_eps)
+        self.conv_size = engram_conv_size(cfg)
+        if self.conv_size > 0:
+            self.conv_norm = nn.RMSNorm(d, eps=cfg.norm_eps)
+            self.conv = nn.Conv1d(d, d, self.conv_size, groups=d, bias=False, dilation=self.max_order)
+
+    @property
+    def n_tables(self) -> int:
+        return len(self.specs)
+
+    def local_ids(self, idx: torch.Tensor) -> torch.Tensor:
+        """idx [B, T] bytes -> [B, T, n_tables] row index inside each table (reserved row included)."""
+        t_len = idx.shape[-1]
+        idx = idx.long()
+        shifted = [idx] + [F.pad(idx, (k, 0))[..., :t_len] for k in range(1, self.max_order)]  # x[t-k]
+        pos = torch.arange(t_len, device=idx.device)
+        cols = []
+        for i, s in enumerate(self.specs):
+            if s.order == 1:
+                cols.append(idx)
+                continue
+            if s.hashed:
+                mix = shifted[0] * self.hash_multipliers[i, 0]
+                for k in range(1, s.order):
+                    mix = torch.bitwise_xor(mix, shifted[k] * self.hash_multipliers[i, k])
+                ids = torch.remainder(mix, self.hash_moduli[i])
+            else:  # exact bigram: prev * V + cur
+                ids = shifted[1] * self.vocab + shifted[0]
+            cols.append(torch.where(pos >= s.order - 1, ids, s.rows - 1))
+        return torch.stack(cols, dim=-1)
+
+    def row_ids(self, idx: torch.Tensor) -> torch.Tensor:
+        """Global rows of `self.table.weight` read at each position: [B, T, n_tables]."""
+        return self.local_ids(idx) + self.offsets
+
+    def forward(self, x: torch.Tensor, idx: torch.Tensor, counters: Counter | None = None) -> torch.Tensor:
+        rows = self.row_ids(idx)
+        e = self.table(rows).flatten(-2)
+        key = self.key_norm(self.key_proj(e))
+        query = self.query_norm(x)
+        g = (query.float() * key.float()).sum(dim=-1, keepdim=True) / math.sqrt(self.d_model)
+        g = torch.sigmoid(g.abs().clamp_min(1e-6).sqrt() * g.sign())
+        v = g.to(x.dtype) * self.value_proj(e)
+        if self.conv_size > 0:
+            c = self.conv_norm(v).transpose(1, 2)
+            c = F.conv1d(F.pad(c, ((self.conv_size - 1) * self.max_order, 0)), self.conv.weight,
+                         dilation=self.max_order, groups=self.d_model)
+            v = v + F.silu(c.transpose(1, 2))
+        if counters is not None:
+            counters["engram.rows_read"] += rows.numel()
+        return v
+
+    def output_projections(self) -> list[nn.Module]:
+        return [self.value_proj]

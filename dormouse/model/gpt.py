@@ -1,0 +1,261 @@
+"""The byte-level language model: byte embedding -> prelude -> looped core -> coda -> RMSNorm -> head.
+
+Block (pre-norm residual; `position` is the block's index among the n_blocks distinct blocks):
+    x = x + engram(x, bytes)            only at positions in cfg.engram_layers (when cfg.engram)
+    x = x + mixer(rmsnorm(x))           KDAMixer
+    x = x + ffn(rmsnorm(x))             SwiGLU, or the dropless top-k MoE (cfg.moe)
+
+Stack: blocks[0 : n_prelude] once, then the n_core core blocks (ONE set of weights) n_loop times, each
+iteration's output feeding the next, then blocks[n_prelude + n_core :] once. An Engram (or any module)
+attached to a core block runs on every iteration with the same weights. `engram_layers` indexes the
+distinct blocks, 0 .. n_blocks - 1 (prelude, core, coda in that order).
+
+`ByteLM.forward(idx, targets=None, counters=None) -> (logits, loss)`:
+- idx [B, T] int bytes; logits [B, T, vocab] fp32 always (the head runs with autocast off in fp32);
+- loss: mean next-byte cross entropy in nats over targets != -1 (None without targets). It does NOT
+  include the MoE auxiliary loss: after every forward `model.aux_loss` holds the load-balancing loss
+  averaged over the MoE applications of that forward (1.0 = perfectly balanced; a zero tensor without
+  MoE); the trainer adds `coef * model.aux_loss` itself (0.01 is the usual coefficient).
+- counters (a collections.Counter, optional): `loop.iterations += n_loop`, and the arms' own counters
+  (`kda_path.*` per mixer call, `moe.tokens.expert_{i}`, `engram.rows_read`).
+The mixers' recurrent state is not threaded through (training/eval on whole windows).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .config import ModelConfig
+from .engram import Engram, engram_conv_size, engram_tables
+from .ffn import MoE, SwiGLU
+from .kda import KDAMixer
+
+
+def _validate(cfg: ModelConfig) -> None:
+    if min(cfg.n_prelude, cfg.n_core, cfg.n_coda) < 0 or cfg.n_loop < 1 or cfg.n_blocks < 1:
+        raise ValueError(f"bad stack: n_prelude={cfg.n_prelude} n_core={cfg.n_core} n_loop={cfg.n_loop} "
+                         f"n_coda={cfg.n_coda} (need n_loop >= 1 and at least one block)")
+    if cfg.engram:
+        bad = [p for p in cfg.engram_layers if not 0 <= p < cfg.n_blocks]
+        if bad or not cfg.engram_layers or len(set(cfg.engram_layers)) != len(cfg.engram_layers):
+            raise ValueError(f"engram_layers {cfg.engram_layers} must be distinct block positions in "
+                             f"[0, n_blocks={cfg.n_blocks})")
+
+
+class Block(nn.Module):
+    def __init__(self, cfg: ModelConfig, position: int):
+        super().__init__()
+        self.position = position
+        self.engram = Engram(cfg, position) if cfg.engram and position in cfg.engram_layers else None
+        self.mixer_norm = nn.RMSNorm(cfg.d_model, eps=cfg.norm_eps)
+        self.mixer = KDAMixer(cfg)
+        self.ffn_norm = nn.RMSNorm(cfg.d_model, eps=cfg.norm_eps)
+        self.ffn = (MoE(cfg.d_model, cfg.ffn_hidden, cfg.n_experts, cfg.moe_top_k) if cfg.moe
+                    else SwiGLU(cfg.d_model, cfg.ffn_hidden))
+
+    def forward(self, x: torch.Tensor, idx: torch.Tensor, counters: Counter | None = None) -> torch.Tensor:
+        if self.engram is not None:
+            x = x + self.engram(x, idx, counters)
+        y, _ = self.mixer(self.mixer_norm(x), counters=counters)
+        x = x + y
+        return x + self.ffn(self.ffn_norm(x), counters)
+
+    def output_projections(self) -> list[nn.Module]:
+        """The last linear of every residual branch of this block (zero at init)."""
+        outs = [self.mixer.o_proj, *self.ffn.output_projections()]
+        if self.engram is not None:
+            outs += self.engram.output_projections()
+        return outs
+
+
+class ByteLM(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        _validate(cfg)
+        self.cfg = cfg
+        self.embed = nn.Embedding(cfg.vocab_size, cfg.d_model)
+        self.blocks = nn.ModuleList(Block(cfg, i) for i in range(cfg.n_blocks))
+        self.norm = nn.RMSNorm(cfg.d_model, eps=cfg.norm_eps)
+        self.head = None if cfg.tie_embeddings else nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
+        self.aux_loss: torch.Tensor | None = None
+        self.init_weights()
+
+    # ---------------------------------------------------------------------------------------------
+    @property
+    def schedule(self) -> list[int]:
+        """Block indices in the order one forward applies them (length cfg.depth)."""
+        c = self.cfg
+        core = list(range(c.n_prelude, c.n_prelude + c.n_core))
+        return list(range(c.n_prelude)) + core * c.n_loop + list(range(c.n_prelude + c.n_core, c.n_blocks))
+
+    @property
+    def head_weight(self) -> torch.Tensor:
+        return self.embed.weight if self.head is None else self.head.weight
+
+    def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None,
+                counters: Counter | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+        x = self.embed(idx)
+        aux = []
+        for i in self.schedule:
+            block = self.blocks[i]
+            x = block(x, idx, counters)
+            if isinstance(block.ffn, MoE):
+                aux.append(block.ffn.aux_loss)
+        x = self.norm(x)
+        with torch.autocast(device_type=x.device.type, enabled=False):
+            logits = F.linear(x.float(), self.head_weight.float())  # fp32 logits whatever the autocast
+        self.aux_loss = torch.stack(aux).mean() if aux else torch.zeros((), device=x.device)
+        if counters is not None:
+            counters["loop.iterations"] += self.cfg.n_loop
+        loss = None
+        if targets is not None:
+            loss = F.cross_entropy(logits.view(-1, logits.shape[-1]), targets.reshape(-1), ignore_index=-1)
+        return logits, loss
+
+    # ---------------------------------------------------------------------------------------------
+    @torch.no_grad()
+    def init_weights(self) -> None:
+        """How every parameter starts (asserts that none is left out):
+        - byte embedding, head (when untied), every nn.Linear outside the mixers (FFN / expert
+          projections, MoE router, Engram key/value projections): normal(0, init_std);
+        - Engram tables: normal(0, init_std) (one row per n-gram, like the byte embedding);
+        - every RMSNorm gain: ones;
+        - the KDA mixer: its own `reset_parameters()` (normal(0, init_std) linears, zero biases, torch's
+          default conv init, FLA's A_log ~ log U(1, 16), dt_bias 0, output-norm gain 1) — not overridden;
+        - then the output projection of every residual branch (mixer o_proj, SwiGLU / expert w_down,
+          Engram value_proj) and the Engram short conv are ZEROED (as modded-nanogpt / nanochat): each
+          block starts as the identity, the stack as embedding -> norm -> head, and the branches grow
+          from there (gradients reach the zeroed weights at step 0 and everything else from step 1).
+        Consequence for tests: a fresh model's blocks are inert; perturb the weights before probing them.
+        """
+        std = self.cfg.init_std
+        done: set[int] = set()
+
+        def mark(*ps):
+            done.update(id(p) for p in ps if p is not None)
+
+        for m in self.modules():
+            if isinstance(m, KDAMixer):
+                m.reset_parameters()
+                mark(*m.parameters())
+        for name, m in self.named_modules():
+            if isinstance(m, KDAMixer) or ".mixer." in f".{name}.":
+                continue
+            if isinstance(m, (nn.Linear, nn.Embedding)):
+                nn.init.normal_(m.weight, std=std)
+                mark(m.weight)
+                if getattr(m, "bias", None) is not None:
+                    nn.init.zeros_(m.bias)
+                    mark(m.bias)
+            elif isinstance(m, nn.RMSNorm):
+                nn.init.ones_(m.weight)
+                mark(m.weight)
+            elif isinstance(m, nn.Conv1d):  # the Engram short conv (see above)
+                nn.init.zeros_(m.weight)
+                mark(m.weight)
+        for block in self.blocks:
+            for proj in block.output_projections():
+                nn.init.zeros_(proj.weight)
+        missed = [n for n, p in self.named_parameters() if id(p) not in done]
+        assert not missed, f"init_weights does not say how these start: {missed}"
+
+    def param_groups(self) -> tuple[list[nn.Parameter], list[nn.Parameter]]:
+        """(hidden_matrices, other) for Muon / AdamW; every parameter is in exactly one list.
+
+        hidden_matrices: the 2-D weight of every nn.Linear inside a block (KDA q/k/v/f/g/b/o projections,
+        SwiGLU and expert projections, Engram key/value projections) except the MoE router.
+        other: byte embedding, head, all RMSNorm gains, biases, Engram tables, conv weights (3-D),
+        A_log, dt_bias, the mixers' output-norm gain, the MoE routers.
+        """
+        hidden_ids: set[int] = set()
+        for block in self.blocks:
+            routers = {id(block.ffn.router.weight)} if isinstance(block.ffn, MoE) else set()
+            for m in block.modules():
+                if isinstance(m, nn.Linear) and m.weight.dim() == 2 and id(m.weight) not in routers:
+                    hidden_ids.add(id(m.weight))
+        params = list(self.parameters())  # deduplicated (a tied head is the embedding)
+        hidden = [p for p in params if id(p) in hidden_ids]
+        other = [p for p in params if id(p) not in hidden_ids]
+        assert len(hidden) + len(other) == len(params) and {id(p) for p in hidden} | {id(p) for p in other} == {
+            id(p) for p in params}
+        assert all(p.dim() == 2 for p in hidden)
+        return hidden, other
+
+
+# -------------------------------------------------------------------------------------------------
+# Closed-form parameter counts (mirror the modules above and KDAMixer; tested against the model)
+# -------------------------------------------------------------------------------------------------
+def kda_params(cfg: ModelConfig) -> int:
+    """KDAMixer: q/k/v (D x HK each), 3 depthwise convs (HK x W), f_proj (D x K, K x HK), b_proj (D x H),
+    A_log (H), dt_bias (HK), g_proj (D x K, K x HK + bias HK), output-norm gain (K), o_proj (HK x D)."""
+    d, h, k, w = cfg.d_model, cfg.n_heads, cfg.head_dim, cfg.kda_conv_size
+    hk = h * k
+    return (3 * d * hk + (3 * hk * w if w > 0 else 0) + (d * k + k * hk) + d * h + h + hk
+            + (d * k + k * hk + hk) + k + hk * d)
+
+
+def kda_matmul_params(cfg: ModelConfig) -> int:
+    """The nn.Linear weights of one KDAMixer (what a token multiplies)."""
+    d, h, k = cfg.d_model, cfg.n_heads, cfg.head_dim
+    hk = h * k
+    return 3 * d * hk + 2 * (d * k + k * hk) + d * h + hk * d
+
+
+def engram_params(cfg: ModelConfig) -> dict[str, int]:
+    specs = engram_tables(cfg)
+    d, mem, wc = cfg.d_model, len(specs) * cfg.engram_dim, engram_conv_size(cfg)
+    tables = sum(s.rows for s in specs) * cfg.engram_dim
+    proj = 2 * mem * d
+    rest = 2 * d + ((d + d * wc) if wc > 0 else 0)  # key/query norms; conv norm + depthwise conv
+    return {"tables": tables, "proj": proj, "total": tables + proj + rest, "n_tables": len(specs)}
+
+
+def count_params(cfg: ModelConfig) -> dict[str, int]:
+    """Parameter counts from the config alone.
+
+    total: == sum(p.numel() for p in ByteLM(cfg).parameters()).
+    active: total with only moe_top_k of the n_experts expert banks per block (what one token touches;
+        Engram tables count in full).
+    non_embedding: total minus the byte embedding, the head and the Engram tables.
+    flop_params: nn.Linear weights one token multiplies per forward: the head plus, for every APPLIED
+        block (core blocks n_loop times), its mixer / FFN (router + top_k experts) / Engram projections.
+        Forward FLOPs/token ~ 2 * flop_params (plus KDA's state recurrence and the conv/lookups).
+    """
+    d, v, f = cfg.d_model, cfg.vocab_size, cfg.ffn_hidden
+    swiglu = 3 * d * f
+    if cfg.moe:
+        ffn, ffn_active = cfg.n_experts * swiglu + d * cfg.n_experts, cfg.moe_top_k * swiglu + d * cfg.n_experts
+    else:
+        ffn = ffn_active = swiglu
+    eg = engram_params(cfg) if cfg.engram else {"tables": 0, "proj": 0, "total": 0}
+    engram_pos = set(cfg.engram_layers) if cfg.engram else set()
+    mixer = kda_params(cfg)
+    block = 2 * d + mixer + ffn
+    embedding, head = v * d, (0 if cfg.tie_embeddings else v * d)
+    blocks = cfg.n_blocks * block + len(engram_pos) * eg["total"]
+    total = embedding + head + d + blocks
+    active = total - cfg.n_blocks * (ffn - ffn_active)
+    core = range(cfg.n_prelude, cfg.n_prelude + cfg.n_core)
+    applied = [cfg.n_loop if p in core else 1 for p in range(cfg.n_blocks)]
+    per_block_mm = kda_matmul_params(cfg) + ffn_active
+    flop = v * d + sum(a * (per_block_mm + (eg["proj"] if p in engram_pos else 0)) for p, a in enumerate(applied))
+    return {
+        "embedding": embedding,
+        "head": head,
+        "mixer_per_block": mixer,
+        "ffn_per_block": ffn,
+        "engram_per_layer": eg["total"],
+        "engram_tables": len(engram_pos) * eg["tables"],
+        "total": total,
+        "active": active,
+        "non_embedding": total - embedding - head - len(engram_pos) * eg["tables"],
+        "flop_params": flop,
+    }
+
+
+def active_params(cfg: ModelConfig) -> int:
+    return count_params(cfg)["active"]
