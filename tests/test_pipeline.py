@@ -94,3 +94,22 @@ def test_balance_bound_catches_a_skewed_router():
     assert fair["max_abs_deviation_bytes"] <= fair["bound_bytes"]
     skewed = balance(np.array([400_000.0, 200_000.0, 200_000.0, 200_000.0]), sizes)  # e.g. routing by a biased hash
     assert skewed["max_abs_deviation_bytes"] > skewed["bound_bytes"]
+
+
+def test_user_supplied_fasttext_model_is_an_input_not_retrained(built, tmp_path):
+    workdir, plan = built
+    trained = workdir / plan.artifact_dir("filter", plan.chain["tiny"]["filter"]) / "quality_model.bin"
+    user_model = tmp_path / "my_model.bin"
+    user_model.write_bytes(trained.read_bytes())
+    import yaml
+
+    preset_path = workdir / "config" / "presets" / "tiny.yaml"
+    preset = yaml.safe_load(preset_path.read_text())
+    preset["data"]["filter"]["quality"]["model"] = str(user_model)
+    preset_path.write_text(yaml.safe_dump(preset, sort_keys=False))
+    plan2 = run_chain(workdir, plan.config, stages=("filter",))
+    m = manifest(workdir, plan2, "filter")
+    assert set(m["inputs"]) == {"corpus", "quality_model"}
+    assert m["quality_model"]["trained"] is False and m["quality_model"]["path"] == str(user_model)
+    assert "quality_model.bin" not in m["files"]
+    assert m["counters"]["docs_kept"] == manifest(workdir, plan, "filter")["counters"]["docs_kept"]
