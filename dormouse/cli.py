@@ -9,6 +9,7 @@ COMMANDS = {
     "filter": ("dormouse.stages.filter", "quality-filter the raw corpus"),
     "shard": ("dormouse.stages.shard", "route documents into train shards and the eval tail"),
     "anchors": ("dormouse.stages.anchors", "n-gram anchor ladder (bits per byte) on the eval tail"),
+    "pretrain": ("dormouse.stages.pretrain", "train the byte LM; eval BPB on a fixed window of the eval tail"),
     "demo-corpus": ("dormouse.demo_corpus", "build corpus/demo from pinned package-registry sources"),
     "gpu-run": ("dormouse.devices", "run a command on free GPU slots (sets CUDA_VISIBLE_DEVICES)"),
     "plan": ("dormouse.plan_cli", "print the plan, or one job's JSON to run a stage by hand"),

@@ -165,16 +165,17 @@ class Engram(nn.Module):
     def forward(self, x: torch.Tensor, idx: torch.Tensor, counters: Counter | None = None) -> torch.Tensor:
         rows = self.row_ids(idx)
         e = self.table(rows).flatten(-2)
-        key = self.key_norm(self.key_proj(e))
-        query = self.query_norm(x)
-        g = (query.float() * key.float()).sum(dim=-1, keepdim=True) / math.sqrt(self.d_model)
+        # gate in fp32 (the norms also get fp32 inputs under autocast: torch's fused rms_norm wants them)
+        key = self.key_norm(self.key_proj(e).float())
+        query = self.query_norm(x.float())
+        g = (query * key).sum(dim=-1, keepdim=True) / math.sqrt(self.d_model)
         g = torch.sigmoid(g.abs().clamp_min(1e-6).sqrt() * g.sign())
         v = g.to(x.dtype) * self.value_proj(e)
         if self.conv_size > 0:
-            c = self.conv_norm(v).transpose(1, 2)
+            c = self.conv_norm(v.float()).transpose(1, 2)
             c = F.conv1d(F.pad(c, ((self.conv_size - 1) * self.max_order, 0)), self.conv.weight,
                          dilation=self.max_order, groups=self.d_model)
-            v = v + F.silu(c.transpose(1, 2))
+            v = v + F.silu(c.transpose(1, 2)).to(v.dtype)
         if counters is not None:
             counters["engram.rows_read"] += rows.numel()
         return v

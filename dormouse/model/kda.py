@@ -27,7 +27,32 @@ from torch import nn
 from dormouse.model.config import ModelConfig
 
 L2NORM_EPS = 1e-6  # as FLA's l2norm: x / sqrt(sum(x^2) + eps)
-SUB_CHUNK = 16  # intra-chunk block size for the numerically safe decay products (FLA uses 16 too)
+SUB_CHUNK = 8  # intra-chunk sub-block size for the numerically safe decay products (8 measured fastest on CPU)
+# Log-decays are clamped here before exp: exp(-40) ~ 4e-18 is far below fp32 resolution of the O(1) terms it
+# multiplies, and keeping exp() and the products after it out of the subnormal range (< 1.2e-38) matters:
+# x86 computes on subnormals 5-50x slower, and strong gates (g ~ -10 per step) reach them within a chunk.
+LOG_DECAY_FLOOR = -40.0
+
+
+class _DecayExp(torch.autograd.Function):
+    """exp of a log-decay, clamped to [LOG_DECAY_FLOOR, 0]: a decay is <= 1 (g <= 0); the floor is explained
+    above; the upper clamp also keeps masked (j > i) pairwise entries finite before they are zeroed.
+    Backward is d exp = exp (straight through the clamp: at the floor the true gradient is ~0 either way),
+    which saves autograd the clamp's masks."""
+
+    @staticmethod
+    def forward(ctx, x):
+        y = torch.exp(x.clamp(LOG_DECAY_FLOOR, 0.0))
+        ctx.save_for_backward(y)
+        return y
+
+    @staticmethod
+    def backward(ctx, grad):
+        (y,) = ctx.saved_tensors
+        return grad * y
+
+
+_exp = _DecayExp.apply
 
 
 # --------------------------------------------------------------------------------------------------
@@ -41,45 +66,53 @@ def _to_chunks(x: torch.Tensor, pad: int, n_chunks: int, chunk: int) -> torch.Te
     return x.unflatten(1, (n_chunks, chunk)).movedim(3, 1)
 
 
-def _intra_chunk_scores(q: torch.Tensor, k: torch.Tensor, G: torch.Tensor, c: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Decayed scores inside each chunk, never forming exp(+large).
+def _intra_chunk_terms(qk: torch.Tensor, g: torch.Tensor, c: int):
+    """Everything inside a chunk that involves the decay, never forming exp(+large) and never subtracting two
+    long cumulative sums (in fp32 that cancels: |G| over a chunk reaches hundreds, so a small difference of two
+    such sums would keep only ~1e-4 relative precision); each log-decay is summed directly over its own range.
 
-    q, k, G: [..., C, K] (G = in-chunk cumulative log decay, non-increasing along C).
-    Returns A_qk [..., C, C] = sum_d q_i k_j exp(G_i - G_j) for j <= i (else 0)
-        and A_kk [..., C, C] = the same with k_i in place of q_i, for j < i (else 0).
-    Pairs in different sub-blocks (block J < block I) factor through the reference row r_J (last row of
-    block J): exp(G_i - G_r) * exp(G_r - G_j), both factors <= 1, so the block is a plain matmul; pairs in
-    the same sub-block use the exact pairwise exponent (a [c, c, K] tensor per block).
+    qk: [..., 2, C, K] (q and k stacked), g: [..., C, K] per-step log decay (<= 0), c: sub-block size (c | C).
+    Returns
+      A     [..., 2, C, C]: A[0][i, j] = sum_d q_i k_j exp(G_i - G_j), A[1] the same with k_i, for j <= i, else 0
+      G     [..., C, K]: sum_{s <= i} g_s, log decay from the chunk's entry state to row i
+      G_end [..., C, K]: sum_{s > i} g_s, log decay from row i to the chunk's end
+      G_tot [..., K]:    sum_s g_s
+    Pairs in different sub-blocks (block J < block I) factor through the row r just before block I:
+    exp(G_i - G_r) * exp(G_r - G_j), both factors <= 1, so a whole row block is one matmul; pairs in the same
+    sub-block use the pairwise exponent directly (a [c, c, K] tensor per block; cancellation only at the
+    sub-block scale).
     """
-    C, K = G.shape[-2:]
-    n = C // c
-    dev = G.device
-    blk = torch.arange(C, device=dev) // c  # block id of each row      [C]
-    ref = torch.arange(n, device=dev) * c + c - 1  # reference row of each block J   [n]
-    G_ref = G[..., ref, :]  # [..., n, K]
+    C, K = g.shape[-2:]
+    n, dev, dt = C // c, g.device, g.dtype
+    gb = g.unflatten(-2, (n, c))  # [..., n, c, K]
+    incl = gb.cumsum(-2)  # sum over s <= i inside the block       [..., n, c, K]
+    after_in = F.pad(gb.flip(-2).cumsum(-2).flip(-2)[..., 1:, :], (0, 0, 0, 1))  # sum over s > i in the block
+    tot = incl[..., -1, :]  # block totals                            [..., n, K]
+    m = torch.arange(n, device=dev)
+    lt = (m[:, None] < m[None, :]).to(dt)  # lt[a, b] = a < b                [n, n]
+    before = lt.T @ tot  # sum of the blocks before block I          [..., n, K]
+    after = lt @ tot  # sum of the blocks after block I               [..., n, K]
+    between = torch.einsum("jm,mi,...mk->...ijk", lt, lt, tot)  # blocks strictly between J and I  [..., n(I), n(J), K]
 
-    # off-diagonal blocks: column block J gets rows i in blocks > J
-    below = (blk[None, :] > torch.arange(n, device=dev)[:, None])[..., None]  # [n, C, 1]
-    e_left = torch.exp(torch.where(below, G.unsqueeze(-3) - G_ref.unsqueeze(-2), -math.inf))  # [..., n, C, K]
-    Gb = G.unflatten(-2, (n, c))  # [..., n, c, K]
-    kb = k.unflatten(-2, (n, c))  # [..., n, c, K]
-    k_right = (kb * torch.exp(G_ref.unsqueeze(-2) - Gb)).transpose(-1, -2)  # [..., n, K, c]
-    qk_off = (q.unsqueeze(-3) * e_left) @ k_right  # [..., n(J), C(i), c(j)]
-    kk_off = (k.unsqueeze(-3) * e_left) @ k_right
-    # [..., J, i, j] -> [..., i, (J j)] = [..., C, C]
-    qk_off, kk_off = (a.movedim(-3, -2).flatten(-2) for a in (qk_off, kk_off))
+    # off-diagonal blocks: q_i|k_i exp(G_i - G_r) (r = row before block I) times k_j exp(G_r - G_j), j in J < I
+    qkb = qk.unflatten(-2, (n, c))  # [..., 2, n, c, K]
+    kb = qkb[..., 1, :, :, :]  # [..., n, c, K]
+    left = qkb * _exp(incl).unsqueeze(-4)  # [..., 2, n(I), c(i), K]
+    mask = lt.T[..., None, None]  # block J < block I          [n(I), n(J), 1, 1]
+    right = (kb.unsqueeze(-4) * _exp(between.unsqueeze(-2) + after_in.unsqueeze(-4)) * mask).flatten(-3, -2)  # [..., n(I), C(j), K]
+    off = (left @ right.transpose(-1, -2).unsqueeze(-4)).flatten(-3, -2)  # [..., 2, C(i), C(j)]
 
-    # diagonal blocks: exact pairwise decay, j <= i inside the block
-    tril = torch.ones(c, c, dtype=torch.bool, device=dev).tril()
-    e_diag = torch.exp(torch.where(tril[..., None], Gb.unsqueeze(-2) - Gb.unsqueeze(-3), -math.inf))  # [..., n, c, c, K]
-    qb = q.unflatten(-2, (n, c))
-    qk_diag = (qb.unsqueeze(-2) * e_diag * kb.unsqueeze(-3)).sum(-1)  # [..., n, c, c]
-    kk_diag = (kb.unsqueeze(-2) * e_diag * kb.unsqueeze(-3)).sum(-1).masked_fill(torch.eye(c, dtype=torch.bool, device=dev), 0.0)
+    # diagonal blocks: exp(G_i - G_j) for j <= i inside the block
+    tril = torch.ones(c, c, device=dev, dtype=dt).tril()[..., None]  # [c, c, 1]
+    y = _exp(incl.unsqueeze(-2) - incl.unsqueeze(-3)) * (tril * kb.unsqueeze(-3))  # k_j exp(G_i - G_j)  [..., n, c(i), c(j), K]
+    diag = (y @ qkb.movedim(-4, -1)).movedim(-1, -4)  # [..., 2, n(I), c(i), c(j)]
     # place the n diagonal blocks: [..., I, i, j] -> [..., I, i, J, j] * delta(I, J) -> [..., C, C]
-    eye = torch.eye(n, device=dev, dtype=G.dtype)[:, None, :, None]  # [n, 1, n, 1]
-    qk = qk_off + (qk_diag.unsqueeze(-2) * eye).flatten(-4, -3).flatten(-2)
-    kk = kk_off + (kk_diag.unsqueeze(-2) * eye).flatten(-4, -3).flatten(-2)
-    return qk, kk
+    eye = torch.eye(n, device=dev, dtype=dt)[:, None, :, None]  # [n, 1, n, 1]
+    A = off + (diag.unsqueeze(-2) * eye).flatten(-4, -3).flatten(-2)
+
+    G = (before.unsqueeze(-2) + incl).flatten(-3, -2)  # [..., C, K]
+    G_end = (after.unsqueeze(-2) + after_in).flatten(-3, -2)  # [..., C, K]
+    return A, G, G_end, tot.sum(-2)
 
 
 def chunk_kda_torch(
@@ -116,26 +149,27 @@ def chunk_kda_torch(
     q, k, v, g = (_to_chunks(x, pad, NT, C) for x in (q, k, v, g))  # [B, H, NT, C, K|V]
     beta = _to_chunks(beta, pad, NT, C)  # [B, H, NT, C]
     q = q * scale
-    G = g.cumsum(-2)  # in-chunk cumulative log decay             [B, H, NT, C, K]
 
-    A_qk, A_kk = _intra_chunk_scores(q, k, G, c)  # [B, H, NT, C, C]
+    A, G, G_end, G_tot = _intra_chunk_terms(torch.stack([q, k], -3), g, c)  # [B, H, NT, 2, C, C], ...
+    A_qk = A[..., 0, :, :]  # j <= i
+    A_kk = A[..., 1, :, :].tril(-1)  # j < i
     # WY/UT transform: (I + diag(beta) A_kk) [w | u] = diag(beta) [exp(G) k | v]
-    L = beta[..., None] * A_kk  # strictly lower                         [B, H, NT, C, C]
-    rhs = beta[..., None] * torch.cat([torch.exp(G) * k, v], -1)  # [B, H, NT, C, K+V]
+    L = beta[..., None] * A_kk  # strictly lower                               [B, H, NT, C, C]
+    rhs = beta[..., None] * torch.cat([_exp(G) * k, v], -1)  # [B, H, NT, C, K+V]
     wu = torch.linalg.solve_triangular(L, rhs, upper=False, unitriangular=True)
     w, u = wu[..., :K], wu[..., K:]  # [B, H, NT, C, K], [B, H, NT, C, V]
 
-    G_last = G[..., -1:, :]  # decay over the whole chunk        [B, H, NT, 1, K]
-    q_dec = q * torch.exp(G)  # q against the chunk-entry state     [B, H, NT, C, K]
-    k_dec = (k * torch.exp(G_last - G)).transpose(-1, -2)  # k decayed to chunk end   [B, H, NT, K, C]
-    d_last = torch.exp(G_last).transpose(-1, -2)  # [B, H, NT, K, 1]
+    q_dec = q * _exp(G)  # q against the chunk-entry state           [B, H, NT, C, K]
+    k_dec = (k * _exp(G_end)).transpose(-1, -2)  # k decayed to the chunk end   [B, H, NT, K, C]
+    d_tot = _exp(G_tot).unsqueeze(-1)  # whole-chunk decay               [B, H, NT, K, 1]
 
     S = q.new_zeros(B, H, K, V) if initial_state is None else initial_state.float()  # [B, H, K, V]
     outs = []
-    for n in range(NT):
-        v_new = u[:, :, n] - w[:, :, n] @ S  # corrected values      [B, H, C, V]
-        outs.append(q_dec[:, :, n] @ S + A_qk[:, :, n] @ v_new)  # [B, H, C, V]
-        S = d_last[:, :, n] * S + k_dec[:, :, n] @ v_new
+    # unbind once (indexing per chunk would make autograd scatter into a full-size zero tensor per chunk)
+    for u_n, w_n, qd_n, a_n, kd_n, d_n in zip(*(x.unbind(2) for x in (u, w, q_dec, A_qk, k_dec, d_tot))):
+        v_new = u_n - w_n @ S  # corrected values                          [B, H, C, V]
+        outs.append(qd_n @ S + a_n @ v_new)  # [B, H, C, V]
+        S = d_n * S + kd_n @ v_new
     o = torch.stack(outs, 2).flatten(2, 3)[:, :, :T].transpose(1, 2)  # [B, T, H, V]
     return o.to(out_dtype), (S if output_final_state else None)
 

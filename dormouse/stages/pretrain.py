@@ -84,10 +84,12 @@ def main(argv=None) -> int:
     device = device_for(train)
     torch.manual_seed(train["seed"])
     if device.type == "cpu":
+        # Bit-reproducible CPU training (exact resume): multi-threaded CPU kernels gave different
+        # last bits run to run (measured), so intra-op parallelism is off on CPU.
         torch.use_deterministic_algorithms(True)
+        torch.set_num_threads(1)
 
-    model = ByteLM(cfg).to(device)
-    model.init_weights()
+    model = ByteLM(cfg).to(device)  # __init__ runs init_weights()
     n_params = sum(p.numel() for p in model.parameters())
     formula = count_params(cfg)
     assert formula["total"] == n_params, f"param formula {formula} != model {n_params}"

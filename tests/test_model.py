@@ -1,0 +1,331 @@
+"""The byte LM (dormouse.model.gpt) with the real KDAMixer: shapes/dtypes, causality with every arm on,
+dropless MoE, the loop feeding forward, Engram's lookups, closed-form parameter counts, optimizer groups,
+and a tiny overfit. Tiny configs: the whole file runs in well under a minute on a CPU."""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+
+import pytest
+import torch
+
+from dormouse.model.config import ModelConfig
+from dormouse.model.engram import Engram, _is_prime, engram_tables
+from dormouse.model.ffn import MoE
+from dormouse.model.gpt import ByteLM, active_params, count_params
+from dormouse.model.kda import KDAMixer
+
+torch.set_num_threads(1)
+
+TINY = dict(d_model=32, n_heads=2, head_dim=16, ffn_hidden=48, n_core=2, kda_chunk_size=16,
+            n_experts=4, moe_top_k=2, engram_rows=97, engram_dim=8)
+# every arm on: prelude + looped core + coda, MoE everywhere, Engram on the prelude, core and coda blocks
+ALL_ON = dict(n_prelude=1, n_core=1, n_loop=2, n_coda=1, moe=True, engram=True, engram_layers=(0, 1, 2))
+
+
+def tiny(**kw) -> ModelConfig:
+    return ModelConfig(**{**TINY, **kw})
+
+
+def live_model(cfg: ModelConfig, seed: int = 0, scale: float = 0.05) -> ByteLM:
+    """A model whose every branch is live: init_weights zeroes the residual output projections (blocks
+    start as the identity), so add noise to every parameter before probing what the blocks do."""
+    torch.manual_seed(seed)
+    m = ByteLM(cfg)
+    with torch.no_grad():
+        for p in m.parameters():
+            p.add_(torch.randn_like(p) * scale)
+    return m.eval()
+
+
+def rand_bytes(b: int, t: int, seed: int = 1) -> torch.Tensor:
+    return torch.randint(0, 256, (b, t), generator=torch.Generator().manual_seed(seed))
+
+
+# --------------------------------------------------------------------------------------------------
+def test_forward_shapes_fp32_loss_and_every_param_gets_a_grad():
+    cfg = tiny(**ALL_ON)
+    m = live_model(cfg).train()
+    idx = rand_bytes(2, 40)
+    logits, loss = m(idx, torch.roll(idx, -1, 1))
+    assert logits.shape == (2, 40, 256) and logits.dtype == torch.float32
+    assert loss.dtype == torch.float32 and torch.isfinite(loss) and loss.dim() == 0
+    assert m(idx)[1] is None
+    (loss + 0.01 * m.aux_loss).backward()
+    for name, p in m.named_parameters():
+        assert p.grad is not None, f"{name} got no gradient"
+        assert torch.isfinite(p.grad).all(), name
+        assert p.grad.abs().sum() > 0, f"{name}: gradient is all zero (arm not wired in?)"
+
+
+def test_fresh_model_loss_near_uniform_and_blocks_start_as_identity():
+    cfg = tiny(**ALL_ON)
+    torch.manual_seed(0)
+    m = ByteLM(cfg).eval()
+    idx = rand_bytes(2, 32)
+    logits, loss = m(idx, idx)
+    assert abs(loss.item() - math.log(256)) < 0.1
+    # zero-initialised branch outputs: the stack is embedding -> norm -> head
+    ref = m.norm(m.embed(idx)) @ m.head.weight.T
+    torch.testing.assert_close(logits, ref)
+    for mixer in (b.mixer for b in m.blocks):  # the mixer's own init of its special params is kept
+        a = mixer.A_log.exp()
+        assert (a >= 1 - 1e-5).all() and (a <= 16 + 1e-4).all() and (mixer.dt_bias == 0).all()
+
+
+def test_logits_fp32_under_bf16_autocast():
+    m = live_model(tiny(**ALL_ON))
+    idx = rand_bytes(2, 24)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        logits, loss = m(idx, idx)
+    assert logits.dtype == torch.float32 and loss.dtype == torch.float32 and torch.isfinite(loss)
+
+
+def skew_routers(m: ByteLM, idx: torch.Tensor) -> None:
+    """Make every MoE's expert loads uneven, as a trained router's often are: point expert 0's router row
+    along the mean of that MoE's inputs (about 70% of the tokens then pick it, ~1.8x the mean load), so
+    that an implementation with a capacity limit (factor < ~1.7) would have to drop tokens."""
+    seen: dict[MoE, list[torch.Tensor]] = {}
+    hooks = [b.ffn.register_forward_pre_hook(lambda mod, a: seen.setdefault(mod, []).append(a[0].flatten(0, -2)))
+             for b in m.blocks]
+    with torch.no_grad():
+        m(idx)
+        for h in hooks:
+            h.remove()
+        for mod, xs in seen.items():
+            mu = torch.cat(xs).mean(0)
+            mod.router.weight[0] = 200 * mu / mu.square().sum()
+
+
+# --------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("arms", [ALL_ON, dict(moe=True)], ids=["all_arms", "moe_only"])
+def test_causal_and_dropless(arms):
+    """Earlier logits never depend on later bytes, nor on the other sequences of the batch.
+    With MoE on this is the dropless check: a capacity limit makes one token's routing depend on the
+    others' (which then get dropped), so changing/adding bytes elsewhere would move these logits."""
+    m = live_model(tiny(**arms))
+    idx = rand_bytes(3, 48)
+    t = 20
+    skew_routers(m, idx)
+    with torch.no_grad():
+        c = Counter()
+        base, _ = m(idx, counters=c)
+        loads = [c[f"moe.tokens.expert_{e}"] for e in range(m.cfg.n_experts)]
+        assert max(loads) > 1.5 * sum(loads) / len(loads), loads  # uneven enough to overflow a capacity
+        changed = idx.clone()
+        changed[:, t:] = rand_bytes(3, 48 - t, seed=7)
+        out, _ = m(changed)
+        torch.testing.assert_close(out[:, :t], base[:, :t], atol=1e-5, rtol=1e-5)
+        assert not torch.allclose(out[:, t:], base[:, t:], atol=1e-3)
+        # append bytes: the first 48 positions are unchanged
+        longer, _ = m(torch.cat([idx, rand_bytes(3, 30, seed=8)], 1))
+        torch.testing.assert_close(longer[:, :48], base, atol=1e-5, rtol=1e-5)
+        # other sequences of the batch: row 0 alone == row 0 in the batch
+        alone, _ = m(idx[:1])
+        torch.testing.assert_close(alone, base[:1], atol=1e-5, rtol=1e-5)
+
+
+def test_moe_is_dropless_top_k_of_its_experts():
+    """MoE output == per-token sum over its k experts of renormalised weight * expert(x)."""
+    torch.manual_seed(0)
+    moe = MoE(16, 24, n_experts=4, top_k=2)
+    x = torch.randn(3, 20, 16)
+    x[..., 0] += 4.0
+    with torch.no_grad():
+        moe.router.weight[0, 0] = 3.0  # every token picks expert 0: twice the mean load, all processed
+    c = Counter()
+    y = moe(x, c)
+    probs = torch.softmax(x.reshape(-1, 16) @ moe.router.weight.T, -1)
+    w, i = probs.topk(2, -1)
+    w = w / w.sum(-1, keepdim=True)
+    ref = torch.stack([sum(w[n, j] * moe.experts[int(i[n, j])](x.reshape(-1, 16)[n]) for j in range(2))
+                       for n in range(60)]).view(3, 20, 16)
+    torch.testing.assert_close(y, ref, atol=1e-5, rtol=1e-5)
+    assert sum(c.values()) == 60 * 2 and c["moe.tokens.expert_0"] == 60
+    assert [c[f"moe.tokens.expert_{e}"] for e in range(4)] == torch.bincount(i.reshape(-1), minlength=4).tolist()
+    # Switch aux loss: exactly 1 for a uniform router (ties broken by index still give sum f_i = 1)
+    with torch.no_grad():
+        moe.router.weight.zero_()
+    moe(x)
+    assert moe.aux_loss.item() == pytest.approx(1.0)
+
+
+def test_moe_counters_sum_to_tokens_times_top_k_per_application():
+    cfg = tiny(**ALL_ON)
+    m = live_model(cfg)
+    c = Counter()
+    m(rand_bytes(2, 40), counters=c)
+    routed = sum(v for k, v in c.items() if k.startswith("moe.tokens.expert_"))
+    assert routed == 2 * 40 * cfg.moe_top_k * cfg.depth  # depth = MoE applications (core counted n_loop times)
+    assert set(k for k in c if k.startswith("moe.")) == {f"moe.tokens.expert_{e}" for e in range(cfg.n_experts)}
+    assert c["loop.iterations"] == cfg.n_loop
+    assert c["kda_path.torch"] == cfg.depth
+    assert m.aux_loss.dim() == 0 and 0 < m.aux_loss.item() < cfg.n_experts
+
+
+# --------------------------------------------------------------------------------------------------
+def test_loop_feeds_each_iteration_into_the_next():
+    cfg = tiny(n_prelude=1, n_core=2, n_loop=3, n_coda=1, engram=True, engram_layers=(1,))
+    m = live_model(cfg)
+    idx = rand_bytes(2, 24)
+    with torch.no_grad():
+        logits, _ = m(idx)
+        # by hand: prelude, core (blocks 1, 2) three times, each on the previous output, coda
+        x = m.embed(idx)
+        x = m.blocks[0](x, idx)
+        for _ in range(3):
+            x = m.blocks[2](m.blocks[1](x, idx), idx)
+        x = m.blocks[3](x, idx)
+        torch.testing.assert_close(logits, m.norm(x) @ m.head.weight.T, atol=1e-5, rtol=1e-5)
+        # same weights, fewer iterations -> different output
+        m1 = ByteLM(tiny(n_prelude=1, n_core=2, n_loop=1, n_coda=1, engram=True, engram_layers=(1,)))
+        m1.load_state_dict(m.state_dict())
+        m1.eval()
+        logits1, _ = m1(idx)
+        assert not torch.allclose(logits1, logits, atol=1e-3)
+    assert m.schedule == [0, 1, 2, 1, 2, 1, 2, 3] and cfg.depth == 8
+
+
+# --------------------------------------------------------------------------------------------------
+def test_engram_rows_read_counter_matches_formula():
+    cfg = tiny(**ALL_ON)
+    m = live_model(cfg)
+    c = Counter()
+    B, T = 2, 40
+    m(rand_bytes(B, T), counters=c)
+    n_tables = len(engram_tables(cfg))
+    assert n_tables == 1 + 2 + 2  # exact bigram + 2 heads each for orders 3 and 4
+    applications = sum(1 for i in m.schedule if i in cfg.engram_layers)  # prelude 1 + core 2 + coda 1
+    assert applications == 4
+    assert c["engram.rows_read"] == B * T * n_tables * applications
+
+
+def test_engram_ids_exact_bigram_hashed_heads_and_reserved_rows():
+    cfg = tiny(engram=True, engram_orders=(1, 2, 3, 4), engram_heads=3, engram_rows=211)
+    specs = engram_tables(cfg)
+    assert [(s.order, s.head) for s in specs] == [(1, 0), (2, 0), (3, 0), (3, 1), (3, 2), (4, 0), (4, 1), (4, 2)]
+    assert specs[1].rows == 65_537 and specs[0].rows == 256
+    moduli = [s.modulus for s in specs if s.hashed]
+    assert len(set(moduli)) == 6 and all(_is_prime(p) and p <= 210 for p in moduli)
+    eg = Engram(cfg, position=0)
+    mult = eg.hash_multipliers[2:]
+    assert bool((mult[mult != 0] % 2 == 1).all()) and len({tuple(r.tolist()) for r in mult}) == 6
+
+    idx = rand_bytes(2, 30)
+    ids = eg.local_ids(idx)
+    assert ids.shape == (2, 30, 8)
+    assert torch.equal(ids[..., 0], idx)
+    assert torch.equal(ids[:, 1:, 1], idx[:, :-1] * 256 + idx[:, 1:])  # exact: prev*256 + cur
+    assert (ids[:, 0, 1] == 65_536).all()  # reserved "no bigram" row at t = 0
+    for j, s in enumerate(specs[2:], start=2):
+        assert (ids[:, : s.order - 1, j] == s.rows - 1).all()  # reserved row before n-1 bytes of history
+        assert ((ids[:, s.order - 1:, j] >= 0) & (ids[:, s.order - 1:, j] < s.modulus)).all()
+        # the head's formula, by hand at one position
+        t = 17
+        mix = 0
+        for k in range(s.order):
+            mix ^= int(idx[0, t - k]) * int(eg.hash_multipliers[j, k])
+        assert int(ids[0, t, j]) == mix % s.modulus
+    # locality: the ids at t depend only on the last (order) bytes
+    other = rand_bytes(2, 30, seed=5)
+    other[:, 10:14] = idx[:, 10:14]
+    same = eg.local_ids(other)[:, 13]
+    torch.testing.assert_close(same, ids[:, 13])
+    # distinct Engram layers hash with distinct multipliers
+    assert not torch.equal(Engram(cfg, position=1).hash_multipliers, eg.hash_multipliers)
+
+
+def test_engram_reads_exactly_the_rows_of_the_input_ngrams():
+    cfg = tiny(engram=True, engram_layers=(0,))
+    m = live_model(cfg)
+    eg = m.blocks[0].engram
+    idx = rand_bytes(2, 32)
+    read = eg.row_ids(idx).unique()
+    with torch.no_grad():
+        base, _ = m(idx)
+        table = eg.table.weight
+        saved = table.clone()
+        unread = torch.ones(table.shape[0], dtype=torch.bool)
+        unread[read] = False
+        table[unread] += 1.0  # rows this input never reads: no effect
+        torch.testing.assert_close(m(idx)[0], base)
+        table.copy_(saved)
+        table[read] += 0.5 * torch.randn_like(table[read])  # rows it reads: the output moves
+        assert (m(idx)[0] - base).abs().max() > 1e-3
+
+
+# --------------------------------------------------------------------------------------------------
+COUNT_CONFIGS = {
+    "plain": tiny(),
+    "loop": tiny(n_prelude=1, n_core=2, n_loop=4, n_coda=2),
+    "moe": tiny(moe=True, n_experts=6, moe_top_k=2),
+    "engram": tiny(engram=True, engram_orders=(1, 2, 3, 5), engram_heads=3, engram_layers=(0, 1)),
+    "tied_noconv": tiny(tie_embeddings=True, kda_conv_size=0),
+    "all_on": tiny(**ALL_ON),
+}
+
+
+@pytest.mark.parametrize("name", COUNT_CONFIGS)
+def test_param_count_formula_matches_model(name):
+    cfg = COUNT_CONFIGS[name]
+    m = ByteLM(cfg)
+    n = count_params(cfg)
+    assert n["total"] == sum(p.numel() for p in m.parameters())
+    assert n["engram_tables"] == sum(b.engram.table.weight.numel() for b in m.blocks if b.engram is not None)
+    expert = 3 * cfg.d_model * cfg.ffn_hidden
+    idle = (cfg.n_experts - cfg.moe_top_k) * expert if cfg.moe else 0
+    assert active_params(cfg) == n["total"] - cfg.n_blocks * idle
+    # flop_params: linear weights of every applied block (top_k experts) plus the head
+    applied = sum(mod.weight.numel() for i in m.schedule for mod in m.blocks[i].modules()
+                  if isinstance(mod, torch.nn.Linear)) - cfg.depth * idle
+    assert n["flop_params"] == applied + cfg.vocab_size * cfg.d_model
+
+
+def test_param_count_default_config():
+    cfg = ModelConfig()
+    assert count_params(cfg)["total"] == sum(p.numel() for p in ByteLM(cfg).parameters())
+
+
+@pytest.mark.parametrize("name", ["all_on", "tied_noconv", "engram"])
+def test_param_groups_partition_and_muon_accepts_hidden(name):
+    m = ByteLM(COUNT_CONFIGS[name])
+    hidden, other = m.param_groups()
+    ids_h, ids_o = {id(p) for p in hidden}, {id(p) for p in other}
+    every = {id(p) for p in m.parameters()}
+    assert not ids_h & ids_o and ids_h | ids_o == every and len(hidden) + len(other) == len(every)
+    assert all(p.dim() == 2 for p in hidden)
+    named = dict(m.named_parameters())
+    hidden_ends = ("q_proj.weight", "o_proj.weight", "w_gate.weight", "w_down.weight", "value_proj.weight",
+                   "f_proj.0.weight")
+    other_ends = ("router.weight", "A_log", "dt_bias", "table.weight", "conv1d.weight", "g_proj.1.bias",
+                  "mixer_norm.weight", "o_norm_weight")
+    expect_hidden = [k for k in named if k.endswith(hidden_ends)]
+    expect_other = [k for k in named if k.endswith(other_ends)]
+    expect_other += ["embed.weight"] + (["head.weight"] if m.head is not None else [])
+    assert expect_hidden and all(id(named[k]) in ids_h for k in expect_hidden)
+    assert all(id(named[k]) in ids_o for k in expect_other)
+    torch.optim.Muon(hidden, lr=0.02)  # torch's Muon rejects any non-2-D parameter
+
+
+# --------------------------------------------------------------------------------------------------
+def test_tiny_overfit_one_sequence():
+    torch.manual_seed(0)
+    m = ByteLM(tiny(n_core=2))
+    seq = torch.tensor(list(b"The quick brown fox jumps over the lazy dog; pack my box with 5 jugs"[:65]))
+    x, y = seq[None, :-1], seq[None, 1:]
+    opt = torch.optim.AdamW(m.parameters(), lr=1e-2, weight_decay=0.0)
+    first = None
+    for _ in range(50):
+        _, loss = m(x, y)
+        first = first if first is not None else loss.item()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    assert m(x, y)[1].item() < first / 2, (first, loss.item())
+
+
+def test_bad_engram_layers_rejected():
+    with pytest.raises(ValueError, match="engram_layers"):
+        ByteLM(tiny(engram=True, engram_layers=(2,)))  # n_blocks = 2
+    assert isinstance(ByteLM(tiny()).blocks[0].mixer, KDAMixer)

@@ -1,0 +1,161 @@
+"""The pretrain stage through its entry point: exact resume, arms counted in eval, NaN firewall,
+strict loading. A tiny model on a small real corpus, on CPU."""
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+from dormouse import checkpoint
+from dormouse.model.config import ModelConfig
+from dormouse.plan import build_plan
+from dormouse.stages import pretrain
+from pipeline_util import configure, run_chain
+
+TINY_MODEL = {"d_model": 32, "n_heads": 2, "head_dim": 16, "ffn_hidden": 64, "n_core": 1, "kda_chunk_size": 16}
+TINY_TRAIN = {"device": "cpu", "steps": 60, "batch_size": 4, "seq_len": 32, "eval_every": 20, "eval_bytes": 2048,
+              "ckpt_every": 5, "log_every": 5, "warmup_steps": 5}
+
+
+def set_model(workdir: Path, model: dict, train: dict) -> dict:
+    path = workdir / "config" / "presets" / "tiny.yaml"
+    preset = yaml.safe_load(path.read_text())
+    preset["model"], preset["train"] = model, train
+    path.write_text(yaml.safe_dump(preset, sort_keys=False))
+    return yaml.safe_load((workdir / "config" / "config.yaml").read_text())
+
+
+@pytest.fixture()
+def shards(workdir, small_corpus, quality_examples):
+    config = configure(workdir, small_corpus, *quality_examples)
+    run_chain(workdir, config, stages=("filter", "shard"))
+    return workdir
+
+
+def job_json(workdir: Path, config: dict) -> tuple[str, str]:
+    cwd = os.getcwd()
+    os.chdir(workdir)
+    try:
+        plan = build_plan(config)
+        d = plan.chain["tiny"]["pretrain"]
+        return plan.job_json("pretrain", d), plan.artifact_dir("pretrain", d)
+    finally:
+        os.chdir(cwd)
+
+
+def run_stage(workdir: Path, job: str, wait=True):
+    proc = subprocess.Popen([sys.executable, "-m", "dormouse.cli", "pretrain", "--job", job], cwd=workdir,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    if wait:
+        out, _ = proc.communicate(timeout=600)
+        assert proc.returncode == 0, out
+    return proc
+
+
+def test_killed_run_resumes_to_bit_identical_weights(shards):
+    config = set_model(shards, TINY_MODEL, TINY_TRAIN)
+    job, out_dir = job_json(shards, config)
+    run_stage(shards, job)
+    reference = (shards / out_dir / "model.safetensors").read_bytes()
+    ref_metrics = [json.loads(line) for line in (shards / out_dir / "metrics.jsonl").read_text().splitlines()]
+    shutil.rmtree(shards / out_dir)
+
+    proc = run_stage(shards, job, wait=False)
+    scratch = shards / "results" / "scratch" / "pretrain" / Path(out_dir).name
+    deadline = time.monotonic() + 300
+    while not list(scratch.glob("step-*/snapshot.json")):
+        assert proc.poll() is None, "finished before the first checkpoint; raise steps"
+        assert time.monotonic() < deadline
+        time.sleep(0.005)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert not (shards / out_dir / "manifest.json").exists()
+    run_stage(shards, job)
+    manifest = json.loads((shards / out_dir / "manifest.json").read_text())
+    assert manifest["counters"]["resumed_from_step"] >= 5
+    assert (shards / out_dir / "model.safetensors").read_bytes() == reference
+    metrics = [json.loads(line) for line in (shards / out_dir / "metrics.jsonl").read_text().splitlines()]
+    strip = lambda rows: [{k: v for k, v in r.items() if k != "tokens_per_s"} for r in rows]
+    assert strip(metrics) == strip(ref_metrics)
+    assert not scratch.exists()  # a finished artifact removes its scratch
+
+
+def test_every_enabled_arm_is_counted_in_training_and_eval(shards):
+    model = {**TINY_MODEL, "engram": True, "engram_rows": 1024, "engram_dim": 8, "moe": True, "n_experts": 4,
+             "n_prelude": 1, "n_loop": 2}
+    config = set_model(shards, model, {**TINY_TRAIN, "steps": 6, "eval_every": 3, "ckpt_every": 100})
+    job, out_dir = job_json(shards, config)
+    run_stage(shards, job)
+    m = json.loads((shards / out_dir / "manifest.json").read_text())
+    c = m["counters"]
+    for where in ("train", "eval"):
+        assert c[f"{where}.kda_path.torch"] > 0 and c[f"{where}.engram.rows_read"] > 0
+        assert c[f"{where}.loop.iterations"] > 0
+        assert sum(v for k, v in c.items() if k.startswith(f"{where}.moe.tokens.")) > 0
+    assert m["final"]["eval_bytes"] == 2048 - 2048 % 32
+    view_curve = [json.loads(line) for line in (shards / out_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in view_curve if "eval_bpb" in r] == [3, 6]
+
+
+def test_inert_arm_in_eval_is_a_loud_failure():
+    cfg = ModelConfig(engram=True)
+    live = Counter({"kda_path.torch": 2, "engram.rows_read": 10, "loop.iterations": 2})
+    pretrain.check_arms_active(cfg, live, "eval")
+    with pytest.raises(SystemExit, match="engram enabled but no rows read"):
+        pretrain.check_arms_active(cfg, Counter({"kda_path.torch": 2, "loop.iterations": 2}), "eval")
+
+
+def test_nan_firewall_skips_whole_steps_then_aborts(shards, monkeypatch):
+    config = set_model(shards, TINY_MODEL, {**TINY_TRAIN, "steps": 10, "ckpt_every": 100, "max_bad_steps": 3})
+    job, out_dir = job_json(shards, config)
+    real_forward = pretrain.ByteLM.forward
+    bad_steps = {2}
+
+    def forward(self, idx, targets=None, counters=None):
+        logits, loss = real_forward(self, idx, targets, counters)
+        if targets is not None:
+            forward.calls += 1
+            if forward.calls in bad_steps:
+                loss = loss * float("nan")
+        return logits, loss
+
+    forward.calls = 0
+    monkeypatch.setattr(pretrain.ByteLM, "forward", forward)
+    monkeypatch.chdir(shards)
+    assert pretrain.main(["--job", job]) == 0
+    c = json.loads((shards / out_dir / "manifest.json").read_text())["counters"]
+    assert c["train.steps_skipped_nonfinite"] == 1
+
+    shutil.rmtree(shards / out_dir)
+    forward.calls = 0
+    bad_steps.update(range(1, 100))
+    with pytest.raises(pretrain.BadStepsError, match="4 non-finite steps in a row"):
+        pretrain.main(["--job", job])
+    assert not (shards / out_dir / "manifest.json").exists()
+
+
+def test_strict_loading_lists_unknown_and_missing_keys(tmp_path):
+    from safetensors.torch import save_file
+
+    from dormouse.model.gpt import ByteLM
+
+    model = ByteLM(ModelConfig(**{k: v for k, v in TINY_MODEL.items()}))
+    state = {k: v.clone() for k, v in model.state_dict().items()}
+    dropped = sorted(state)[0]
+    del state[dropped]
+    state["extra.weight"] = torch.zeros(2)
+    save_file(state, str(tmp_path / "w.safetensors"))
+    with pytest.raises(checkpoint.CheckpointError) as e:
+        checkpoint.load_weights(model, tmp_path / "w.safetensors")
+    assert dropped in str(e.value) and "extra.weight" in str(e.value)
+    with pytest.raises(ValueError, match="unknown model config keys \\['d_modle'\\]"):
+        ModelConfig.from_dict({"d_modle": 3})
