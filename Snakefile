@@ -1,5 +1,5 @@
 # dormouse: raw corpus -> filter -> shard -> anchors (-> pretrain -> sft -> rl -> export -> bench).
-# `snakemake` builds results/<config.preset>/anchors.json; `snakemake results/<preset>/anchors.json`
+# `snakemake` builds results/<config.preset>/{anchors,pretrain}.json; `snakemake results/<preset>/anchors.json`
 # builds another preset. The plan (preset -> stage -> digest) is made once, at parse time.
 from snakemake.utils import min_version
 
@@ -15,8 +15,10 @@ include: "workflow/rules/common.smk"
 rule all:
     input:
         f"results/{config['preset']}/anchors.json",
+        f"results/{config['preset']}/pretrain.json",
     default_target: True
 
 
 include: "workflow/rules/corpus.smk"
 include: "workflow/rules/data.smk"
+include: "workflow/rules/train.smk"

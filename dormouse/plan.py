@@ -34,7 +34,7 @@ STAGES = {
     s.name: s
     for s in (
         StageSpec("filter", 1, ()),
-        StageSpec("shard", 1, ("filter",)),
+        StageSpec("shard", 2, ("filter",)),  # 2: documents in hash order
         StageSpec("anchors", 1, ("shard",)),
         StageSpec("pretrain", 1, ("shard",)),
     )

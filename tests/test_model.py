@@ -329,3 +329,23 @@ def test_bad_engram_layers_rejected():
     with pytest.raises(ValueError, match="engram_layers"):
         ByteLM(tiny(engram=True, engram_layers=(2,)))  # n_blocks = 2
     assert isinstance(ByteLM(tiny()).blocks[0].mixer, KDAMixer)
+
+
+def test_preset_parameter_counts_match_the_formula():
+    """Every preset's model, built on the meta device (no memory), has the formula's parameter count."""
+    from pathlib import Path
+
+    import torch
+
+    from dormouse.config import load_preset
+    from dormouse.model.config import ModelConfig
+    from dormouse.model.gpt import ByteLM, count_params
+
+    root = Path(__file__).resolve().parent.parent
+    for name in ("tiny", "small", "medium", "b1"):
+        cfg = ModelConfig.from_dict(load_preset(name, root)["model"])
+        with torch.device("meta"):
+            model = ByteLM(cfg)
+        counts = count_params(cfg)
+        print(f"{name}: {counts['total']:,} parameters, {counts['active']:,} active")
+        assert sum(p.numel() for p in model.parameters()) == counts["total"]

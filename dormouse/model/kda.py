@@ -94,21 +94,26 @@ def _intra_chunk_terms(qk: torch.Tensor, g: torch.Tensor, c: int):
     after = lt @ tot  # sum of the blocks after block I               [..., n, K]
     between = torch.einsum("jm,mi,...mk->...ijk", lt, lt, tot)  # blocks strictly between J and I  [..., n(I), n(J), K]
 
-    # off-diagonal blocks: q_i|k_i exp(G_i - G_r) (r = row before block I) times k_j exp(G_r - G_j), j in J < I
+    # off-diagonal blocks: q_i|k_i exp(G_i - G_r) (r = row before block I) times k_j exp(G_r - G_j), j in J < I.
+    # Blocks J >= I are computed too (finite: every exponent is clamped to <= 0) and masked out at the end,
+    # on the [C, C] result rather than on the K-times larger factors.
     qkb = qk.unflatten(-2, (n, c))  # [..., 2, n, c, K]
     kb = qkb[..., 1, :, :, :]  # [..., n, c, K]
-    left = qkb * _exp(incl).unsqueeze(-4)  # [..., 2, n(I), c(i), K]
-    mask = lt.T[..., None, None]  # block J < block I          [n(I), n(J), 1, 1]
-    right = (kb.unsqueeze(-4) * _exp(between.unsqueeze(-2) + after_in.unsqueeze(-4)) * mask).flatten(-3, -2)  # [..., n(I), C(j), K]
-    off = (left @ right.transpose(-1, -2).unsqueeze(-4)).flatten(-3, -2)  # [..., 2, C(i), C(j)]
+    left = (qkb * _exp(incl).unsqueeze(-4)).movedim(-4, -3).flatten(-3, -2)  # q|k rows of block I  [..., n(I), 2c, K]
+    right = kb.unsqueeze(-4) * _exp(between.unsqueeze(-2) + after_in.unsqueeze(-4))  # [..., n(I), n(J), c(j), K]
+    off = left @ right.flatten(-3, -2).transpose(-1, -2)  # [..., n(I), 2c(i), C(j)]
+    off = off.unflatten(-2, (2, c)).movedim(-3, -4).flatten(-3, -2)  # [..., 2, C(i), C(j)]
 
-    # diagonal blocks: exp(G_i - G_j) for j <= i inside the block
-    tril = torch.ones(c, c, device=dev, dtype=dt).tril()[..., None]  # [c, c, 1]
-    y = _exp(incl.unsqueeze(-2) - incl.unsqueeze(-3)) * (tril * kb.unsqueeze(-3))  # k_j exp(G_i - G_j)  [..., n, c(i), c(j), K]
+    # diagonal blocks: exp(G_i - G_j) inside the block (j > i: finite, masked out below)
+    y = _exp(incl.unsqueeze(-2) - incl.unsqueeze(-3)) * kb.unsqueeze(-3)  # k_j exp(G_i - G_j)  [..., n, c(i), c(j), K]
     diag = (y @ qkb.movedim(-4, -1)).movedim(-1, -4)  # [..., 2, n(I), c(i), c(j)]
-    # place the n diagonal blocks: [..., I, i, j] -> [..., I, i, J, j] * delta(I, J) -> [..., C, C]
-    eye = torch.eye(n, device=dev, dtype=dt)[:, None, :, None]  # [n, 1, n, 1]
-    A = off + (diag.unsqueeze(-2) * eye).flatten(-4, -3).flatten(-2)
+
+    # assemble: off-diagonal where block J < block I, diagonal blocks where j <= i
+    blk = torch.arange(C, device=dev) // c
+    off_mask = (blk[:, None] > blk[None, :]).to(dt)  # [C, C]
+    diag_mask = (torch.eye(n, device=dev, dtype=dt)[:, None, :, None]
+                 * torch.ones(c, c, device=dev, dtype=dt).tril()[None, :, None, :])  # [n(I), c(i), n(J), c(j)]
+    A = off * off_mask + (diag.unsqueeze(-2) * diag_mask).flatten(-4, -3).flatten(-2)  # [..., 2, C, C]
 
     G = (before.unsqueeze(-2) + incl).flatten(-3, -2)  # [..., C, K]
     G_end = (after.unsqueeze(-2) + after_in).flatten(-3, -2)  # [..., C, K]
@@ -140,9 +145,12 @@ def chunk_kda_torch(
     assert k.shape == q.shape and g.shape == q.shape, (q.shape, k.shape, g.shape)
     assert v.shape[:3] == (B, T, H) and beta.shape == (B, T, H), (v.shape, beta.shape)
     scale = K**-0.5 if scale is None else scale
+    if T == 0:
+        S = q.new_zeros(B, H, K, V, dtype=torch.float32) if initial_state is None else initial_state.float()
+        return v.new_zeros(B, 0, H, V), (S if output_final_state else None)
     # chunk length: chunk_size, or T rounded up to the sub-block size for short inputs (decode steps)
-    C = min(chunk_size, -(-T // SUB_CHUNK) * SUB_CHUNK) if T > 0 else chunk_size
-    c = math.gcd(C, SUB_CHUNK)
+    C = min(chunk_size, -(-T // SUB_CHUNK) * SUB_CHUNK)
+    c = math.gcd(C, SUB_CHUNK)  # sub-block size
     pad = (-T) % C
     NT = (T + pad) // C
 
@@ -226,7 +234,7 @@ def kda(
 class KDAState(NamedTuple):
     """What a later call needs to continue a sequence."""
 
-    conv: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None  # q/k/v pre-conv inputs, last W-1 steps, [B, W-1, H*K] each
+    conv: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None  # q/k/v pre-conv inputs, last W-1 steps, [B, W-1, HK]
     recurrent: torch.Tensor  # fp32 [B, H, K, V]
 
 
@@ -300,7 +308,7 @@ class KDAMixer(nn.Module):
         q, k = l2norm(q.view(B, T, H, K)), l2norm(k.view(B, T, H, K))  # [B, T, H, K]
         v = v.view(B, T, H, K)  # [B, T, H, V]
         f = self.f_proj(x).view(B, T, H, K).float()
-        g = -self.A_log.float().exp()[:, None] * F.softplus(f + self.dt_bias.float().view(H, K))  # log decay [B, T, H, K]
+        g = -self.A_log.float().exp()[:, None] * F.softplus(f + self.dt_bias.float().view(H, K))  # [B, T, H, K]
         beta = self.b_proj(x).sigmoid()  # [B, T, H]
 
         o, S = kda(q, k, v, g, beta, initial_state=None if state is None else state.recurrent,

@@ -8,7 +8,8 @@ documents go to shard `hash % num_shards`. A train document whose text is byte-i
 document is dropped (counted): the eval tail never trains, not even through a copy.
 
 Layout: train/shard-NNNN.{bin,idx.npy,ids.jsonl}, eval/tail.{bin,idx.npy,ids.jsonl}, shards.json.
-`.bin` is the documents' UTF-8 bytes back to back; `.idx.npy` the int64 offsets (n_docs + 1).
+`.bin` is the documents' UTF-8 bytes back to back, in FNV-1a order (domains mixed, not corpus
+order); `.idx.npy` the int64 offsets (n_docs + 1).
 """
 
 from __future__ import annotations
@@ -108,7 +109,9 @@ def main(argv=None) -> int:
             tail = ShardWriter(art, "eval/tail")
             shards = [ShardWriter(art, f"train/shard-{i:04d}") for i in range(n_shards)]
             seen_ids = set()
-            for i in tqdm(range(len(ids)), unit="doc", mininterval=5, desc="shard pass 2", file=sys.stdout):
+            # Documents are written in hash order, not corpus order: the input is grouped by source
+            # file (one domain after another) and a trainer reads a shard front to back.
+            for i in tqdm(order, unit="doc", mininterval=5, desc="shard pass 2", file=sys.stdout):
                 data = text_of(i)
                 c["docs_in"] += 1
                 c["bytes_in"] += len(data)

@@ -1,0 +1,15 @@
+# Copyright (c) 2023-2026, Songlin Yang, Yu Zhang, Zhiyuan Li
+#
+# This source code is licensed under the MIT license found in the
+# LICENSE file in the root directory of this source tree.
+# For a list of all contributors, visit:
+#   https://github.com/fla-org/flash-linear-attention/graphs/contributors
+
+from fla.backends import TritonAscendBackend
+from fla.modules.fused_kl_div.ops import FusedKLDivLoss, fused_kl_div_loss
+
+__all__ = ['FusedKLDivLoss', 'fused_kl_div_loss']
+
+
+if TritonAscendBackend.is_available():
+    from fla.modules.fused_kl_div import triton_ascend  # noqa: F401

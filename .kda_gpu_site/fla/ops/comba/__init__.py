@@ -1,0 +1,17 @@
+# Copyright (c) 2023-2026, Songlin Yang, Yu Zhang, Zhiyuan Li
+#
+# This source code is licensed under the MIT license found in the
+# LICENSE file in the root directory of this source tree.
+# For a list of all contributors, visit:
+#   https://github.com/fla-org/flash-linear-attention/graphs/contributors
+
+from .chunk import chunk_comba
+from .fused_recurrent import fused_recurrent_comba
+from .naive import naive_chunk_comba, naive_recurrent_comba
+
+__all__ = [
+    "chunk_comba",
+    "fused_recurrent_comba",
+    "naive_chunk_comba",
+    "naive_recurrent_comba",
+]
