@@ -187,5 +187,8 @@ def main(argv=None) -> int:
             "epochs": round(stream.epochs_seen(), 4), "train_bytes_seen": stream.bytes_seen(),
             "device": str(device), "optimizers": [type(o).__name__ for o in opts],
         }
+        if device.type == "cuda":
+            art.extra["final"]["peak_memory_gib"] = round(torch.cuda.max_memory_allocated() / 2**30, 3)
+            art.extra["final"]["gpu"] = torch.cuda.get_device_name(device)
         summary("pretrain", c)
     return 0
