@@ -1,9 +1,11 @@
 """CPU speed of the pure-torch chunked KDA core (dormouse.model.kda.chunk_kda_torch), forward + backward.
 
-    .venv/bin/python benchmarks/kda_cpu_bench.py [--B 4] [--T 512] [--H 4] [--K 32] [--V 32] [--threads 2]
+    .venv/bin/python benchmarks/kda_cpu_bench.py [--B 4] [--T 512] [--H 4] [--K 32] [--V 32] [--chunks 16,32,64]
+                                                 [--threads 1]
 
-Prints tokens/s (B*T per fwd+bwd step, median of --reps after --warmup) for the chunked core, and for the
-full KDAMixer layer at the same B, T (d_model = H*K).
+Prints tokens/s (B*T per fwd+bwd step; best and median of --reps after --warmup) for the chunked core, and for
+the full KDAMixer layer at the same B, T (d_model = H*K), per chunk size. One thread by default: on a shared
+2-core box a second intra-op thread made a step up to 8x slower (OpenMP hand-offs stall under load).
 """
 
 from __future__ import annotations
@@ -19,7 +21,8 @@ from dormouse.model.config import ModelConfig
 from dormouse.model.kda import KDAMixer, chunk_kda_torch, l2norm
 
 
-def bench(step, warmup: int, reps: int) -> float:
+def bench(step, warmup: int, reps: int) -> tuple[float, float]:
+    """(best, median) seconds per call."""
     for _ in range(warmup):
         step()
     times = []
@@ -27,14 +30,15 @@ def bench(step, warmup: int, reps: int) -> float:
         t0 = time.perf_counter()
         step()
         times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+    return min(times), statistics.median(times)
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    for name, default in (("B", 4), ("T", 512), ("H", 4), ("K", 32), ("V", 32), ("chunk", 64), ("threads", 2),
+    for name, default in (("B", 4), ("T", 512), ("H", 4), ("K", 32), ("V", 32), ("threads", 1),
                           ("warmup", 2), ("reps", 7)):
         ap.add_argument(f"--{name}", type=int, default=default)
+    ap.add_argument("--chunks", default="16,32,64", help="comma-separated chunk sizes")
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
     torch.manual_seed(0)
@@ -45,24 +49,27 @@ def main() -> None:
     g = (-torch.empty(H).uniform_(1, 16)[:, None] * F.softplus(torch.randn(B, T, H, K))).requires_grad_()
     beta = torch.rand(B, T, H, requires_grad=True)
 
-    def core_step():
-        o, _ = chunk_kda_torch(q, k, v, g, beta, chunk_size=a.chunk)
-        o.square().mean().backward()
+    for chunk in (int(c) for c in a.chunks.split(",")):
 
-    t_core = bench(core_step, a.warmup, a.reps)
-    print(f"chunk_kda_torch B={B} T={T} H={H} K={K} V={V} chunk={a.chunk} threads={a.threads}: "
-          f"{t_core * 1e3:.1f} ms fwd+bwd, {B * T / t_core:,.0f} tokens/s")
+        def core_step():
+            o, _ = chunk_kda_torch(q, k, v, g, beta, chunk_size=chunk)
+            o.square().mean().backward()
 
-    cfg = ModelConfig(d_model=H * K, n_heads=H, head_dim=K, kda_chunk_size=a.chunk)
-    mixer = KDAMixer(cfg)
-    x = torch.randn(B, T, cfg.d_model)
+        best, med = bench(core_step, a.warmup, a.reps)
+        print(f"chunk_kda_torch B={B} T={T} H={H} K={K} V={V} chunk={chunk} threads={a.threads}: "
+              f"{best * 1e3:.1f} ms fwd+bwd (median {med * 1e3:.1f}), {B * T / best:,.0f} tokens/s")
 
-    def layer_step():
-        y, _ = mixer(x)
-        y.square().mean().backward()
+        cfg = ModelConfig(d_model=H * K, n_heads=H, head_dim=K, kda_chunk_size=chunk)
+        mixer = KDAMixer(cfg)
+        x = torch.randn(B, T, cfg.d_model)
 
-    t_layer = bench(layer_step, a.warmup, a.reps)
-    print(f"KDAMixer d_model={cfg.d_model}: {t_layer * 1e3:.1f} ms fwd+bwd, {B * T / t_layer:,.0f} tokens/s")
+        def layer_step():
+            y, _ = mixer(x)
+            y.square().mean().backward()
+
+        best, med = bench(layer_step, a.warmup, a.reps)
+        print(f"  KDAMixer d_model={cfg.d_model} chunk={chunk}: {best * 1e3:.1f} ms fwd+bwd (median {med * 1e3:.1f}), "
+              f"{B * T / best:,.0f} tokens/s")
 
 
 if __name__ == "__main__":

@@ -115,8 +115,10 @@ def test_chunk_size_and_padding_do_not_change_results():
         assert rel(o, ref[0]) <= REL_TOL and rel(s, ref[1]) <= REL_TOL, chunk
 
 
-def test_gradients_flow_and_match_naive():
-    q, k, v, g, beta, s0 = make_inputs(2, 70, 2, 16, 24, h0=True, seed=3)
+@pytest.mark.parametrize("gate", ["fla", "slow"])
+def test_gradients_flow_and_match_naive(gate):
+    """Backward runs, every grad is finite and nonzero, and equals autograd through FLA's naive recurrence."""
+    q, k, v, g, beta, s0 = make_inputs(2, 70, 2, 16, 24, gate=gate, h0=True, seed=3)
     leaves = [x.clone().requires_grad_() for x in (q, k, v, g, beta, s0)]
     o, s = chunk_kda_torch(*leaves[:5], initial_state=leaves[5], output_final_state=True, chunk_size=32)
     w_o, w_s = torch.randn_like(o), torch.randn_like(s)
@@ -127,7 +129,7 @@ def test_gradients_flow_and_match_naive():
     for name, x, x_ref in zip(("q", "k", "v", "g", "beta", "h0"), leaves, ref):
         assert x.grad is not None and torch.isfinite(x.grad).all(), name
         assert x.grad.abs().max() > 0, name
-        assert rel(x.grad, x_ref.grad) <= 1e-4, (name, rel(x.grad, x_ref.grad))
+        assert rel(x.grad, x_ref.grad) <= REL_TOL, (name, rel(x.grad, x_ref.grad))
 
 
 def small_cfg(**kw) -> ModelConfig:
@@ -227,7 +229,7 @@ def test_mixer_core_inputs_follow_fla_layer_math():
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (FLA's Triton kernels)")
-@pytest.mark.parametrize("dtype,tol", [(torch.float32, 5e-3), (torch.bfloat16, 3e-2)])
+@pytest.mark.parametrize("dtype,tol", [(torch.float32, 5e-3), (torch.bfloat16, 1.5e-2)])
 def test_fla_kernel_matches_torch_path_on_gpu(dtype, tol):
     from fla.ops.kda import chunk_kda
 
