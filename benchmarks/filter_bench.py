@@ -130,13 +130,9 @@ def worker_ours(cfg: dict) -> dict:
     import shutil
     from collections import Counter, defaultdict
 
-    import numpy as np
-
     from dormouse import quality
-    from dormouse.docs_io import PartWriter, read_parts
-    from dormouse.heuristics import heuristic_drop_reason
     from dormouse.readers import ReaderConfig
-    from dormouse.stages.filter import SCORE_BATCH, iter_records
+    from dormouse.stages.filter import filter_documents, iter_records
 
     t_import = time.perf_counter() - t0
     params = cfg["params"]
@@ -153,58 +149,11 @@ def worker_ours(cfg: dict) -> dict:
     out_dir.mkdir()
     try:
         t = time.perf_counter()
-        # --- the loop of dormouse.stages.filter.main, minus the manifest and tqdm ---
+        # --- dormouse.stages.filter.filter_documents: the stage's own loop, minus manifest and tqdm ---
         c: Counter = Counter()
         per_file: dict[str, Counter] = defaultdict(Counter)
-        corpus_files: list[dict] = []
-        cand = PartWriter(lambda n: scratch / n, "cand")
-        batch: list = []
-        scores: list[float] = []
-
-        def flush():
-            texts = [quality.prepare(r.text) for r in batch]
-            for rec, s in zip(batch, quality.score(model, texts, qcfg["label_hq"])):
-                cand.write({"id": rec.id, "text": rec.text, "source": rec.source, "quality": round(s, 6)})
-                scores.append(s)
-            batch.clear()
-
-        for rec in iter_records(cfg["inputs"], reader_cfg, c, corpus_files):
-            c["docs_read"] += 1
-            c["bytes_read"] += rec.nbytes
-            per_file[rec.source]["docs_read"] += 1
-            reason = rec.skip
-            if reason is None and rec.nbytes < params["min_doc_bytes"]:
-                reason = "too_small"
-            if reason is None:
-                reason = heuristic_drop_reason(rec.text, params["heuristics"])
-            if reason is not None:
-                c[f"docs_dropped.{reason}"] += 1
-                c[f"bytes_dropped.{reason}"] += rec.nbytes
-                continue
-            batch.append(rec)
-            if len(batch) >= SCORE_BATCH:
-                flush()
-        flush()
-        cand.close()
-        scores_arr = np.asarray(scores, dtype=np.float64)
-        if qcfg["top_fraction"] is not None:
-            k = int(np.ceil(qcfg["top_fraction"] * len(scores_arr)))
-            order = np.argsort(-scores_arr, kind="stable")
-            keep = np.zeros(len(scores_arr), dtype=bool)
-            keep[order[:k]] = True
-        else:
-            keep = scores_arr >= qcfg["threshold"]
-        with PartWriter(lambda n: out_dir / n, "docs") as out:
-            for i, doc in enumerate(read_parts([scratch / n for n in cand.names])):
-                nbytes = len(doc["text"].encode("utf-8"))
-                if keep[i]:
-                    out.write(doc)
-                    c["docs_kept"] += 1
-                    c["bytes_kept"] += nbytes
-                    per_file[doc["source"]]["docs_kept"] += 1
-                else:
-                    c["docs_dropped.quality_low_score"] += 1
-                    c["bytes_dropped.quality_low_score"] += nbytes
+        records = iter_records(cfg["inputs"], reader_cfg, c, [])
+        filter_documents(records, params, model, c, lambda n: out_dir / n, per_file)
         t_loop = time.perf_counter() - t
         # --- end of the timed loop; count what was written, as for datatrove ---
         kept_docs, kept_bytes = count_output(sorted(out_dir.glob("docs-*.jsonl.zst")))

@@ -8,7 +8,6 @@ Written in the three raw formats the readers must handle.
 
 from __future__ import annotations
 
-import io
 import json
 import shutil
 import sysconfig

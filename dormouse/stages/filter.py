@@ -73,6 +73,69 @@ def train_classifier(job, art, qcfg, reader_cfg, counters) -> tuple[object, dict
     return model, metrics
 
 
+def filter_documents(records, params: dict, model, c: Counter, path_for, per_file: dict) -> float | None:
+    """The filter proper: heuristics, then fastText scores, then keep by threshold or top fraction.
+    Writes docs-*.jsonl.zst through `path_for(name)`; returns the score cutoff used."""
+    qcfg = params["quality"]
+    scratch = Path(tempfile.mkdtemp(prefix="dormouse-filter-"))
+    try:
+        cand = PartWriter(lambda n: scratch / n, "cand")
+        batch: list = []
+        scores: list[float] = []
+
+        def flush():
+            texts = [quality.prepare(r.text) for r in batch]
+            for rec, s in zip(batch, quality.score(model, texts, qcfg["label_hq"])):
+                cand.write({"id": rec.id, "text": rec.text, "source": rec.source, "quality": round(s, 6)})
+                scores.append(s)
+            batch.clear()
+
+        for rec in records:
+            c["docs_read"] += 1
+            c["bytes_read"] += rec.nbytes
+            per_file[rec.source]["docs_read"] += 1
+            reason = rec.skip
+            if reason is None and rec.nbytes < params["min_doc_bytes"]:
+                reason = "too_small"
+            if reason is None:
+                reason = heuristic_drop_reason(rec.text, params["heuristics"])
+            if reason is not None:
+                c[f"docs_dropped.{reason}"] += 1
+                c[f"bytes_dropped.{reason}"] += rec.nbytes
+                continue
+            batch.append(rec)
+            if len(batch) >= SCORE_BATCH:
+                flush()
+        flush()
+        cand.close()
+
+        scores_arr = np.asarray(scores, dtype=np.float64)
+        if qcfg["top_fraction"] is not None:
+            k = int(np.ceil(qcfg["top_fraction"] * len(scores_arr)))
+            order = np.argsort(-scores_arr, kind="stable")  # ties keep corpus order
+            keep = np.zeros(len(scores_arr), dtype=bool)
+            keep[order[:k]] = True
+            cutoff = float(scores_arr[order[k - 1]]) if k else None
+        else:
+            keep = scores_arr >= qcfg["threshold"]
+            cutoff = qcfg["threshold"]
+
+        with PartWriter(path_for, "docs") as out:
+            for i, doc in enumerate(read_parts([scratch / n for n in cand.names])):
+                nbytes = len(doc["text"].encode("utf-8"))
+                if keep[i]:
+                    out.write(doc)
+                    c["docs_kept"] += 1
+                    c["bytes_kept"] += nbytes
+                    per_file[doc["source"]]["docs_kept"] += 1
+                else:
+                    c["docs_dropped.quality_low_score"] += 1
+                    c["bytes_dropped.quality_low_score"] += nbytes
+        return cutoff
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
 def main(argv=None) -> int:
     job = parse_job(argv, "filter", __doc__)
     params = job["params"]
@@ -95,63 +158,9 @@ def main(argv=None) -> int:
 
         per_file: dict[str, Counter] = defaultdict(Counter)
         corpus_files: list[dict] = []
-        scratch = Path(tempfile.mkdtemp(prefix="dormouse-filter-"))
-        try:
-            cand = PartWriter(lambda n: scratch / n, "cand")
-            batch: list = []
-            scores: list[float] = []
-
-            def flush():
-                texts = [quality.prepare(r.text) for r in batch]
-                for rec, s in zip(batch, quality.score(model, texts, qcfg["label_hq"])):
-                    cand.write({"id": rec.id, "text": rec.text, "source": rec.source, "quality": round(s, 6)})
-                    scores.append(s)
-                batch.clear()
-
-            records = iter_records(corpus_specs, reader_cfg, c, corpus_files)
-            for rec in tqdm(records, unit="doc", mininterval=5, desc="filter", file=sys.stdout):
-                c["docs_read"] += 1
-                c["bytes_read"] += rec.nbytes
-                per_file[rec.source]["docs_read"] += 1
-                reason = rec.skip
-                if reason is None and rec.nbytes < params["min_doc_bytes"]:
-                    reason = "too_small"
-                if reason is None:
-                    reason = heuristic_drop_reason(rec.text, params["heuristics"])
-                if reason is not None:
-                    c[f"docs_dropped.{reason}"] += 1
-                    c[f"bytes_dropped.{reason}"] += rec.nbytes
-                    continue
-                batch.append(rec)
-                if len(batch) >= SCORE_BATCH:
-                    flush()
-            flush()
-            cand.close()
-
-            scores_arr = np.asarray(scores, dtype=np.float64)
-            if qcfg["top_fraction"] is not None:
-                k = int(np.ceil(qcfg["top_fraction"] * len(scores_arr)))
-                order = np.argsort(-scores_arr, kind="stable")  # ties keep corpus order
-                keep = np.zeros(len(scores_arr), dtype=bool)
-                keep[order[:k]] = True
-                art.extra["quality_cutoff"] = float(scores_arr[order[k - 1]]) if k else None
-            else:
-                keep = scores_arr >= qcfg["threshold"]
-                art.extra["quality_cutoff"] = qcfg["threshold"]
-
-            with PartWriter(art.path, "docs") as out:
-                for i, doc in enumerate(read_parts([scratch / n for n in cand.names])):
-                    nbytes = len(doc["text"].encode("utf-8"))
-                    if keep[i]:
-                        out.write(doc)
-                        c["docs_kept"] += 1
-                        c["bytes_kept"] += nbytes
-                        per_file[doc["source"]]["docs_kept"] += 1
-                    else:
-                        c["docs_dropped.quality_low_score"] += 1
-                        c["bytes_dropped.quality_low_score"] += nbytes
-        finally:
-            shutil.rmtree(scratch, ignore_errors=True)
+        records = iter_records(corpus_specs, reader_cfg, c, corpus_files)
+        records = tqdm(records, unit="doc", mininterval=5, desc="filter", file=sys.stdout)
+        art.extra["quality_cutoff"] = filter_documents(records, params, model, c, art.path, per_file)
 
         for unit in ("docs", "bytes"):
             dropped = sum(v for k, v in c.items() if k.startswith(f"{unit}_dropped."))

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import math
-import sys
 import time
 from collections import Counter
 from contextlib import nullcontext
