@@ -55,34 +55,18 @@ import numpy as np
 import zstandard
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "benchmarks"))
+from bench_env import TSV, append_tsv, cpu_model, git_rev, mem_gib  # noqa: E402
 sys.path.insert(0, str(ROOT))
 from dormouse.docs_io import read_parts  # noqa: E402
 from dormouse.fnv import fnv1a_64  # noqa: E402
 from dormouse.stages.shard import ShardWriter, content_key  # noqa: E402
 
 MB = 1_000_000
-TSV = ROOT / "benchmarks" / "results.tsv"
-TSV_HEADER = ["date", "machine", "versions", "command", "metric", "value", "baseline", "ratio", "note"]
 
 
-def cpu_model() -> str:
-    try:
-        for line in open("/proc/cpuinfo"):
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
-def mem_gib() -> float:
-    try:
-        for line in open("/proc/meminfo"):
-            if line.startswith("MemTotal"):
-                return int(line.split()[1]) / (1 << 20)
-    except OSError:
-        pass
-    return float("nan")
 
 
 def versions() -> dict:
@@ -97,22 +81,8 @@ def versions() -> dict:
     return out
 
 
-def git_rev() -> str:
-    try:
-        rev = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
-        return rev + ("+dirty" if dirty else "")
-    except OSError:
-        return "?"
 
 
-def append_tsv(rows: list[dict]) -> None:
-    new = not TSV.exists() or TSV.stat().st_size == 0
-    with open(TSV, "a", encoding="utf-8") as f:
-        if new:
-            f.write("\t".join(TSV_HEADER) + "\n")
-        for r in rows:
-            f.write("\t".join(str(r.get(k, "")).replace("\t", " ").replace("\n", " ") for k in TSV_HEADER) + "\n")
 
 
 def zstd_cli_version() -> str | None:
