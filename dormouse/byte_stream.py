@@ -1,9 +1,10 @@
 """Byte batches over the train shards, resumable to the exact byte, and the fixed eval window.
 
 Train: each epoch visits every shard once in an order drawn from (seed, epoch); the shards' bytes
-are read as one stream, and each batch is the next B*T+1 bytes viewed as B rows (inputs) shifted by
-one (targets). The position (epoch, cursor) is the whole data state: saving and restoring it
-resumes at the same byte. Documents are concatenated as they are in the shard (no separator byte:
+are read as one stream cut into B equal lanes, and row b of a batch is the next T+1 bytes of lane
+b (targets = inputs shifted by one), so the rows of a batch come from B distant parts of the corpus
+rather than from one or two neighbouring documents. The position (epoch, cursor within a lane) is
+the whole data state: saving and restoring it resumes at the same byte. Documents are concatenated as they are in the shard (no separator byte:
 every byte value is text to a byte model; the shard's .idx.npy keeps the boundaries).
 
 Eval: the first `eval_bytes` of the eval tail, cut into rows of T+1 bytes, identical for every
@@ -37,8 +38,9 @@ class TrainStream:
         self.B, self.T, self.seed = batch_size, seq_len, seed
         self.state = state or StreamState()
         self.epoch_bytes = sum(len(s) for s in self.shards)
-        if self.epoch_bytes < batch_size * seq_len + 1:
-            raise ValueError(f"train shards hold {self.epoch_bytes} bytes, less than one batch ({batch_size}x{seq_len}+1)")
+        self.lane_bytes = self.epoch_bytes // batch_size
+        if self.lane_bytes < seq_len + 1:
+            raise ValueError(f"train shards hold {self.epoch_bytes} bytes, too few for {batch_size} lanes of {seq_len}+1")
         self._order_epoch = None
 
     def _order(self, epoch: int) -> list[np.ndarray]:
@@ -59,16 +61,16 @@ class TrainStream:
         return np.concatenate(out)
 
     def next_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
-        need = self.B * self.T + 1
-        if self.state.cursor + need > self.epoch_bytes:  # the tail of an epoch is skipped, not wrapped
+        if self.state.cursor + self.T + 1 > self.lane_bytes:  # each lane's tail is skipped, not wrapped
             self.state = StreamState(self.state.epoch + 1, 0)
-        buf = torch.from_numpy(self._read(self.state.epoch, self.state.cursor, need).astype(np.int64))
-        self.state = StreamState(self.state.epoch, self.state.cursor + self.B * self.T)
-        return buf[:-1].view(self.B, self.T), buf[1:].view(self.B, self.T)
+        rows = [self._read(self.state.epoch, b * self.lane_bytes + self.state.cursor, self.T + 1) for b in range(self.B)]
+        buf = torch.from_numpy(np.stack(rows).astype(np.int64))
+        self.state = StreamState(self.state.epoch, self.state.cursor + self.T)
+        return buf[:, :-1], buf[:, 1:]
 
     def bytes_seen(self) -> int:
-        """Train bytes consumed so far (all epochs), as a float of epochs: see `epochs_seen`."""
-        return self.state.epoch * self.epoch_bytes + self.state.cursor
+        """Train bytes consumed so far (all epochs)."""
+        return (self.state.epoch * self.lane_bytes + self.state.cursor) * self.B
 
     def epochs_seen(self) -> float:
         return self.bytes_seen() / self.epoch_bytes

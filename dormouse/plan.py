@@ -36,7 +36,7 @@ STAGES = {
         StageSpec("filter", 1, ()),
         StageSpec("shard", 2, ("filter",)),  # 2: documents in hash order
         StageSpec("anchors", 1, ("shard",)),
-        StageSpec("pretrain", 1, ("shard",)),
+        StageSpec("pretrain", 2, ("shard",)),  # 2: batch rows from B lanes of the stream
     )
 }
 
