@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import copy
 import datetime
+import functools
 from pathlib import Path
 
 import jsonschema
@@ -47,10 +48,14 @@ def load_yaml(path: Path) -> dict:
     return {} if data is None else data
 
 
+@functools.lru_cache(maxsize=None)
+def _validator(schema_path: Path):
+    return _Validator(load_yaml(schema_path))
+
+
 def validate(instance, schema_name: str, source: str, root: Path = Path(".")):
     """Validate (and default-fill, in place) `instance` against workflow/schemas/<schema_name>."""
-    schema = load_yaml(root / SCHEMA_DIR / schema_name)
-    errors = sorted(_Validator(schema).iter_errors(instance), key=lambda e: list(e.absolute_path))
+    errors = sorted(_validator((root / SCHEMA_DIR / schema_name).resolve()).iter_errors(instance), key=lambda e: list(e.absolute_path))
     if errors:
         lines = []
         for e in errors[:10]:
