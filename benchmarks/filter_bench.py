@@ -179,7 +179,7 @@ def worker_datatrove(cfg: dict) -> dict:
         def word_tokenize(self, text):
             return text.split()
 
-        def sent_tokenize(self, text):
+        def sent_tokenize(self, text):  # not called by the Gopher filters
             raise NotImplementedError
 
         def span_tokenize(self, text):
