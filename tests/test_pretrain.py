@@ -67,6 +67,7 @@ def test_killed_run_resumes_to_bit_identical_weights(shards):
     run_stage(shards, job)
     reference = (shards / out_dir / "model.safetensors").read_bytes()
     ref_metrics = [json.loads(line) for line in (shards / out_dir / "metrics.jsonl").read_text().splitlines()]
+    ref_counters = json.loads((shards / out_dir / "manifest.json").read_text())["counters"]
     shutil.rmtree(shards / out_dir)
 
     proc = run_stage(shards, job, wait=False)
@@ -82,6 +83,9 @@ def test_killed_run_resumes_to_bit_identical_weights(shards):
     run_stage(shards, job)
     manifest = json.loads((shards / out_dir / "manifest.json").read_text())
     assert manifest["counters"]["resumed_from_step"] >= 5
+    per_process = {"train.steps_run_this_process", "resumed_from_step", "store.stale_tmp_dirs_removed"}
+    same = lambda c: {k: v for k, v in c.items() if k not in per_process}
+    assert same(manifest["counters"]) == same(ref_counters)  # counters survive the resume too
     assert (shards / out_dir / "model.safetensors").read_bytes() == reference
     metrics = [json.loads(line) for line in (shards / out_dir / "metrics.jsonl").read_text().splitlines()]
     strip = lambda rows: [{k: v for k, v in r.items() if k != "tokens_per_s"} for r in rows]

@@ -163,11 +163,11 @@ def main(argv=None) -> int:
                 metrics.append(row)
                 print(f"[pretrain] {json.dumps(row)}", flush=True)
             if done % train["ckpt_every"] == 0 and done < train["steps"]:
+                train_counters["checkpoints_written"] += 1  # before the save, so a resumed run counts it too
                 checkpoint.save(ckpt_root, done, model, opts, {
                     "stream": stream.state.to_dict(), "metrics": metrics, "bad_in_row": bad_in_row,
                     "train_counters": dict(train_counters), "eval_counters": dict(eval_counters),
                 })
-                train_counters["checkpoints_written"] += 1
 
         check_arms_active(cfg, train_counters, "training")
         check_arms_active(cfg, eval_counters, "eval")
