@@ -31,8 +31,8 @@ class StreamState:
 
 class TrainStream:
     def __init__(self, shard_bins: list[Path], batch_size: int, seq_len: int, seed: int, state: StreamState | None = None):
-        self.shards = [np.memmap(p, dtype=np.uint8, mode="r") for p in shard_bins]
-        self.shards = [s for s in self.shards if len(s)]  # an empty shard has nothing to give
+        # An empty shard has nothing to give (and cannot be memory-mapped).
+        self.shards = [np.memmap(p, dtype=np.uint8, mode="r") for p in shard_bins if Path(p).stat().st_size > 0]
         if not self.shards:
             raise ValueError(f"every train shard is empty: {[str(p) for p in shard_bins]}")
         self.B, self.T, self.seed = batch_size, seq_len, seed
@@ -69,8 +69,9 @@ class TrainStream:
         return buf[:, :-1], buf[:, 1:]
 
     def bytes_seen(self) -> int:
-        """Train bytes consumed so far (all epochs)."""
-        return (self.state.epoch * self.lane_bytes + self.state.cursor) * self.B
+        """Train bytes consumed so far (all epochs); each lane's unread tail is not counted."""
+        steps_per_epoch = (self.lane_bytes - 1) // self.T
+        return (self.state.epoch * steps_per_epoch * self.T + self.state.cursor) * self.B
 
     def epochs_seen(self) -> float:
         return self.bytes_seen() / self.epoch_bytes

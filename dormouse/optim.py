@@ -25,12 +25,14 @@ def build_optimizers(model, train: dict) -> list[torch.optim.Optimizer]:
     ids = [id(p) for p in hidden + other]
     assert len(ids) == len(set(ids)) == len(list(model.parameters())), "every parameter in exactly one optimizer"
     opts = []
+    if train["optimizer"] == "muon" and not hasattr(torch.optim, "Muon"):
+        raise SystemExit(f"optimizer: muon requested but torch {torch.__version__} has no torch.optim.Muon (no silent AdamW fallback)")
     if hidden:
-        if train["optimizer"] == "muon" and hasattr(torch.optim, "Muon"):
+        if train["optimizer"] == "muon":
             opts.append(torch.optim.Muon(hidden, lr=train["muon_lr"], momentum=0.95, nesterov=True,
                                          weight_decay=train["weight_decay"], adjust_lr_fn="match_rms_adamw"))
-        else:  # optimizer: adamw (or a torch without Muon); the manifest records which ran
-            other = hidden + other
+        else:  # optimizer: adamw for every parameter; hidden matrices keep the configured decay
+            opts.append(torch.optim.AdamW(hidden, lr=train["lr"], betas=(0.9, 0.95), weight_decay=train["weight_decay"]))
     opts.append(torch.optim.AdamW(other, lr=train["lr"], betas=(0.9, 0.95), weight_decay=0.0,
                                   fused=torch.cuda.is_available() and next(model.parameters()).is_cuda))
     for opt in opts:

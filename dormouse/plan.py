@@ -36,7 +36,7 @@ STAGES = {
         StageSpec("filter", 1, ()),
         StageSpec("shard", 2, ("filter",)),  # 2: documents in hash order
         StageSpec("anchors", 1, ("shard",)),
-        StageSpec("pretrain", 2, ("shard",)),  # 2: batch rows from B lanes of the stream
+        StageSpec("pretrain", 3, ("shard",)),  # 2: batch rows from B lanes; 3: epochs exclude lane tails
     )
 }
 
@@ -85,6 +85,16 @@ def expand_raw(spec: str, root: Path = Path(".")) -> list[Path]:
     else:
         files = [Path(f) for f in glob.glob(str(p), recursive=True) if os.path.isfile(f) and is_raw_file(f)]
     return sorted(files)
+
+
+def ignored_files(spec: str, root: Path = Path(".")) -> list[Path]:
+    """Regular files a directory or glob spec matches that are not raw text (no reader for their
+    suffix); dotfiles aside. The filter counts and lists them: nothing is left out silently."""
+    p = Path(spec) if os.path.isabs(spec) else root / spec
+    if p.is_file():
+        return []
+    found = p.rglob("*") if p.is_dir() else (Path(f) for f in glob.glob(str(p), recursive=True))
+    return sorted(f for f in found if f.is_file() and not is_raw_file(f) and not f.name.startswith("."))
 
 
 def is_demo(spec: str, root: Path = Path(".")) -> bool:

@@ -48,3 +48,12 @@ def test_eval_window_is_fixed_and_counts_its_bytes(tmp_path):
     x1, y1, n = eval_window(p, 1000, 64)
     x2, y2, _ = eval_window(p, 1000, 64)
     assert n == 15 * 64 and torch.equal(x1, x2) and torch.equal(y1[:, :-1], x1[:, 1:])
+
+
+def test_empty_shards_are_skipped_and_epochs_count_only_read_bytes(tmp_path):
+    paths = shards(tmp_path, [8000])
+    (tmp_path / "empty.bin").write_bytes(b"")
+    s = TrainStream([tmp_path / "empty.bin", *paths], batch_size=8, seq_len=256, seed=0)
+    for _ in range(4):
+        s.next_batch()
+    assert s.bytes_seen() == 4 * 8 * 256  # lane = 1000 bytes: 3 steps per epoch, the tails unread

@@ -113,3 +113,30 @@ def test_user_supplied_fasttext_model_is_an_input_not_retrained(built, tmp_path)
     assert m["quality_model"]["trained"] is False and m["quality_model"]["path"] == str(user_model)
     assert "quality_model.bin" not in m["files"]
     assert m["counters"]["docs_kept"] == manifest(workdir, plan, "filter")["counters"]["docs_kept"]
+
+
+def test_files_without_a_reader_are_counted_and_listed(workdir, small_corpus, quality_examples, tmp_path):
+    import shutil
+
+    corpus = tmp_path / "raw_corpus"
+    shutil.copytree(small_corpus, corpus)
+    (corpus / "notes.json.gz").write_bytes(b"\x1f\x8b not read")
+    (corpus / "README.md").write_text("about this corpus")
+    config = configure(workdir, corpus, *quality_examples)
+    plan = run_chain(workdir, config, stages=("filter",))
+    m = manifest(workdir, plan, "filter")
+    assert m["counters"]["reader.files_ignored.unknown_suffix"] == 2
+    assert sorted(p.rsplit("/", 1)[-1] for p in m["corpus_files_ignored"]) == ["README.md", "notes.json.gz"]
+
+
+def test_constant_ids_cannot_swallow_the_corpus_into_the_eval_tail(workdir, small_corpus, quality_examples, tmp_path):
+    from conftest import write_jsonl_zst
+
+    corpus = tmp_path / "same_ids"
+    corpus.mkdir()
+    texts = [p.read_text() for p in sorted((small_corpus / "code").glob("*.txt"))]
+    rows = [{"id": "pydoc", "text": t} for t in texts]  # every document carries the same id
+    write_jsonl_zst(corpus / "x.jsonl.zst", rows)
+    config = configure(workdir, corpus, *quality_examples)
+    with pytest.raises(SystemExit, match="are the document ids unique"):
+        run_chain(workdir, config, stages=("filter", "shard"))

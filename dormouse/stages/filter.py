@@ -24,7 +24,7 @@ from dormouse import quality
 from dormouse.docs_io import PartWriter, read_parts
 from dormouse.fnv import fnv1a_64
 from dormouse.heuristics import heuristic_drop_reason
-from dormouse.plan import expand_raw
+from dormouse.plan import RAW_SUFFIXES, expand_raw, ignored_files
 from dormouse.readers import ReaderConfig, read_file
 from dormouse.stage import check_raw_input, parse_job, summary, writer
 from dormouse.store import sha256_file
@@ -32,9 +32,15 @@ from dormouse.store import sha256_file
 SCORE_BATCH = 512
 
 
-def iter_records(specs: list[str], cfg: ReaderConfig, counters: Counter, files_out: list | None = None):
+def iter_records(specs: list[str], cfg: ReaderConfig, counters: Counter, files_out: list | None = None,
+                 ignored_out: list | None = None):
     for spec in specs:
         base = Path(spec)
+        for path in ignored_files(spec):
+            counters["reader.files_ignored.unknown_suffix"] += 1
+            if ignored_out is not None:
+                ignored_out.append(str(path))
+            print(f"[filter] ignoring {path}: no reader for its suffix (expected {', '.join(RAW_SUFFIXES)})", flush=True)
         for path in expand_raw(spec):
             rel = path.relative_to(base).as_posix() if base.is_dir() else path.as_posix()
             if files_out is not None:
@@ -158,7 +164,8 @@ def main(argv=None) -> int:
 
         per_file: dict[str, Counter] = defaultdict(Counter)
         corpus_files: list[dict] = []
-        records = iter_records(corpus_specs, reader_cfg, c, corpus_files)
+        ignored: list[str] = []
+        records = iter_records(corpus_specs, reader_cfg, c, corpus_files, ignored)
         records = tqdm(records, unit="doc", mininterval=5, desc="filter", file=sys.stdout)
         art.extra["quality_cutoff"] = filter_documents(records, params, model, c, art.path, per_file)
 
@@ -168,6 +175,7 @@ def main(argv=None) -> int:
         if not c["docs_kept"]:
             raise SystemExit(f"filter: no document survived; counters: {dict(c)}")
         art.extra["corpus_files"] = corpus_files
+        art.extra["corpus_files_ignored"] = ignored
         art.extra["corpus_sha256"] = hashlib.sha256("".join(f["sha256"] for f in corpus_files).encode()).hexdigest()
         art.path("per_file.json").write_text(json.dumps({k: dict(v) for k, v in sorted(per_file.items())}, indent=1))
         summary("filter", c)

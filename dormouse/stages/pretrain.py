@@ -3,8 +3,9 @@
     dormouse pretrain --job "$(dormouse plan --preset tiny --stage pretrain)"
 
 Checkpoints go to the digest-keyed scratch dir (results/scratch/pretrain/<digest>/) every
-`ckpt_every` steps; a rerun resumes from the latest one to the same weights an uninterrupted run
-would reach. The artifact holds model.safetensors, config.json and metrics.jsonl; the manifest's
+`ckpt_every` steps; a rerun resumes from the latest one. On CPU (deterministic kernels, one thread)
+the resumed run reaches bit-identical weights; on CUDA it continues from the same state but
+kernel nondeterminism can change the last bits. The artifact holds model.safetensors, config.json and metrics.jsonl; the manifest's
 counters prove which arms ran in training (train.*) and in eval (eval.*).
 """
 

@@ -96,6 +96,9 @@ def main(argv=None) -> int:
             raise SystemExit(f"shard: eval_tail_bytes={eval_target} takes the whole corpus ({int(sz.sum())} bytes)")
         cutoff = int(h[order[n_eval - 1]])
         is_eval = h <= np.uint64(cutoff)
+        if is_eval.all():  # ids that tie at the cutoff (e.g. one constant id for every document)
+            raise SystemExit(f"shard: every document hashed into the eval tail ({int((h == h[order[0]]).sum())} share the "
+                             f"smallest id hash); are the document ids unique? (data.reader.id_field)")
         buf = np.memmap(scratch / "texts.bin", dtype=np.uint8, mode="r") if off[-1] else np.zeros(0, np.uint8)
         text_of = lambda i: buf[off[i] : off[i + 1]].tobytes()
         # Copies of eval texts can only hide among train documents of the same length.
