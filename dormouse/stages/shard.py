@@ -68,13 +68,9 @@ def balance(shard_bytes: np.ndarray, doc_sizes: np.ndarray) -> dict:
     }
 
 
-def main(argv=None) -> int:
-    job = parse_job(argv, "shard", __doc__)
-    n_shards = job["params"]["num_shards"]
-    eval_target = job["params"]["eval_tail_bytes"]
-    filtered = input_artifact(job, "filter")
-    parts = [filtered.file(n) for n in filtered.files("docs-")]
-
+def shard_documents(parts: list[Path], n_shards: int, eval_target: int, art) -> None:
+    """The stage's work: route the documents of `parts` into `art` (anything with path(name),
+    counters and extra, as an ArtifactWriter); the benchmark calls this same function."""
     # Pass 1: decode every document once into a scratch byte file; id hash and size per document.
     scratch = Path(tempfile.mkdtemp(prefix="dormouse-shard-"))
     try:
@@ -107,48 +103,55 @@ def main(argv=None) -> int:
         eval_sizes = set(sz[eval_idx].tolist())
 
         # Pass 2: route from the scratch bytes.
-        with writer(job) as art:
-            c = art.counters
-            tail = ShardWriter(art, "eval/tail")
-            shards = [ShardWriter(art, f"train/shard-{i:04d}") for i in range(n_shards)]
-            seen_ids = set()
-            # Documents are written in hash order, not corpus order: the input is grouped by source
-            # file (one domain after another) and a trainer reads a shard front to back.
-            for i in tqdm(order, unit="doc", mininterval=5, desc="shard pass 2", file=sys.stdout):
-                data = text_of(i)
-                c["docs_in"] += 1
-                c["bytes_in"] += len(data)
-                if ids[i] in seen_ids:
-                    c["docs_duplicate_id"] += 1
-                seen_ids.add(ids[i])
-                if is_eval[i]:
-                    tail.write(ids[i], data)
-                    c["eval_docs"] += 1
-                    c["eval_bytes"] += len(data)
-                elif len(data) in eval_sizes and content_key(data) in eval_keys:
-                    c["train_docs_dropped.duplicate_of_eval"] += 1
-                    c["train_bytes_dropped.duplicate_of_eval"] += len(data)
-                else:
-                    shards[int(h[i]) % n_shards].write(ids[i], data)
-                    c["train_docs"] += 1
-                    c["train_bytes"] += len(data)
+        c = art.counters
+        tail = ShardWriter(art, "eval/tail")
+        shards = [ShardWriter(art, f"train/shard-{i:04d}") for i in range(n_shards)]
+        seen_ids = set()
+        # Documents are written in hash order, not corpus order: the input is grouped by source
+        # file (one domain after another) and a trainer reads a shard front to back.
+        for i in tqdm(order, unit="doc", mininterval=5, desc="shard pass 2", file=sys.stdout):
+            data = text_of(i)
+            c["docs_in"] += 1
+            c["bytes_in"] += len(data)
+            if ids[i] in seen_ids:
+                c["docs_duplicate_id"] += 1
+            seen_ids.add(ids[i])
+            if is_eval[i]:
+                tail.write(ids[i], data)
+                c["eval_docs"] += 1
+                c["eval_bytes"] += len(data)
+            elif len(data) in eval_sizes and content_key(data) in eval_keys:
+                c["train_docs_dropped.duplicate_of_eval"] += 1
+                c["train_bytes_dropped.duplicate_of_eval"] += len(data)
+            else:
+                shards[int(h[i]) % n_shards].write(ids[i], data)
+                c["train_docs"] += 1
+                c["train_bytes"] += len(data)
 
-            tail_info = tail.close()
-            shard_info = [s.close() for s in shards]
-            assert c["docs_in"] == c["eval_docs"] + c["train_docs"] + c["train_docs_dropped.duplicate_of_eval"]
-            assert c["bytes_in"] == c["eval_bytes"] + c["train_bytes"] + c["train_bytes_dropped.duplicate_of_eval"]
-            shard_bytes = np.array([s["bytes"] for s in shard_info], dtype=np.float64)
-            summary_doc = {
-                "balance": balance(shard_bytes, sz[~is_eval]),
-                "num_shards": n_shards,
-                "eval_cutoff_fnv1a64": f"{cutoff:016x}",
-                "eval": tail_info,
-                "train": shard_info,
-                "train_bytes_max_over_mean": float(shard_bytes.max() / shard_bytes.mean()) if shard_bytes.mean() else None,
-            }
-            art.path("shards.json").write_text(json.dumps(summary_doc, indent=1))
-            art.extra["shards"] = {k: v for k, v in summary_doc.items() if k != "train"}
-            summary("shard", c)
+        tail_info = tail.close()
+        shard_info = [s.close() for s in shards]
+        assert c["docs_in"] == c["eval_docs"] + c["train_docs"] + c["train_docs_dropped.duplicate_of_eval"]
+        assert c["bytes_in"] == c["eval_bytes"] + c["train_bytes"] + c["train_bytes_dropped.duplicate_of_eval"]
+        shard_bytes = np.array([s["bytes"] for s in shard_info], dtype=np.float64)
+        summary_doc = {
+            "balance": balance(shard_bytes, sz[~is_eval]),
+            "num_shards": n_shards,
+            "eval_cutoff_fnv1a64": f"{cutoff:016x}",
+            "eval": tail_info,
+            "train": shard_info,
+            "train_bytes_max_over_mean": float(shard_bytes.max() / shard_bytes.mean()) if shard_bytes.mean() else None,
+        }
+        art.path("shards.json").write_text(json.dumps(summary_doc, indent=1))
+        art.extra["shards"] = {k: v for k, v in summary_doc.items() if k != "train"}
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
+
+
+def main(argv=None) -> int:
+    job = parse_job(argv, "shard", __doc__)
+    filtered = input_artifact(job, "filter")
+    parts = [filtered.file(n) for n in filtered.files("docs-")]
+    with writer(job) as art:
+        shard_documents(parts, job["params"]["num_shards"], job["params"]["eval_tail_bytes"], art)
+        summary("shard", art.counters)
     return 0
