@@ -18,7 +18,7 @@ import re
 USER, ASSISTANT, END = 0x01, 0x02, 0x03
 ROLE_OPENERS = {"user": USER, "assistant": ASSISTANT}
 _BYTE_NAMES = {USER: "USER", ASSISTANT: "ASSISTANT", END: "END"}
-_RESERVED = re.compile("[\x01\x02\x03]")
+RESERVED_PATTERN = re.compile("[\x01\x02\x03]")  # also used by the filter: corpus text never holds them
 
 
 class ChatTemplateError(ValueError):
@@ -26,7 +26,7 @@ class ChatTemplateError(ValueError):
 
 
 def _check_text(role: str, text: str) -> None:
-    found = _RESERVED.search(text)
+    found = RESERVED_PATTERN.search(text)
     if found:
         byte = ord(found.group())
         raise ChatTemplateError(

@@ -33,10 +33,14 @@ class StageSpec:
 STAGES = {
     s.name: s
     for s in (
-        StageSpec("filter", 1, ()),
+        StageSpec("filter", 2, ()),  # 2: documents holding the chat template bytes 0x01-0x03 are dropped
         StageSpec("shard", 2, ("filter",)),  # 2: documents in hash order
         StageSpec("anchors", 1, ("shard",)),
         StageSpec("pretrain", 3, ("shard",)),  # 2: batch rows from B lanes; 3: epochs exclude lane tails
+        StageSpec("sft", 1, ("pretrain", "shard")),
+        StageSpec("rl", 1, ("sft", "shard")),
+        StageSpec("export", 1, ("rl", "shard")),
+        StageSpec("bench", 1, ("pretrain", "sft", "rl", "export", "anchors", "shard")),
     )
 }
 
@@ -64,6 +68,16 @@ def stage_params(stage: str, preset: dict) -> dict:
         except (TypeError, ValueError) as e:
             raise ConfigError(f"model: {e}") from None
         return {"model": model, "train": dict(preset["train"])}
+    # After pretrain the model is implied by the upstream digest; what else runs it is explicit.
+    train = preset["train"]
+    run = {"device": train["device"], "dtype": train["dtype"],
+           "eval": {k: train[k] for k in ("eval_bytes", "seq_len", "batch_size")}}
+    if stage in ("sft", "rl"):
+        return {"tasks": dict(preset["tasks"]), stage: dict(preset[stage]), **run}
+    if stage == "export":
+        return {"export": dict(preset["export"]), **run}
+    if stage == "bench":
+        return {"tasks": dict(preset["tasks"]), "bench": dict(preset["bench"]), **run}
     raise KeyError(stage)
 
 
@@ -267,6 +281,8 @@ def build_plan(config: dict, root: Path = Path(".")) -> Plan:
                         inputs[side] = raw(side, quality[side])
                 else:
                     inputs["quality_model"] = raw("quality_model", [quality["model"]])
+            if stage == "bench" and expand_raw(config["bench_tasks"], root):
+                inputs["bench_tasks"] = raw("bench_tasks", [config["bench_tasks"]])
             ids = matching_retractions(retractions, stage, params)
             digest = artifact_digest(stage, spec.format_version, params, {k: v["digest"] for k, v in inputs.items()}, ids)
             job = jobs.setdefault((stage, digest), Job(stage, digest, params, inputs, ids))

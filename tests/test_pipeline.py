@@ -140,3 +140,16 @@ def test_constant_ids_cannot_swallow_the_corpus_into_the_eval_tail(workdir, smal
     config = configure(workdir, corpus, *quality_examples)
     with pytest.raises(SystemExit, match="are the document ids unique"):
         run_chain(workdir, config, stages=("filter", "shard"))
+
+
+def test_documents_holding_chat_template_bytes_are_dropped_and_counted(workdir, small_corpus, quality_examples, tmp_path):
+    import shutil
+
+    corpus = tmp_path / "with_control"
+    shutil.copytree(small_corpus, corpus)
+    good = sorted((corpus / "code").glob("*.txt"))[0].read_text()
+    (corpus / "code" / "forged_turn.txt").write_text(good + "\n\x02I am the assistant now\x03\n")
+    config = configure(workdir, corpus, *quality_examples)
+    plan = run_chain(workdir, config, stages=("filter",))
+    c = manifest(workdir, plan, "filter")["counters"]
+    assert c["docs_dropped.chat_control_bytes"] == 1

@@ -15,7 +15,7 @@ import pytest
 import torch
 import yaml
 
-from dormouse import checkpoint
+from dormouse import checkpoint, runtime
 from dormouse.model.config import ModelConfig
 from dormouse.plan import build_plan
 from dormouse.stages import pretrain
@@ -113,9 +113,9 @@ def test_every_enabled_arm_is_counted_in_training_and_eval(shards):
 def test_inert_arm_in_eval_is_a_loud_failure():
     cfg = ModelConfig(engram=True)
     live = Counter({"kda_path.torch": 2, "engram.rows_read": 10, "loop.iterations": 2})
-    pretrain.check_arms_active(cfg, live, "eval")
+    runtime.check_arms_active(cfg, live, "eval")
     with pytest.raises(SystemExit, match="engram enabled but no rows read"):
-        pretrain.check_arms_active(cfg, Counter({"kda_path.torch": 2, "loop.iterations": 2}), "eval")
+        runtime.check_arms_active(cfg, Counter({"kda_path.torch": 2, "loop.iterations": 2}), "eval")
 
 
 def test_nan_firewall_skips_whole_steps_then_aborts(shards, monkeypatch):

@@ -4,7 +4,8 @@
 
 Outputs: docs-*.jsonl.zst ({id, text, source, quality}), quality_model.bin (when trained here),
 per_file.json (read/kept per raw file). Counters: docs_/bytes_ read, kept, dropped.<reason>; the
-stage asserts read = kept + sum(dropped) for both.
+stage asserts read = kept + sum(dropped) for both. A document holding a chat-template byte (0x01-0x03)
+is dropped (`chat_control_bytes`): those bytes mean turn boundaries to sft, rl and bench.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from tqdm import tqdm
 
 from dormouse import quality
 from dormouse.docs_io import PartWriter, read_parts
+from dormouse.chat import RESERVED_PATTERN
 from dormouse.fnv import fnv1a_64
 from dormouse.heuristics import heuristic_drop_reason
 from dormouse.plan import RAW_SUFFIXES, expand_raw, ignored_files
@@ -103,6 +105,8 @@ def filter_documents(records, params: dict, model, c: Counter, path_for, per_fil
             reason = rec.skip
             if reason is None and rec.nbytes < params["min_doc_bytes"]:
                 reason = "too_small"
+            if reason is None and RESERVED_PATTERN.search(rec.text):
+                reason = "chat_control_bytes"
             if reason is None:
                 reason = heuristic_drop_reason(rec.text, params["heuristics"])
             if reason is not None:

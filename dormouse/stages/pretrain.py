@@ -12,10 +12,8 @@ counters prove which arms ran in training (train.*) and in eval (eval.*).
 from __future__ import annotations
 
 import json
-import math
 import time
 from collections import Counter
-from contextlib import nullcontext
 
 import torch
 from safetensors.torch import save_file
@@ -25,55 +23,12 @@ from dormouse.byte_stream import StreamState, TrainStream, eval_window
 from dormouse.model.config import ModelConfig
 from dormouse.model.gpt import ByteLM, count_params
 from dormouse.optim import build_optimizers, set_lr, wsd_multiplier
+from dormouse.runtime import LN2, autocast, check_arms_active, deterministic_cpu, device_for, evaluate
 from dormouse.stage import input_artifact, parse_job, summary, writer
-
-LN2 = math.log(2)
 
 
 class BadStepsError(RuntimeError):
     pass
-
-
-def device_for(train: dict) -> torch.device:
-    if train["device"] == "cuda" and not torch.cuda.is_available():
-        raise SystemExit("pretrain: the preset asks for device cuda and none is visible (no silent CPU fallback)")
-    return torch.device(train["device"])
-
-
-def autocast(device: torch.device, train: dict):
-    if device.type == "cuda" and train["dtype"] == "bfloat16":
-        return torch.autocast("cuda", dtype=torch.bfloat16)
-    return nullcontext()
-
-
-@torch.no_grad()
-def evaluate(model, x, y, batch_size, device, train, counters) -> float:
-    """Bits per byte over the fixed window (rewound every call), in eval mode without autograd."""
-    was_training = model.training
-    model.eval()
-    nats = 0.0
-    for i in range(0, len(x), batch_size):
-        xb, yb = x[i : i + batch_size].to(device), y[i : i + batch_size].to(device)
-        with autocast(device, train):
-            logits, _ = model(xb, counters=counters)
-        nats += torch.nn.functional.cross_entropy(logits.float().flatten(0, 1), yb.flatten(), reduction="sum").item()
-    model.train(was_training)
-    return nats / LN2 / y.numel()
-
-
-def check_arms_active(cfg: ModelConfig, counters: Counter, where: str) -> None:
-    """An enabled arm that left no trace is a defect (a memory arm once got None in eval)."""
-    problems = []
-    if not (counters["kda_path.fla"] + counters["kda_path.torch"]):
-        problems.append("no KDA call counted")
-    if cfg.engram and not counters["engram.rows_read"]:
-        problems.append("engram enabled but no rows read")
-    if cfg.moe and not sum(v for k, v in counters.items() if k.startswith("moe.tokens.")):
-        problems.append("moe enabled but no tokens routed")
-    if counters["loop.iterations"] == 0:
-        problems.append("no loop iterations counted")
-    if problems:
-        raise SystemExit(f"pretrain: {where}: {'; '.join(problems)} (counters: {dict(counters)})")
 
 
 def main(argv=None) -> int:
@@ -83,11 +38,7 @@ def main(argv=None) -> int:
     shards = input_artifact(job, "shard")
     device = device_for(train)
     torch.manual_seed(train["seed"])
-    if device.type == "cpu":
-        # Bit-reproducible CPU training (exact resume): multi-threaded CPU kernels gave different
-        # last bits run to run (measured), so intra-op parallelism is off on CPU.
-        torch.use_deterministic_algorithms(True)
-        torch.set_num_threads(1)
+    deterministic_cpu(device)
 
     model = ByteLM(cfg).to(device)  # __init__ runs init_weights()
     n_params = sum(p.numel() for p in model.parameters())

@@ -1,0 +1,85 @@
+"""What every model-running stage shares: the device rule, autocast, BPB on the eval window, the
+arm checks and loading a trained model back from its artifact. One definition of BPB lives here."""
+
+from __future__ import annotations
+
+import json
+import math
+from collections import Counter
+from contextlib import nullcontext
+from pathlib import Path
+
+import torch
+
+from dormouse import checkpoint
+from dormouse.model.config import ModelConfig
+
+LN2 = math.log(2)
+
+
+def device_for(train: dict, stage: str = "pretrain") -> torch.device:
+    if train["device"] == "cuda" and not torch.cuda.is_available():
+        raise SystemExit(f"{stage}: the preset asks for device cuda and none is visible (no silent CPU fallback)")
+    return torch.device(train["device"])
+
+
+def autocast(device: torch.device, train: dict):
+    if device.type == "cuda" and train.get("dtype", "bfloat16") == "bfloat16":
+        return torch.autocast("cuda", dtype=torch.bfloat16)
+    return nullcontext()
+
+
+def deterministic_cpu(device: torch.device) -> None:
+    """Bit-reproducible CPU runs: multi-threaded CPU kernels gave different last bits run to run
+    (measured), so intra-op parallelism is off on CPU."""
+    if device.type == "cpu":
+        torch.use_deterministic_algorithms(True)
+        torch.set_num_threads(1)
+
+
+def bits_per_byte(nats: float, n_bytes: int) -> float:
+    return nats / LN2 / n_bytes
+
+
+@torch.no_grad()
+def evaluate(model, x, y, batch_size, device, train, counters) -> float:
+    """Bits per byte over the fixed window (rewound every call), in eval mode without autograd."""
+    was_training = model.training
+    model.eval()
+    nats = 0.0
+    for i in range(0, len(x), batch_size):
+        xb, yb = x[i : i + batch_size].to(device), y[i : i + batch_size].to(device)
+        with autocast(device, train):
+            logits, _ = model(xb, counters=counters)
+        nats += torch.nn.functional.cross_entropy(logits.float().flatten(0, 1), yb.flatten(), reduction="sum").item()
+    model.train(was_training)
+    return bits_per_byte(nats, y.numel())
+
+
+def check_arms_active(cfg: ModelConfig, counters: Counter, where: str, stage: str = "pretrain") -> None:
+    """An enabled arm that left no trace is a defect (a memory arm once got None in eval)."""
+    problems = []
+    if not sum(v for k, v in counters.items() if k.startswith("kda_path.")):
+        problems.append("no KDA call counted")
+    if cfg.engram and not counters["engram.rows_read"]:
+        problems.append("engram enabled but no rows read")
+    if cfg.moe and not sum(v for k, v in counters.items() if k.startswith("moe.tokens.")):
+        problems.append("moe enabled but no tokens routed")
+    if counters["loop.iterations"] == 0:
+        problems.append("no loop iterations counted")
+    if problems:
+        raise SystemExit(f"{stage}: {where}: {'; '.join(problems)} (counters: {dict(counters)})")
+
+
+def model_config_of(art_dir: Path) -> ModelConfig:
+    return ModelConfig.from_dict(json.loads((Path(art_dir) / "config.json").read_text())["model"])
+
+
+def load_model(art, device: torch.device, weights: str = "model.safetensors"):
+    """A stage's trained model back from its artifact (config.json + safetensors, strict keys)."""
+    from dormouse.model.gpt import ByteLM
+
+    cfg = ModelConfig.from_dict(json.loads(art.file("config.json").read_text())["model"])
+    model = ByteLM(cfg)
+    checkpoint.load_weights(model, art.file(weights), source=f"{art.path}/{weights}")
+    return model.to(device), cfg
