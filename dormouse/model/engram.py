@@ -23,6 +23,8 @@ Forward (per position, causal: only x[t-n+1..t] and the hidden state at t; the o
     v = gate * W_v e
     out = v + silu(causal_depthwise_conv(RMSNorm(v)))   (kernel ENGRAM_CONV_SIZE, dilation max order)
 and the block adds `out` to its residual before its mixer. W_v is the branch's output projection.
+`forward(x, idx, counters, state) -> (out, EngramState)`: the state (last max_order - 1 bytes, bytes seen,
+the conv's (conv_size - 1) * max_order normed past values) continues a sequence exactly where it stopped.
 Counter: counters["engram.rows_read"] += B*T*n_tables per call.
 """
 
@@ -31,6 +33,7 @@ from __future__ import annotations
 import math
 from collections import Counter
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -106,6 +109,14 @@ def engram_tables(cfg: ModelConfig) -> list[TableSpec]:
     return specs
 
 
+class EngramState(NamedTuple):
+    """What a later call needs to continue a sequence (batch first; sizes fixed by the config, not by T)."""
+
+    bytes: torch.Tensor  # the last max_order - 1 bytes, oldest first (0 where the sequence has none)  [B, max_order-1]
+    n_seen: torch.Tensor  # bytes of the sequence consumed so far (picks the reserved rows)       long [B]
+    conv: torch.Tensor | None  # normed gated values of the last (conv_size-1)*max_order steps   fp32 [B, ., D]
+
+
 class Engram(nn.Module):
     def __init__(self, cfg: ModelConfig, position: int):
         super().__init__()
@@ -137,12 +148,22 @@ class Engram(nn.Module):
     def n_tables(self) -> int:
         return len(self.specs)
 
-    def local_ids(self, idx: torch.Tensor) -> torch.Tensor:
-        """idx [B, T] bytes -> [B, T, n_tables] row index inside each table (reserved row included)."""
-        t_len = idx.shape[-1]
+    def local_ids(self, idx: torch.Tensor, history: torch.Tensor | None = None,
+                  start: torch.Tensor | None = None) -> torch.Tensor:
+        """idx [B, T] bytes -> [B, T, n_tables] row index inside each table (reserved row included).
+
+        Continuing a sequence: history [B, max_order - 1] the bytes just before idx (any value where the
+        sequence has none), start [B] how many bytes of the sequence precede idx; None = sequence start."""
+        B, t_len = idx.shape
         idx = idx.long()
-        shifted = [idx] + [F.pad(idx, (k, 0))[..., :t_len] for k in range(1, self.max_order)]  # x[t-k]
-        pos = torch.arange(t_len, device=idx.device)
+        if history is None:
+            history = idx.new_zeros(B, self.max_order - 1)
+        full = torch.cat([history.long(), idx], 1)  # [B, max_order - 1 + T]
+        m1 = self.max_order - 1
+        shifted = [full[:, m1 - k : m1 - k + t_len] for k in range(self.max_order)]  # x[t-k]
+        pos = torch.arange(t_len, device=idx.device)  # absolute position in the sequence   [T] or [B, T]
+        if start is not None:
+            pos = start.long()[:, None] + pos
         cols = []
         for i, s in enumerate(self.specs):
             if s.order == 1:
@@ -158,12 +179,20 @@ class Engram(nn.Module):
             cols.append(torch.where(pos >= s.order - 1, ids, s.rows - 1))
         return torch.stack(cols, dim=-1)
 
-    def row_ids(self, idx: torch.Tensor) -> torch.Tensor:
-        """Global rows of `self.table.weight` read at each position: [B, T, n_tables]."""
-        return self.local_ids(idx) + self.offsets
+    def row_ids(self, idx: torch.Tensor, history: torch.Tensor | None = None,
+                start: torch.Tensor | None = None) -> torch.Tensor:
+        """Global rows of `self.table.weight` read at each position: [B, T, n_tables] (args as local_ids)."""
+        return self.local_ids(idx, history, start) + self.offsets
 
-    def forward(self, x: torch.Tensor, idx: torch.Tensor, counters: Counter | None = None) -> torch.Tensor:
-        rows = self.row_ids(idx)
+    def forward(self, x: torch.Tensor, idx: torch.Tensor, counters: Counter | None = None,
+                state: EngramState | None = None) -> tuple[torch.Tensor, EngramState]:
+        """x [B, T, D], idx [B, T] -> (branch output [B, T, D], the state after idx). state None = sequence start."""
+        B, T = idx.shape
+        n_hist, n_conv = self.max_order - 1, (self.conv_size - 1) * self.max_order
+        if state is None:
+            state = EngramState(idx.new_zeros(B, n_hist, dtype=torch.long), idx.new_zeros(B, dtype=torch.long),
+                                x.new_zeros(B, n_conv, self.d_model, dtype=torch.float32) if self.conv_size else None)
+        rows = self.row_ids(idx, state.bytes, state.n_seen)
         e = self.table(rows).flatten(-2)
         # gate in fp32 (the norms also get fp32 inputs under autocast: torch's fused rms_norm wants them)
         key = self.key_norm(self.key_proj(e).float())
@@ -171,14 +200,16 @@ class Engram(nn.Module):
         g = (query * key).sum(dim=-1, keepdim=True) / math.sqrt(self.d_model)
         g = torch.sigmoid(g.abs().clamp_min(1e-6).sqrt() * g.sign())
         v = g.to(x.dtype) * self.value_proj(e)
+        conv_hist = None
         if self.conv_size > 0:
-            c = self.conv_norm(v.float()).transpose(1, 2)
-            c = F.conv1d(F.pad(c, ((self.conv_size - 1) * self.max_order, 0)), self.conv.weight,
-                         dilation=self.max_order, groups=self.d_model)
+            c = torch.cat([state.conv, self.conv_norm(v.float())], 1)  # normed values, history first [B, n_conv+T, D]
+            conv_hist = c[:, c.shape[1] - n_conv :]
+            c = F.conv1d(c.transpose(1, 2), self.conv.weight, dilation=self.max_order, groups=self.d_model)
             v = v + F.silu(c.transpose(1, 2)).to(v.dtype)
         if counters is not None:
             counters["engram.rows_read"] += rows.numel()
-        return v
+        seen = torch.cat([state.bytes, idx.long()], 1)
+        return v, EngramState(seen[:, seen.shape[1] - n_hist :], state.n_seen + T, conv_hist)
 
     def output_projections(self) -> list[nn.Module]:
         return [self.value_proj]

@@ -18,21 +18,28 @@ distinct blocks, 0 .. n_blocks - 1 (prelude, core, coda in that order).
   MoE); the trainer adds `coef * model.aux_loss` itself (0.01 is the usual coefficient).
 - counters (a collections.Counter, optional): `loop.iterations += n_loop`, and the arms' own counters
   (`kda_path.*` per mixer call, `moe.tokens.expert_{i}`, `engram.rows_read`).
-The mixers' recurrent state is not threaded through (training/eval on whole windows).
+
+Decoding (`dormouse.decode` builds on these): `prefill(idx, state=None) -> (logits, LMState)` runs a prompt (or
+continues a state), `step(byte [B], state) -> (logits [B, vocab], LMState)` one byte per row. `LMState` holds
+one `BlockState(mixer: KDAState, engram: EngramState | None)` per APPLIED block (schedule order; a looped
+core block has one per iteration), all batch-first with sizes independent of the bytes consumed;
+`state.select(rows)`, `state.repeat_interleave(g)` and `cat_states([...])` index / repeat / join batches.
+The training forward ignores the state (it computes it and drops it: a few slices).
 """
 
 from __future__ import annotations
 
 from collections import Counter
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from .config import ModelConfig
-from .engram import Engram, engram_conv_size, engram_tables
+from .engram import Engram, EngramState, engram_conv_size, engram_tables
 from .ffn import MoE, SwiGLU
-from .kda import KDAMixer
+from .kda import KDAMixer, KDAState
 
 
 def _validate(cfg: ModelConfig) -> None:
@@ -44,6 +51,67 @@ def _validate(cfg: ModelConfig) -> None:
         if bad or not cfg.engram_layers or len(set(cfg.engram_layers)) != len(cfg.engram_layers):
             raise ValueError(f"engram_layers {cfg.engram_layers} must be distinct block positions in "
                              f"[0, n_blocks={cfg.n_blocks})")
+
+
+# -------------------------------------------------------------------------------------------------
+# Inference state: what continuing a sequence needs, one entry per APPLIED block
+# -------------------------------------------------------------------------------------------------
+class BlockState(NamedTuple):
+    mixer: KDAState  # short-conv inputs [B, W-1, HK] x3 (None when kda_conv_size = 0), recurrent fp32 [B, H, K, V]
+    engram: EngramState | None  # last bytes [B, max_order-1], bytes seen [B], conv history; None: no Engram
+
+
+def _map(fn, tree):
+    """fn on every tensor of a state (NamedTuples / tuples of tensors or None), keeping the structure."""
+    if isinstance(tree, torch.Tensor):
+        return fn(tree)
+    if tree is None:
+        return None
+    parts = [_map(fn, t) for t in tree]
+    return type(tree)(*parts) if hasattr(tree, "_fields") else type(tree)(parts)
+
+
+def _zip_map(fn, trees):
+    """fn on the list of corresponding tensors of several states of one structure."""
+    first = trees[0]
+    if isinstance(first, torch.Tensor):
+        return fn(list(trees))
+    if first is None:
+        return None
+    parts = [_zip_map(fn, [t[i] for t in trees]) for i in range(len(first))]
+    return type(first)(*parts) if hasattr(first, "_fields") else type(first)(parts)
+
+
+class LMState(NamedTuple):
+    """`ByteLM`'s inference state: blocks[j] belongs to the j-th block of `schedule` (a core block looped n_loop
+    times has n_loop entries: shared weights, separate states). Every tensor is batch-first and its size is
+    fixed by the config, never by the number of bytes consumed, so a decode step costs the same at any depth."""
+
+    blocks: tuple[BlockState, ...]
+
+    @property
+    def batch_size(self) -> int:
+        return self.blocks[0].mixer.recurrent.shape[0]
+
+    def select(self, rows: torch.Tensor | list[int]) -> LMState:
+        """The rows `rows` of the batch (a list or LongTensor of indices, in that order, or a BoolTensor mask)."""
+        if not isinstance(rows, torch.Tensor):
+            rows = torch.tensor(list(rows), dtype=torch.long)
+        return _map(lambda t: t[rows.to(t.device)], self)
+
+    def repeat_interleave(self, repeats: int) -> LMState:
+        """Each row `repeats` times in a row (G samples per prompt: rows [p0]*G + [p1]*G + ...)."""
+        return _map(lambda t: t.repeat_interleave(repeats, dim=0), self)
+
+    def tensors(self) -> list[torch.Tensor]:
+        out = []
+        _map(out.append, self)
+        return out
+
+
+def cat_states(states: list[LMState]) -> LMState:
+    """Concatenate states of one model along the batch (rows of states[0] first)."""
+    return _zip_map(lambda ts: torch.cat(ts, 0), states)
 
 
 class Block(nn.Module):
@@ -58,11 +126,18 @@ class Block(nn.Module):
                     else SwiGLU(cfg.d_model, cfg.ffn_hidden))
 
     def forward(self, x: torch.Tensor, idx: torch.Tensor, counters: Counter | None = None) -> torch.Tensor:
+        return self.forward_state(x, idx, None, counters)[0]
+
+    def forward_state(self, x: torch.Tensor, idx: torch.Tensor, state: BlockState | None,
+                      counters: Counter | None = None) -> tuple[torch.Tensor, BlockState]:
+        """The block continuing `state` (None = sequence start); returns (x, the state after idx)."""
+        engram_state = None
         if self.engram is not None:
-            x = x + self.engram(x, idx, counters)
-        y, _ = self.mixer(self.mixer_norm(x), counters=counters)
+            e, engram_state = self.engram(x, idx, counters, None if state is None else state.engram)
+            x = x + e
+        y, mixer_state = self.mixer(self.mixer_norm(x), counters=counters, state=None if state is None else state.mixer)
         x = x + y
-        return x + self.ffn(self.ffn_norm(x), counters)
+        return x + self.ffn(self.ffn_norm(x), counters), BlockState(mixer_state, engram_state)
 
     def output_projections(self) -> list[nn.Module]:
         """The last linear of every residual branch of this block (zero at init)."""
@@ -98,11 +173,26 @@ class ByteLM(nn.Module):
 
     def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None,
                 counters: Counter | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+        logits, _ = self.prefill(idx, None, counters)
+        loss = None
+        if targets is not None:
+            loss = F.cross_entropy(logits.view(-1, logits.shape[-1]), targets.reshape(-1), ignore_index=-1)
+        return logits, loss
+
+    def prefill(self, idx: torch.Tensor, state: LMState | None = None,
+                counters: Counter | None = None) -> tuple[torch.Tensor, LMState]:
+        """idx [B, T] continuing `state` (None = sequence start) -> (logits [B, T, vocab] fp32, the state after idx).
+        prefill(a ++ b) == prefill(b, prefill(a)[1]) (same logits for b, same state) up to fp rounding.
+        T > 1 runs the chunked KDA, T == 1 the recurrence. Does not turn off autograd: wrap it as you need."""
+        applied = self.schedule
+        if state is not None and len(state.blocks) != len(applied):
+            raise ValueError(f"state has {len(state.blocks)} block states, the schedule applies {len(applied)}")
         x = self.embed(idx)
-        aux = []
-        for i in self.schedule:
+        aux, new = [], []
+        for j, i in enumerate(applied):
             block = self.blocks[i]
-            x = block(x, idx, counters)
+            x, st = block.forward_state(x, idx, None if state is None else state.blocks[j], counters)
+            new.append(st)
             if isinstance(block.ffn, MoE):
                 aux.append(block.ffn.aux_loss)
         x = self.norm(x)
@@ -111,10 +201,13 @@ class ByteLM(nn.Module):
         self.aux_loss = torch.stack(aux).mean() if aux else torch.zeros((), device=x.device)
         if counters is not None:
             counters["loop.iterations"] += self.cfg.n_loop
-        loss = None
-        if targets is not None:
-            loss = F.cross_entropy(logits.view(-1, logits.shape[-1]), targets.reshape(-1), ignore_index=-1)
-        return logits, loss
+        return logits, LMState(tuple(new))
+
+    def step(self, byte: torch.Tensor, state: LMState | None,
+             counters: Counter | None = None) -> tuple[torch.Tensor, LMState]:
+        """One byte per row, byte [B] -> (logits of the next byte [B, vocab] fp32, the new state)."""
+        logits, state = self.prefill(byte.reshape(-1, 1), state, counters)
+        return logits[:, 0], state
 
     # ---------------------------------------------------------------------------------------------
     @torch.no_grad()

@@ -9,9 +9,11 @@ Recurrence per head (S: [K, V] state, g_t <= 0 log-space per-key-channel decay, 
 `chunk_kda_torch` evaluates it chunk by chunk (as FLA's `chunk_kda` / `naive_chunk_kda`): inside a chunk
 the delta-rule updates are folded into a WY/UT form by one unit-lower-triangular solve, across chunks the
 state is carried by a python loop over chunks. `kda` picks FLA's Triton kernel on CUDA and this torch code
-elsewhere, and counts which one ran. `KDAMixer` mirrors `fla.layers.kda.KimiDeltaAttention` (projections,
-short conv + SiLU, L2-normalised q/k, low-rank decay gate, sigmoid beta, gated output RMSNorm, o_proj) with
-plain torch modules so the CPU path needs no Triton.
+elsewhere, and counts which one ran; `kda_recurrent` does the same for decode steps (FLA's
+`fused_recurrent_kda`, or `recurrent_kda_torch`: the recurrence above one step at a time), and the mixer
+takes it whenever T == 1. `KDAMixer` mirrors `fla.layers.kda.KimiDeltaAttention` (projections, short conv +
+SiLU, L2-normalised q/k, low-rank decay gate, sigmoid beta, gated output RMSNorm, o_proj) with plain torch
+modules so the CPU path needs no Triton.
 """
 
 from __future__ import annotations
@@ -229,6 +231,81 @@ def kda(
 
 
 # --------------------------------------------------------------------------------------------------
+# Step-by-step recurrence (decoding)
+# --------------------------------------------------------------------------------------------------
+def recurrent_kda_torch(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    scale: float | None = None,
+    initial_state: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The recurrence of the module docstring one step at a time, in fp32 (shapes as `chunk_kda_torch`).
+    Returns (o [B, T, H, V] in v.dtype, final state fp32 [B, H, K, V]). Cost per step is O(H K V) whatever
+    came before: this is the decode path. Log-decays are clamped at LOG_DECAY_FLOOR as in the chunked path."""
+    B, T, H, K = q.shape
+    V, out_dtype = v.shape[-1], v.dtype
+    scale = K**-0.5 if scale is None else scale
+    S = q.new_zeros(B, H, K, V, dtype=torch.float32) if initial_state is None else initial_state.float()
+    q, k, v, beta = q.float() * scale, k.float(), v.float(), beta.float()
+    decay = torch.exp(g.float().clamp(LOG_DECAY_FLOOR, 0.0))  # [B, T, H, K]
+    outs = []
+    for t in range(T):
+        S = decay[:, t, :, :, None] * S  # [B, H, K, V]
+        k_t = k[:, t]  # [B, H, K]
+        err = v[:, t] - torch.einsum("bhkv,bhk->bhv", S, k_t)  # v - S^T k     [B, H, V]
+        S = S + (beta[:, t, :, None] * k_t)[..., None] * err[..., None, :]
+        outs.append(torch.einsum("bhkv,bhk->bhv", S, q[:, t]))  # scale * S^T q  [B, H, V]
+    o = torch.stack(outs, 1) if outs else v.new_zeros(B, 0, H, V)  # [B, T, H, V]
+    return o.to(out_dtype), S
+
+
+@functools.lru_cache(maxsize=1)
+def _fla_recurrent_kda():
+    """FLA's fused recurrent Triton op, or None when fla is not importable."""
+    try:
+        from fla.ops.kda import fused_recurrent_kda
+    except Exception:  # noqa: BLE001 - any import failure means "use the torch path"
+        return None
+    return fused_recurrent_kda
+
+
+def kda_recurrent(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    *,
+    initial_state: torch.Tensor | None = None,
+    counters=None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """`kda` for decode steps (a few tokens continuing a state): returns (o [B, T, H, V], final state fp32).
+
+    CUDA + fla importable + no gradient wanted -> `fla.ops.kda.fused_recurrent_kda` (it has no backward);
+    otherwise `recurrent_kda_torch`. Counts `kda_path.fla_recurrent` / `kda_path.torch_recurrent` once per call.
+    """
+    wants_grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v, g, beta))
+    fla_op = _fla_recurrent_kda() if q.is_cuda and not wants_grad else None
+    path = "kda_path.fla_recurrent" if fla_op is not None else "kda_path.torch_recurrent"
+    if counters is not None:
+        counters[path] = counters.get(path, 0) + 1
+    if fla_op is not None:
+        if initial_state is None:
+            initial_state = q.new_zeros(q.shape[0], q.shape[2], q.shape[3], v.shape[-1], dtype=torch.float32)
+        return fla_op(
+            q.contiguous(), k.contiguous(), v.contiguous(), g.float().contiguous(), beta.contiguous(),
+            initial_state=initial_state.float().contiguous(),
+            output_final_state=True,
+            use_qk_l2norm_in_kernel=False,
+            use_gate_in_kernel=False,
+        )
+    return recurrent_kda_torch(q, k, v, g, beta, initial_state=initial_state)
+
+
+# --------------------------------------------------------------------------------------------------
 # The layer
 # --------------------------------------------------------------------------------------------------
 class KDAState(NamedTuple):
@@ -311,8 +388,12 @@ class KDAMixer(nn.Module):
         g = -self.A_log.float().exp()[:, None] * F.softplus(f + self.dt_bias.float().view(H, K))  # [B, T, H, K]
         beta = self.b_proj(x).sigmoid()  # [B, T, H]
 
-        o, S = kda(q, k, v, g, beta, initial_state=None if state is None else state.recurrent,
-                   output_final_state=True, chunk_size=self.chunk_size, counters=counters)  # [B, T, H, V]
+        h0 = None if state is None else state.recurrent
+        if T == 1:  # a decode step: the plain recurrence (FLA's fused_recurrent_kda on CUDA)
+            o, S = kda_recurrent(q, k, v, g, beta, initial_state=h0, counters=counters)  # [B, 1, H, V]
+        else:
+            o, S = kda(q, k, v, g, beta, initial_state=h0, output_final_state=True, chunk_size=self.chunk_size,
+                       counters=counters)  # [B, T, H, V]
         # gated RMSNorm over head_dim (FLA's FusedRMSNormGated, activation="sigmoid"), in fp32
         gate = self.g_proj(x).view(B, T, H, K).float()
         of = o.float()
