@@ -1,5 +1,5 @@
 # dormouse: raw corpus -> filter -> shard -> anchors (-> pretrain -> sft -> rl -> export -> bench).
-# `snakemake` builds results/<config.preset>/{anchors,pretrain}.json; `snakemake results/<preset>/anchors.json`
+# `snakemake` builds results/<config.preset>/{anchors,pretrain,bench}.json; `snakemake results/<preset>/anchors.json`
 # builds another preset. The plan (preset -> stage -> digest) is made once, at parse time.
 from snakemake.utils import min_version
 
@@ -16,6 +16,7 @@ rule all:
     input:
         f"results/{config['preset']}/anchors.json",
         f"results/{config['preset']}/pretrain.json",
+        f"results/{config['preset']}/bench.json",
     default_target: True
 
 

@@ -225,9 +225,10 @@ class Plan:
         return sorted(d for s, d in self.jobs if s == stage)
 
     def gpus(self, stage: str, digest: str) -> int:
-        """GPUs a job holds: 1 for a cuda training job, else 0 (the gpu resource and gpu-run slot)."""
+        """GPUs a job holds: 1 for a job that runs a model on cuda, else 0 (the gpu resource and gpu-run slot)."""
         params = self.job(stage, digest).params
-        return int(params.get("train", {}).get("device") == "cuda")
+        device = params["train"]["device"] if stage == "pretrain" else params.get("device")
+        return int(device == "cuda")
 
     def job_json(self, stage: str, digest: str) -> str:
         return canonical_json(self.job(stage, digest).spec(self.store))

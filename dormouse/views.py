@@ -33,7 +33,7 @@ def digest_chain(artifact_dir: Path, store: Path) -> list[dict]:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="dormouse view")
-    ap.add_argument("kind", choices=["anchors", "pretrain"])
+    ap.add_argument("kind", choices=["anchors", "pretrain", "bench"])
     ap.add_argument("--preset", required=True)
     ap.add_argument("--artifact", required=True, help="the artifact's directory or manifest.json")
     ap.add_argument("--store", default="results/store")
@@ -42,6 +42,10 @@ def main(argv=None) -> int:
     art = open_artifact(args.artifact, stage=args.kind)
     if args.kind == "anchors":
         result = json.loads(art.file("anchors.json").read_text())
+    elif args.kind == "bench":
+        result = {**json.loads(art.file("bench.json").read_text()), "environment": art.manifest["environment"],
+                  "code": art.manifest["code"], "bench_counters": art.manifest["counters"],
+                  "bench_wall_time_s": art.manifest["wall_time_s"]}
     else:
         metrics = [json.loads(line) for line in art.file("metrics.jsonl").read_text().splitlines()]
         result = {

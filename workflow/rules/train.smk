@@ -43,3 +43,122 @@ rule pretrain_view:
         "../../envs/dormouse.yaml"
     shell:
         "dormouse view pretrain --preset {wildcards.preset} --artifact {input.pretrain} --store {params.store} --out {output} > {log} 2>&1"
+
+
+rule sft:
+    """Fine-tune the pretrained model on the verifiable tasks; accuracy and BPB at start and end."""
+    input:
+        unpack(stage_inputs("sft")),
+    output:
+        manifest=f"{STORE}/sft/{{d}}/manifest.json",
+    log:
+        "results/logs/sft/{d}.log",
+    benchmark:
+        "results/benchmarks/sft/{d}.tsv"
+    params:
+        job=stage_job("sft"),
+    threads: 2
+    resources:
+        mem_mb=16000,
+        runtime=6 * 60,
+        gpu=lambda w: PLAN.gpus("sft", w.d),
+        **slurm(gpu=True),
+    conda:
+        "../../envs/dormouse.yaml"
+    shell:
+        "dormouse gpu-run --gpus {resources.gpu} -- dormouse sft --job {params.job:q} > {log} 2>&1"
+
+
+rule rl:
+    """GRPO on the verifiable tasks from the sft model; accuracy and BPB at start and end."""
+    input:
+        unpack(stage_inputs("rl")),
+    output:
+        manifest=f"{STORE}/rl/{{d}}/manifest.json",
+    log:
+        "results/logs/rl/{d}.log",
+    benchmark:
+        "results/benchmarks/rl/{d}.tsv"
+    params:
+        job=stage_job("rl"),
+    threads: 2
+    resources:
+        mem_mb=16000,
+        runtime=6 * 60,
+        gpu=lambda w: PLAN.gpus("rl", w.d),
+        **slurm(gpu=True),
+    conda:
+        "../../envs/dormouse.yaml"
+    shell:
+        "dormouse gpu-run --gpus {resources.gpu} -- dormouse rl --job {params.job:q} > {log} 2>&1"
+
+
+rule export:
+    """Quantized rungs of the final model, each loaded back and scored on the eval window."""
+    input:
+        unpack(stage_inputs("export")),
+    output:
+        manifest=f"{STORE}/export/{{d}}/manifest.json",
+    log:
+        "results/logs/export/{d}.log",
+    benchmark:
+        "results/benchmarks/export/{d}.tsv"
+    params:
+        job=stage_job("export"),
+    threads: 2
+    resources:
+        mem_mb=16000,
+        runtime=2 * 60,
+        gpu=lambda w: PLAN.gpus("export", w.d),
+        **slurm(gpu=True),
+    conda:
+        "../../envs/dormouse.yaml"
+    shell:
+        "dormouse gpu-run --gpus {resources.gpu} -- dormouse export --job {params.job:q} > {log} 2>&1"
+
+
+rule bench:
+    """Every stage and rung scored: BPB, task multiple choice and exact match, cloze, extra tasks."""
+    input:
+        unpack(stage_inputs("bench")),
+    output:
+        manifest=f"{STORE}/bench/{{d}}/manifest.json",
+    log:
+        "results/logs/bench/{d}.log",
+    benchmark:
+        "results/benchmarks/bench/{d}.tsv"
+    params:
+        job=stage_job("bench"),
+    threads: 2
+    resources:
+        mem_mb=16000,
+        runtime=2 * 60,
+        gpu=lambda w: PLAN.gpus("bench", w.d),
+        **slurm(gpu=True),
+    conda:
+        "../../envs/dormouse.yaml"
+    shell:
+        "dormouse gpu-run --gpus {resources.gpu} -- dormouse bench --job {params.job:q} > {log} 2>&1"
+
+
+rule bench_view:
+    """results/<preset>/bench.json: every stage's and rung's scores, the anchors, the digest chain."""
+    input:
+        bench=view_input("bench"),
+    output:
+        "results/{preset}/bench.json",
+    log:
+        "results/logs/view/{preset}.bench.log",
+    benchmark:
+        "results/benchmarks/view/{preset}.bench.tsv"
+    params:
+        store=STORE,
+    threads: 1
+    resources:
+        mem_mb=1000,
+        runtime=5,
+        **slurm(),
+    conda:
+        "../../envs/dormouse.yaml"
+    shell:
+        "dormouse view bench --preset {wildcards.preset} --artifact {input.bench} --store {params.store} --out {output} > {log} 2>&1"

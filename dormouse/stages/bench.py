@@ -1,0 +1,121 @@
+"""bench: score every model the chain made — pretrain, sft, rl and each exported rung of rl.
+
+    dormouse bench --job "$(dormouse plan --preset tiny --stage bench)"
+
+Per model: held-out corpus BPB on the pretrain eval window (stages here; rungs as export measured
+them on the same window), and task scores:
+- tasks_mc: the verifiable families as byte-level multiple choice (context = the chat prompt,
+  choice = answer + END; distractors from dormouse/tasks.py), `acc` and `acc_bytes` (dormouse/mc.py);
+- tasks_gen: greedy generation exact match on the same held-out items sft and rl report;
+- cloze: real continuations of the eval tail against real spans from elsewhere in it;
+- every lm-eval-style jsonl file under config `bench_tasks` (question, choices, answer).
+An item longer than the window (the eval seq_len) is dropped and counted, never truncated.
+bench.json also carries the anchor ladder and every upstream stage's final numbers, counters and
+wall time; `dormouse view bench` adds the digest chain and the retractions applied.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections import Counter
+
+import numpy as np
+
+from dormouse import chat, mc, task_eval, tasks
+from dormouse.plan import expand_raw
+from dormouse.runtime import deterministic_cpu, device_for, evaluate, load_model
+from dormouse.byte_stream import eval_window
+from dormouse.stage import check_raw_input, input_artifact, parse_job, summary, writer
+from dormouse.stages.export import load_rung_model
+
+BENCH_FORMAT = 1  # the layout of bench.json (documented in the README)
+
+
+def task_mc_items(items: list[tasks.Item], k: int) -> list[mc.McItem]:
+    out = []
+    for it in items:
+        options, answer = tasks.choices(it, k=k, seed=it.seed)
+        out.append(mc.McItem(context=chat.prompt_bytes(it.prompt),
+                             choices=[o.encode() + bytes([chat.END]) for o in options],
+                             answer=answer, source=f"{it.family}@{it.difficulty}"))
+    return out
+
+
+def score_model(model, suites: dict[str, list[mc.McItem]], heldout, params, device, counters) -> dict:
+    window = params["eval"]["seq_len"]
+    scores = {name: mc.evaluate_mc(model, items, window, device, counters) for name, items in suites.items()}
+    scores["tasks_gen"] = task_eval.accuracy(model, heldout, params["tasks"]["max_new_bytes"], device, params)
+    return scores
+
+
+def upstream_summary(art) -> dict:
+    m = art.manifest
+    return {"digest": art.digest, "final": m.get("final"), "counters": m["counters"],
+            "wall_time_s": m.get("wall_time_s"), "device": m["environment"].get("device")}
+
+
+def main(argv=None) -> int:
+    job = parse_job(argv, "bench", __doc__)
+    params = job["params"]
+    device = device_for(params, "bench")
+    deterministic_cpu(device)
+    arts = {name: input_artifact(job, name) for name in ("pretrain", "sft", "rl", "export", "anchors", "shard")}
+    tail_path = arts["shard"].file("eval/tail.bin")
+    ex, ey, eval_bytes = eval_window(tail_path, params["eval"]["eval_bytes"], params["eval"]["seq_len"])
+    heldout = task_eval.heldout_items(params["tasks"])
+    cz = params["bench"]["cloze"]
+    suites = {
+        "tasks_mc": task_mc_items(heldout, params["bench"]["mc_choices"]),
+        "cloze": mc.cloze_items(np.fromfile(tail_path, dtype=np.uint8).tobytes(), cz["items"], cz["context_bytes"],
+                                cz["span_bytes"], cz["choices"], cz["seed"]),
+    }
+    extra_files = []
+    if "bench_tasks" in job["inputs"]:
+        for spec in check_raw_input(job, "bench_tasks"):
+            for f in expand_raw(spec):
+                if f.name.endswith(".jsonl"):
+                    suites[f"file:{f.name}"] = mc.load_jsonl_task(f)
+                    extra_files.append(str(f))
+
+    with writer(job) as art:
+        c = art.counters
+        models, t0 = {}, time.time()
+        for stage in ("pretrain", "sft", "rl"):
+            model, cfg = load_model(arts[stage], device)
+            model.eval()
+            counters = Counter()
+            bpb = evaluate(model, ex, ey, params["eval"]["batch_size"], device, params, counters)
+            models[stage] = {"bpb": round(bpb, 5), "eval_bytes": eval_bytes,
+                             **score_model(model, suites, heldout, params, device, counters)}
+            c.update({f"{stage}.{k}": v for k, v in counters.items()})
+            print(f"[bench] {stage}: bpb {bpb:.4f} tasks_gen {models[stage]['tasks_gen']['accuracy']}", flush=True)
+        export = arts["export"].manifest["final"]
+        if export["eval_bytes"] != eval_bytes:
+            raise SystemExit(f"bench: export scored {export['eval_bytes']} eval bytes, bench {eval_bytes}: not one window")
+        rungs = {}
+        for rung, r in export["rungs"].items():
+            model = load_rung_model(arts["export"].file(r["file"]), cfg, device)
+            counters = Counter()
+            rungs[rung] = {"bytes": r["bytes"], "bpb": r["bpb"], "delta_bpb_vs_bf16": r["delta_bpb_vs_bf16"],
+                           "eval_bytes": eval_bytes, **score_model(model, suites, heldout, params, device, counters)}
+            c.update({f"rl@{rung}.{k}": v for k, v in counters.items()})
+            print(f"[bench] rl@{rung}: bpb {r['bpb']:.4f} tasks_gen {rungs[rung]['tasks_gen']['accuracy']}", flush=True)
+        anchors = json.loads(arts["anchors"].file("anchors.json").read_text())
+        bench = {
+            "format": BENCH_FORMAT,
+            "eval_window": {"bytes": eval_bytes, "seq_len": params["eval"]["seq_len"], "source": "eval/tail.bin from its start"},
+            "anchors": anchors,
+            "stages": models,
+            "rungs": rungs,
+            "rungs_of": "rl",
+            "reference_bpb_fp32": export["reference_bpb"],
+            "suites": {name: {"items": len(items)} for name, items in suites.items()},
+            "extra_task_files": extra_files,
+            "heldout_items": len(heldout),
+            "upstream": {name: upstream_summary(a) for name, a in arts.items()},
+            "scoring_wall_time_s": round(time.time() - t0, 2),
+        }
+        art.path("bench.json").write_text(json.dumps(bench, indent=1) + "\n")
+        summary("bench", c)
+    return 0

@@ -1,0 +1,92 @@
+"""export: the final (rl) model in every quantization rung the preset lists, each loaded back and scored.
+
+    dormouse export --job "$(dormouse plan --preset tiny --stage export)"
+
+One file per rung, `rungs/<rung>.safetensors` (packed storage and recipe: dormouse/quant.py). Each file
+is read back, dequantized into a fresh model (strict keys) and scored on the pretrain eval window; the
+manifest's `final.rungs` gives bytes on disk, BPB and dBPB against the bf16 rung (and the unquantized
+fp32 model as `reference_bpb`). Embeddings, head, norms and (unless `quantize_tables`) the Engram
+tables stay bf16 in every rung, as does a matrix narrower than an fp4 rung's block (listed and
+counted): the recipe in each file lists what was quantized.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+
+import torch
+
+from dormouse import quant
+from dormouse.byte_stream import eval_window
+from dormouse.model.gpt import ByteLM
+from dormouse.runtime import check_arms_active, deterministic_cpu, device_for, evaluate, load_model
+from dormouse.stage import input_artifact, parse_job, summary, writer
+
+
+BLOCK = {"mxfp4": quant.MX_BLOCK, "nvfp4": quant.NV_BLOCK}
+
+
+def eligible_for(rung: str, quantize_tables: bool, narrow: list[str]):
+    """quant's default rule, plus the Engram tables on request; a matrix narrower than the rung's
+    block stays bf16 (zero padding to the block would make it larger than bf16) and is listed."""
+    def eligible(name: str, tensor: torch.Tensor) -> bool:
+        if quantize_tables and name.endswith("engram.table.weight"):
+            ok = tensor.dim() == 2 and tensor.is_floating_point()
+        else:
+            ok = quant.default_eligible(name, tensor)
+        if ok and tensor.shape[-1] < BLOCK.get(rung, 1):
+            narrow.append(name)
+            return False
+        return ok
+    return eligible
+
+
+def load_rung_model(path, cfg, device) -> ByteLM:
+    """A runnable model from a rung file (dequantized to fp32, every key accounted for)."""
+    model = ByteLM(cfg)
+    model.load_state_dict(quant.load_rung(path), strict=True)
+    return model.to(device).eval()
+
+
+def main(argv=None) -> int:
+    job = parse_job(argv, "export", __doc__)
+    params = job["params"]
+    device = device_for(params, "export")
+    deterministic_cpu(device)
+    src, shards = input_artifact(job, "rl"), input_artifact(job, "shard")
+    model, cfg = load_model(src, device)
+    ex, ey, eval_bytes = eval_window(shards.file("eval/tail.bin"), params["eval"]["eval_bytes"], params["eval"]["seq_len"])
+    batch = params["eval"]["batch_size"]
+    state = {k: v.detach().float().cpu() for k, v in model.state_dict().items()}
+
+    with writer(job) as art:
+        c = art.counters
+        counters = Counter()
+        reference = evaluate(model, ex, ey, batch, device, params, counters)
+        rungs = {}
+        for rung in params["export"]["rungs"]:
+            path = art.path(f"rungs/{rung}.safetensors")
+            path.parent.mkdir(parents=True, exist_ok=True)
+            narrow: list[str] = []
+            recipe = quant.save_rung(path, state, rung, eligible=eligible_for(rung, params["export"]["quantize_tables"], narrow))
+            rung_counters = Counter()
+            bpb = evaluate(load_rung_model(path, cfg, device), ex, ey, batch, device, params, rung_counters)
+            check_arms_active(cfg, rung_counters, f"rung {rung}", "export")
+            quantized = sorted(n for n, t in recipe["tensors"].items() if t["rule"] not in ("bf16", "keep"))
+            rungs[rung] = {"file": f"rungs/{rung}.safetensors", "bytes": path.stat().st_size, "bpb": round(bpb, 5),
+                           "quantized_tensors": len(quantized), "kept_bf16_narrower_than_block": narrow,
+                           "rules": recipe["rules"]}
+            c[f"rungs.{rung}.kept_bf16_narrower_than_block"] = len(narrow)
+            c[f"rungs.{rung}.bytes"] = path.stat().st_size
+            print(f"[export] {rung}: {path.stat().st_size:,} bytes, bpb {bpb:.4f}", flush=True)
+        base = rungs.get("bf16", {}).get("bpb")
+        for r in rungs.values():
+            r["delta_bpb_vs_bf16"] = None if base is None else round(r["bpb"] - base, 5)
+        art.path("config.json").write_text(json.dumps({"model": cfg.to_dict(), "export": params["export"]}, indent=1))
+        art.extra["final"] = {"reference_bpb": round(reference, 5), "eval_bytes": eval_bytes, "rungs": rungs,
+                              "source": {"stage": "rl", "digest": src.digest}}
+        for k, v in counters.items():
+            c[f"eval.{k}"] = v
+        summary("export", c)
+    return 0

@@ -1,0 +1,174 @@
+"""rl: GRPO on the verifiable task families, the exact verifiers as the reward.
+
+    dormouse rl --job "$(dormouse plan --preset tiny --stage rl)"
+
+Per step: `prompts_per_step` prompts from the rl seed split, `group_size` samples each (temperature,
+optional top-k); reward 1 for a verified answer, else 0 (malformed replies are counted apart from
+wrong ones); advantage = (r - group mean) / (group std + 1e-4), zero for a group whose rewards are all
+equal (no learning signal: counted); `ppo_epochs` gradient steps on the clipped-ratio objective
+against the sampling policy, plus `kl_coef` x the k3 estimate of KL to the frozen SFT model. Loss is
+averaged over each reply's bytes (the END that stops it included), then over replies.
+Curriculum: each family starts at `curriculum.start` and moves up one difficulty when its mean reward
+over the last `window` groups reaches `promote_at` (so the reward is not all zero at the start).
+Reports held-out task accuracy and corpus BPB at start and end, as sft does.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import statistics
+import time
+from collections import Counter, deque
+
+import torch
+import torch.nn.functional as F
+from safetensors.torch import save_file
+
+from dormouse import chat, task_eval
+from dormouse.byte_stream import eval_window
+from dormouse.decode import generate
+from dormouse.optim import build_optimizers
+from dormouse.runtime import autocast, check_arms_active, deterministic_cpu, device_for, load_model
+from dormouse.stage import input_artifact, parse_job, summary, writer
+from dormouse.stages.sft import held_out
+
+
+class Curriculum:
+    def __init__(self, families: list[str], cur: dict):
+        self.cur = cur
+        self.level = {f: cur["start"] for f in families}
+        self.recent = {f: deque(maxlen=cur["window"]) for f in families}
+
+    def __call__(self, family: str, rng) -> int:
+        return self.level[family]
+
+    def record(self, family: str, mean_reward: float) -> bool:
+        """Record one group's mean reward; True when the family moved up a difficulty."""
+        q = self.recent[family]
+        q.append(mean_reward)
+        if len(q) == q.maxlen and statistics.fmean(q) >= self.cur["promote_at"] and self.level[family] < self.cur["max"]:
+            self.level[family] += 1
+            q.clear()
+            return True
+        return False
+
+
+def reply_logprobs(model, prompts: list[bytes], replies: list[bytes], temperature: float, device, counters=None):
+    """Per reply byte, log p(byte | prompt + reply so far) at the sampling temperature: [N, L] and a mask."""
+    seqs = [p + r for p, r in zip(prompts, replies)]
+    width = max(len(s) for s in seqs) - 1
+    x = torch.zeros(len(seqs), width, dtype=torch.long)
+    tgt = torch.zeros(len(seqs), width, dtype=torch.long)
+    mask = torch.zeros(len(seqs), width, dtype=torch.bool)
+    for i, (p, s) in enumerate(zip(prompts, seqs)):
+        t = torch.tensor(list(s), dtype=torch.long)
+        x[i, : len(s) - 1], tgt[i, : len(s) - 1] = t[:-1], t[1:]
+        mask[i, len(p) - 1 : len(s) - 1] = True  # targets that are reply bytes
+    x, tgt, mask = x.to(device), tgt.to(device), mask.to(device)
+    logits, _ = model(x, counters=counters)
+    lp = F.log_softmax(logits.float() / temperature, dim=-1).gather(-1, tgt.unsqueeze(-1)).squeeze(-1)
+    return lp, mask
+
+
+def main(argv=None) -> int:
+    job = parse_job(argv, "rl", __doc__)
+    params = job["params"]
+    rl, task_params = params["rl"], params["tasks"]
+    device = device_for(params, "rl")
+    deterministic_cpu(device)
+    torch.manual_seed(rl["seed"])
+    sft_art, shards = input_artifact(job, "sft"), input_artifact(job, "shard")
+    model, cfg = load_model(sft_art, device)
+    ref = None
+    if rl["kl_coef"] > 0:
+        ref = copy.deepcopy(model).eval()
+        for p in ref.parameters():
+            p.requires_grad_(False)
+    ex, ey, eval_bytes = eval_window(shards.file("eval/tail.bin"), params["eval"]["eval_bytes"], params["eval"]["seq_len"])
+    heldout = task_eval.heldout_items(task_params)
+    opts = build_optimizers(model, rl)
+    params_list = list(model.parameters())
+    families = task_params["families"]
+    curriculum = Curriculum(families, rl["curriculum"])
+    stream = task_eval.item_stream("rl", families, curriculum, rl["seed"])
+    gen = torch.Generator().manual_seed(rl["seed"])  # a CPU generator: the same draws on any device
+    G, temp, max_new = rl["group_size"], rl["temperature"], task_params["max_new_bytes"]
+
+    with writer(job) as art:
+        c = art.counters
+        train_counters, eval_counters = Counter(), Counter()
+        start = held_out(model, heldout, params, device, ex, ey, eval_counters)
+        print(f"[rl] start: accuracy {start['accuracy']} corpus_bpb {start['corpus_bpb']}", flush=True)
+        metrics, t0 = [], time.time()
+        for step in range(rl["steps"]):
+            items = [next(stream) for _ in range(rl["prompts_per_step"])]
+            unique = [chat.prompt_bytes(it.prompt) for it in items]
+            prompts = [p for p in unique for _ in range(G)]
+            model.eval()
+            with torch.no_grad(), autocast(device, params):
+                replies = generate(model, unique, max_new, temperature=temp, top_k=rl["top_k"], generator=gen,
+                                   samples_per_prompt=G)
+                old_lp, mask = reply_logprobs(model, prompts, replies, temp, device)
+                ref_lp = reply_logprobs(ref, prompts, replies, temp, device)[0] if ref is not None else None
+            rewards = torch.zeros(len(prompts))
+            grades = []
+            for i, it in enumerate(items):
+                g = [task_eval.grade(it, r) for r in replies[i * G : (i + 1) * G]]
+                grades += g
+                r = torch.tensor([float(x == "correct") for x in g])
+                rewards[i * G : (i + 1) * G] = r
+                c["rl.groups"] += 1
+                if float(r.std()) == 0.0:
+                    c["rl.groups_zero_variance"] += 1
+                if curriculum.record(it.family, float(r.mean())):
+                    c[f"rl.promotions.{it.family}"] += 1
+            tally = Counter(grades)
+            for k in ("correct", "wrong", "malformed"):
+                c[f"rl.samples_{k}"] += tally[k]
+            grouped = rewards.view(-1, G)
+            adv = ((grouped - grouped.mean(1, keepdim=True)) / (grouped.std(1, keepdim=True) + 1e-4)).view(-1)
+            adv = adv.to(device).unsqueeze(1)
+            if not bool((adv != 0).any()):
+                c["rl.steps_without_signal"] += 1
+            model.train()
+            for _ in range(rl["ppo_epochs"]):
+                with autocast(device, params):
+                    new_lp, _ = reply_logprobs(model, prompts, replies, temp, device, train_counters)
+                ratio = (new_lp - old_lp).exp()
+                surrogate = torch.minimum(ratio * adv, ratio.clamp(1 - rl["clip_eps"], 1 + rl["clip_eps"]) * adv)
+                per_byte = -surrogate
+                if ref_lp is not None:
+                    d = ref_lp - new_lp
+                    per_byte = per_byte + rl["kl_coef"] * (d.exp() - d - 1)  # k3: unbiased, always >= 0
+                m = mask.float()
+                loss = ((per_byte * m).sum(1) / m.sum(1)).mean()
+                if not torch.isfinite(loss):
+                    raise SystemExit(f"rl: non-finite loss at step {step}")
+                loss.backward()
+                torch.nn.utils.clip_grad_norm_(params_list, rl["grad_clip"])
+                for opt in opts:
+                    opt.step()
+                    opt.zero_grad(set_to_none=True)
+                c["rl.updates"] += 1
+            row = {"step": step + 1, "reward": round(float(rewards.mean()), 4), "loss": round(loss.item(), 5),
+                   "malformed": tally["malformed"], "levels": dict(curriculum.level),
+                   "elapsed_s": round(time.time() - t0, 2)}
+            metrics.append(row)
+            print(f"[rl] {json.dumps(row)}", flush=True)
+        end = held_out(model, heldout, params, device, ex, ey, eval_counters)
+        print(f"[rl] end: accuracy {end['accuracy']} corpus_bpb {end['corpus_bpb']}", flush=True)
+        check_arms_active(cfg, train_counters, "training", "rl")
+        check_arms_active(cfg, eval_counters, "eval", "rl")
+        for k, v in train_counters.items():
+            c[f"train.{k}"] = v
+        for k, v in eval_counters.items():
+            c[f"eval.{k}"] = v
+        c["rl.steps"] = rl["steps"]
+        save_file({k: v.detach().contiguous().cpu() for k, v in model.state_dict().items()}, str(art.path("model.safetensors")))
+        art.path("config.json").write_text(json.dumps({"model": cfg.to_dict(), "rl": rl, "tasks": task_params}, indent=1))
+        art.path("metrics.jsonl").write_text("".join(json.dumps(m) + "\n" for m in metrics))
+        art.extra["final"] = {"start": start, "end": end, "eval_bytes": eval_bytes, "heldout_items": len(heldout),
+                              "curriculum_levels": dict(curriculum.level), "device": str(device)}
+        summary("rl", c)
+    return 0

@@ -1,0 +1,108 @@
+"""sft: supervised fine-tuning of the pretrained byte LM on the verifiable task families.
+
+    dormouse sft --job "$(dormouse plan --preset tiny --stage sft)"
+
+Each example is one exchange in the chat template (dormouse/chat.py); the loss counts only the
+assistant bytes and the END that closes them. Its own warmup-stable-decay schedule and optimizers.
+Reported at start and end: held-out task accuracy (greedy exact match on the bench-split items,
+dormouse/task_eval.py) and held-out corpus BPB on the pretrain eval window (to show forgetting).
+The artifact holds model.safetensors, config.json and metrics.jsonl, like pretrain's.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections import Counter
+
+import torch
+from safetensors.torch import save_file
+
+from dormouse import chat, task_eval
+from dormouse.byte_stream import eval_window
+from dormouse.optim import build_optimizers, set_lr, wsd_multiplier
+from dormouse.runtime import LN2, autocast, check_arms_active, deterministic_cpu, device_for, evaluate, load_model
+from dormouse.stage import input_artifact, parse_job, summary, writer
+
+
+def sft_batch(items, device) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """(inputs, targets, assistant bytes): right-padded rows; a target is -1 except where it is an
+    assistant byte (padding comes after every scored position of a causal model, so it changes nothing)."""
+    rows = [chat.sft_example(it.prompt, it.answer) for it in items]
+    width = max(len(b) for b, _ in rows) - 1
+    x = torch.zeros(len(rows), width, dtype=torch.long)
+    y = torch.full((len(rows), width), -1, dtype=torch.long)
+    for i, (b, mask) in enumerate(rows):
+        t = torch.tensor(list(b), dtype=torch.long)
+        x[i, : len(b) - 1] = t[:-1]
+        keep = torch.tensor(mask[1:], dtype=torch.bool)
+        y[i, : len(b) - 1] = torch.where(keep, t[1:], -1)
+    return x.to(device), y.to(device), int((y >= 0).sum())
+
+
+def held_out(model, items, params, device, ex, ey, counters) -> dict:
+    """Task accuracy and corpus BPB, the two numbers every post-training stage reports."""
+    run = {"dtype": params["dtype"]}
+    acc = task_eval.accuracy(model, items, params["tasks"]["max_new_bytes"], device, run)
+    bpb = evaluate(model, ex, ey, params["eval"]["batch_size"], device, run, counters)
+    return {**acc, "corpus_bpb": round(bpb, 5)}
+
+
+def main(argv=None) -> int:
+    job = parse_job(argv, "sft", __doc__)
+    params = job["params"]
+    sft, task_params = params["sft"], params["tasks"]
+    device = device_for(params, "sft")
+    deterministic_cpu(device)
+    torch.manual_seed(sft["seed"])
+    pre, shards = input_artifact(job, "pretrain"), input_artifact(job, "shard")
+    model, cfg = load_model(pre, device)
+    ex, ey, eval_bytes = eval_window(shards.file("eval/tail.bin"), params["eval"]["eval_bytes"], params["eval"]["seq_len"])
+    heldout = task_eval.heldout_items(task_params)
+    opts = build_optimizers(model, sft)
+    params_list = list(model.parameters())
+    difficulties = task_params["difficulties"]
+    stream = task_eval.item_stream("sft", task_params["families"], lambda fam, rng: rng.choice(difficulties), sft["seed"])
+
+    with writer(job) as art:
+        c = art.counters
+        train_counters, eval_counters = Counter(), Counter()
+        start = held_out(model, heldout, params, device, ex, ey, eval_counters)
+        print(f"[sft] start: accuracy {start['accuracy']} corpus_bpb {start['corpus_bpb']}", flush=True)
+        metrics, t0 = [], time.time()
+        model.train()
+        for step in range(sft["steps"]):
+            set_lr(opts, wsd_multiplier(step, sft["steps"], sft["warmup_steps"], sft["decay_frac"], sft["min_lr_frac"]))
+            x, y, n_bytes = sft_batch([next(stream) for _ in range(sft["batch_size"])], device)
+            with autocast(device, params):
+                _, loss = model(x, y, counters=train_counters)
+            if not torch.isfinite(loss):  # no firewall budget here: a non-finite SFT loss is a defect
+                raise SystemExit(f"sft: non-finite loss at step {step}")
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(params_list, sft["grad_clip"])
+            for opt in opts:
+                opt.step()
+                opt.zero_grad(set_to_none=True)
+            c["train.assistant_bytes"] += n_bytes
+            c["train.examples"] += len(x)
+            if (step + 1) % sft["log_every"] == 0 or step + 1 == sft["steps"]:
+                row = {"step": step + 1, "loss": round(loss.item(), 5), "bpb": round(loss.item() / LN2, 5),
+                       "lr": opts[-1].param_groups[0]["lr"], "elapsed_s": round(time.time() - t0, 2)}
+                metrics.append(row)
+                print(f"[sft] {json.dumps(row)}", flush=True)
+        end = held_out(model, heldout, params, device, ex, ey, eval_counters)
+        print(f"[sft] end: accuracy {end['accuracy']} corpus_bpb {end['corpus_bpb']}", flush=True)
+        check_arms_active(cfg, train_counters, "training", "sft")
+        check_arms_active(cfg, eval_counters, "eval", "sft")
+        for k, v in train_counters.items():
+            c[f"train.{k}"] = v
+        for k, v in eval_counters.items():
+            c[f"eval.{k}"] = v
+        c["train.steps"] = sft["steps"]
+        save_file({k: v.detach().contiguous().cpu() for k, v in model.state_dict().items()}, str(art.path("model.safetensors")))
+        art.path("config.json").write_text(json.dumps({"model": cfg.to_dict(), "sft": sft, "tasks": task_params}, indent=1))
+        art.path("metrics.jsonl").write_text("".join(json.dumps(m) + "\n" for m in metrics))
+        art.extra["final"] = {"start": start, "end": end, "eval_bytes": eval_bytes, "heldout_items": len(heldout),
+                              "device": str(device)}
+        summary("sft", c)
+    return 0

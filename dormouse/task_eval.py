@@ -1,0 +1,73 @@
+"""The verifiable tasks as sft, rl and bench use them: the held-out set, greedy exact-match
+accuracy, and a seeded stream of training items. Every stage reports accuracy on the same
+held-out items (bench seed split), so the numbers of sft, rl and bench line up."""
+
+from __future__ import annotations
+
+import random
+from collections import Counter
+from collections.abc import Iterator
+
+import torch
+
+from dormouse import chat, tasks
+from dormouse.decode import generate
+from dormouse.runtime import autocast
+
+
+def heldout_items(task_params: dict) -> list[tasks.Item]:
+    """The first `heldout_items` bench-split items of every (family, difficulty)."""
+    return [it for fam in task_params["families"] for d in task_params["difficulties"]
+            for it in tasks.items("bench", fam, d, task_params["heldout_items"])]
+
+
+def grade(item: tasks.Item, generated: bytes) -> str:
+    """'correct', 'wrong' or 'malformed' (no END, a turn byte, bad UTF-8, or not the answer's form)."""
+    reply = chat.parse_assistant(generated)
+    if reply is None or not tasks.is_well_formed(item.family, reply):
+        return "malformed"
+    return "correct" if tasks.verify(item, reply) else "wrong"
+
+
+@torch.no_grad()
+def answer(model, items: list[tasks.Item], max_new_bytes: int, device, run: dict, batch: int = 256) -> list[bytes]:
+    """Greedy replies to every item's prompt (eval mode; the caller's train/eval mode is restored)."""
+    was_training = model.training
+    model.eval()
+    out: list[bytes] = []
+    for i in range(0, len(items), batch):
+        prompts = [chat.prompt_bytes(it.prompt) for it in items[i : i + batch]]
+        with autocast(device, run):
+            out += generate(model, prompts, max_new_bytes, temperature=0.0)
+    model.train(was_training)
+    return out
+
+
+def accuracy(model, items: list[tasks.Item], max_new_bytes: int, device, run: dict) -> dict:
+    """Exact-match accuracy by greedy decode, overall and per family / difficulty."""
+    grades = [grade(it, g) for it, g in zip(items, answer(model, items, max_new_bytes, device, run))]
+    total = Counter(grades)
+    cells: dict[str, Counter] = {}
+    for it, g in zip(items, grades):
+        cells.setdefault(f"{it.family}@{it.difficulty}", Counter())[g] += 1
+    return {
+        "accuracy": round(total["correct"] / len(items), 5),
+        "n": len(items),
+        "correct": total["correct"],
+        "malformed": total["malformed"],
+        "by_cell": {k: round(v["correct"] / sum(v.values()), 5) for k, v in sorted(cells.items())},
+    }
+
+
+def item_stream(split: str, families: list[str], difficulty_of, seed: int) -> Iterator[tasks.Item]:
+    """An endless seeded stream of `split` items: family drawn uniformly, difficulty from
+    `difficulty_of(family)` (fixed list or a curriculum), each (family, difficulty) consuming its own
+    seeds in order, so no item repeats until a cell's seed range is spent."""
+    rng = random.Random(f"item_stream:{split}:{seed}")
+    next_index: Counter = Counter()
+    while True:
+        fam = rng.choice(families)
+        diff = difficulty_of(fam, rng)
+        idx = next_index[(fam, diff)]
+        next_index[(fam, diff)] += 1
+        yield tasks.make_item(fam, diff, tasks.SPLITS[split][idx])

@@ -1,0 +1,145 @@
+"""pretrain -> sft -> rl -> export -> bench on the fixture corpus, through the stages' job JSON, and
+the pieces of each stage that a wrong line would break (loss mask, GRPO advantage, curriculum)."""
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+import yaml
+
+from dormouse import chat, tasks
+from dormouse.config import validate
+from dormouse.stages.rl import Curriculum
+from dormouse.stages.sft import sft_batch
+from dormouse.views import main as view_main
+from pipeline_util import configure, manifest, run_chain
+
+TINY = {
+    "model": {"d_model": 32, "n_heads": 2, "head_dim": 16, "ffn_hidden": 64, "n_core": 1, "kda_chunk_size": 16,
+              "engram": True, "engram_rows": 512, "engram_dim": 32},
+    "train": {"device": "cpu", "steps": 30, "batch_size": 4, "seq_len": 64, "eval_every": 30, "eval_bytes": 1024,
+              "ckpt_every": 30, "log_every": 10, "warmup_steps": 5},
+    "tasks": {"families": ["add", "reverse"], "difficulties": [1], "heldout_items": 4, "max_new_bytes": 8},
+    "sft": {"steps": 6, "batch_size": 4, "log_every": 2},
+    "rl": {"steps": 3, "prompts_per_step": 2, "group_size": 3, "curriculum": {"window": 2, "promote_at": 0.0, "max": 2}},
+    "export": {"rungs": ["bf16", "int8", "mxfp4", "ternary"], "quantize_tables": True},  # tables dominate this model
+    "bench": {"cloze": {"items": 6, "context_bytes": 24, "span_bytes": 8}},
+}
+STAGES = ("filter", "shard", "anchors", "pretrain", "sft", "rl", "export", "bench")
+
+
+@pytest.fixture(scope="module")
+def chain(tmp_path_factory, small_corpus, quality_examples):
+    import shutil
+
+    root = Path(__file__).resolve().parents[1]
+    work = tmp_path_factory.mktemp("posttrain")
+    for d in ("config", "workflow"):
+        shutil.copytree(root / d, work / d)
+    config = configure(work, small_corpus, *quality_examples)
+    path = work / "config" / "presets" / "tiny.yaml"
+    preset = yaml.safe_load(path.read_text())
+    preset.update(TINY)
+    path.write_text(yaml.safe_dump(preset, sort_keys=False))
+    bench_dir = work / "corpus" / "bench"
+    bench_dir.mkdir(parents=True)
+    (bench_dir / "capitals.jsonl").write_text(
+        json.dumps({"question": "The capital of France is", "choices": ["Paris", "Lyon"], "answer": 0}) + "\n")
+    config["bench_tasks"] = str(bench_dir)
+    plan = run_chain(work, config, stages=STAGES)
+    return work, plan
+
+
+def test_sft_loss_counts_only_assistant_bytes():
+    items = [tasks.make_item("add", 1, 5), tasks.make_item("reverse", 2, 7)]
+    x, y, n = sft_batch(items, "cpu")
+    for i, it in enumerate(items):
+        b, mask = chat.sft_example(it.prompt, it.answer)
+        scored = bytes(int(v) for v in y[i] if v >= 0)
+        assert scored == it.answer.encode() + bytes([chat.END])  # the reply and its END, nothing else
+        assert (y[i] >= 0).sum() == sum(mask)
+        assert bytes(x[i, : len(b) - 1].tolist()) == b[:-1]
+    assert n == sum(len(it.answer) + 1 for it in items)
+
+
+def test_curriculum_promotes_on_the_window_mean_and_stops_at_max():
+    cur = Curriculum(["add"], {"start": 1, "max": 2, "window": 2, "promote_at": 0.5})
+    assert not cur.record("add", 1.0)  # window not full yet
+    assert cur.record("add", 0.0)  # mean 0.5 reaches promote_at
+    assert cur("add", None) == 2
+    assert not cur.record("add", 1.0) and not cur.record("add", 1.0)  # at max: stays
+    assert cur("add", None) == 2
+
+
+def test_sft_and_rl_report_accuracy_and_bpb_at_start_and_end(chain):
+    work, plan = chain
+    for stage in ("sft", "rl"):
+        final = manifest(work, plan, stage)["final"]
+        for when in ("start", "end"):
+            r = final[when]
+            assert r["n"] == 8 and 0 <= r["accuracy"] <= 1 and r["corpus_bpb"] > 0
+            assert set(r["by_cell"]) == {"add@1", "reverse@1"}
+    sft_final = manifest(work, plan, "sft")["final"]
+    rl_final = manifest(work, plan, "rl")["final"]
+    assert rl_final["start"] == sft_final["end"]  # rl starts from exactly the sft model
+
+
+def test_rl_counts_groups_samples_and_signal(chain):
+    work, plan = chain
+    c = manifest(work, plan, "rl")["counters"]
+    assert c["rl.groups"] == 3 * 2
+    assert sum(c.get(f"rl.samples_{k}", 0) for k in ("correct", "wrong", "malformed")) == 3 * 2 * 3
+    assert 0 <= c.get("rl.groups_zero_variance", 0) <= c["rl.groups"]
+    assert c["rl.updates"] == 3 * 2  # ppo_epochs (2) per step
+    assert c["train.engram.rows_read"] > 0 and c["eval.engram.rows_read"] > 0
+    # promote_at 0 promotes a family as soon as its window (2 groups) fills; 6 groups fill at least one
+    levels = manifest(work, plan, "rl")["final"]["curriculum_levels"]
+    assert all(levels[f] == 1 + c.get(f"rl.promotions.{f}", 0) for f in ("add", "reverse"))
+    assert max(levels.values()) == 2
+
+
+def test_export_rungs_load_back_and_shrink(chain):
+    work, plan = chain
+    rungs = manifest(work, plan, "export")["final"]["rungs"]
+    assert list(rungs) == ["bf16", "int8", "mxfp4", "ternary"]
+    assert rungs["bf16"]["delta_bpb_vs_bf16"] == 0
+    sizes = [rungs[r]["bytes"] for r in ("bf16", "int8", "mxfp4", "ternary")]
+    assert sizes == sorted(sizes, reverse=True) and len(set(sizes)) == 4
+    assert all(r["bpb"] > 0 for r in rungs.values())
+
+
+@pytest.fixture(scope="module")
+def bench_view(chain) -> dict:
+    work, plan = chain
+    cwd = os.getcwd()
+    os.chdir(work)
+    try:
+        art = plan.artifact_dir("bench", plan.chain["tiny"]["bench"])
+        assert view_main(["bench", "--preset", "tiny", "--artifact", art, "--out", "results/tiny/bench.json"]) == 0
+        return json.loads(Path("results/tiny/bench.json").read_text())
+    finally:
+        os.chdir(cwd)
+
+
+def test_bench_json_matches_its_schema_and_names_the_chain(chain, bench_view):
+    work, plan = chain
+    view = bench_view
+    validate(view, "bench.schema.yaml", "results/tiny/bench.json", work)
+    assert {link["stage"] for link in view["digest_chain"]} == {"filter", "shard", "anchors", "pretrain", "sft", "rl", "export", "bench"}
+    assert set(view["rungs"]) == {"bf16", "int8", "mxfp4", "ternary"}
+    assert view["suites"]["file:capitals.jsonl"]["items"] == 1
+    assert view["stages"]["rl"]["file:capitals.jsonl"]["n_scored"] == 1
+    assert view["stages"]["pretrain"]["eval_bytes"] == view["eval_window"]["bytes"]
+    # the same held-out items: bench's greedy exact match equals what rl reported at its end
+    assert view["stages"]["rl"]["tasks_gen"] == {k: v for k, v in manifest(work, plan, "rl")["final"]["end"].items() if k != "corpus_bpb"}
+
+
+def test_bench_schema_rejects_a_missing_stage(chain, bench_view):
+    from dormouse.config import ConfigError
+
+    work, _ = chain
+    view = json.loads(json.dumps(bench_view))
+    del view["stages"]["sft"]
+    with pytest.raises(ConfigError, match="sft"):
+        validate(view, "bench.schema.yaml", "bench.json", work)
