@@ -1,5 +1,6 @@
-# `make run`: create the pinned environment and build the default target (results/tiny/anchors.json
-# from the embedded demo corpus, on CPU). `make test`: same environment, then the test suite.
+# `make run`: create the pinned environment and build the default target (results/tiny/bench.json
+# from the embedded demo corpus, on CPU). `make test`: same environment plus the test extras
+# (requirements-test.txt), then the test suite.
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
@@ -14,19 +15,23 @@ $(VENV)/.installed: requirements.txt pyproject.toml
 	$(BIN)/python -m pip install -q --no-deps -e .
 	touch $@
 
+$(VENV)/.installed-test: $(VENV)/.installed requirements-test.txt
+	$(BIN)/python -m pip install -q -r requirements-test.txt
+	touch $@
+
 env: $(VENV)/.installed
 
 run: env
 	$(BIN)/snakemake
 
-test: env
+test: $(VENV)/.installed-test
 	$(BIN)/python -m pytest -q
 
 lint: env
 	$(BIN)/snakemake --lint
 
 dry-run: env
-	for p in tiny small medium b1; do $(BIN)/snakemake -n -q results/$$p/anchors.json || exit 1; done
+	for p in tiny small medium b1; do $(BIN)/snakemake -n -q results/$$p/bench.json || exit 1; done
 
 clean-env:
 	rm -rf $(VENV)

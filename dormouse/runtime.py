@@ -37,6 +37,12 @@ def deterministic_cpu(device: torch.device) -> None:
         torch.set_num_threads(1)
 
 
+def pad_width(width: int, device: torch.device) -> int:
+    """Right-padded batch width: a multiple of FLA's chunk (64) on CUDA, so variable-length batches
+    reuse a few kernel shapes (Triton autotunes per shape); exact on CPU."""
+    return -(-width // 64) * 64 if torch.device(device).type == "cuda" else width
+
+
 def bits_per_byte(nats: float, n_bytes: int) -> float:
     return nats / LN2 / n_bytes
 

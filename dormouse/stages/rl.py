@@ -29,7 +29,7 @@ from dormouse import chat, task_eval
 from dormouse.byte_stream import eval_window
 from dormouse.decode import generate
 from dormouse.optim import build_optimizers
-from dormouse.runtime import autocast, check_arms_active, deterministic_cpu, device_for, load_model
+from dormouse.runtime import autocast, check_arms_active, deterministic_cpu, device_for, load_model, pad_width
 from dormouse.stage import input_artifact, parse_job, summary, writer
 from dormouse.stages.sft import held_out
 
@@ -57,7 +57,7 @@ class Curriculum:
 def reply_logprobs(model, prompts: list[bytes], replies: list[bytes], temperature: float, device, counters=None):
     """Per reply byte, log p(byte | prompt + reply so far) at the sampling temperature: [N, L] and a mask."""
     seqs = [p + r for p, r in zip(prompts, replies)]
-    width = max(len(s) for s in seqs) - 1
+    width = pad_width(max(len(s) for s in seqs) - 1, device)
     x = torch.zeros(len(seqs), width, dtype=torch.long)
     tgt = torch.zeros(len(seqs), width, dtype=torch.long)
     mask = torch.zeros(len(seqs), width, dtype=torch.bool)

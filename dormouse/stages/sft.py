@@ -21,7 +21,7 @@ from safetensors.torch import save_file
 from dormouse import chat, task_eval
 from dormouse.byte_stream import eval_window
 from dormouse.optim import build_optimizers, set_lr, wsd_multiplier
-from dormouse.runtime import LN2, autocast, check_arms_active, deterministic_cpu, device_for, evaluate, load_model
+from dormouse.runtime import LN2, autocast, check_arms_active, deterministic_cpu, device_for, evaluate, load_model, pad_width
 from dormouse.stage import input_artifact, parse_job, summary, writer
 
 
@@ -29,7 +29,7 @@ def sft_batch(items, device) -> tuple[torch.Tensor, torch.Tensor, int]:
     """(inputs, targets, assistant bytes): right-padded rows; a target is -1 except where it is an
     assistant byte (padding comes after every scored position of a causal model, so it changes nothing)."""
     rows = [chat.sft_example(it.prompt, it.answer) for it in items]
-    width = max(len(b) for b, _ in rows) - 1
+    width = pad_width(max(len(b) for b, _ in rows) - 1, device)
     x = torch.zeros(len(rows), width, dtype=torch.long)
     y = torch.full((len(rows), width), -1, dtype=torch.long)
     for i, (b, mask) in enumerate(rows):
