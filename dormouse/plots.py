@@ -1,0 +1,239 @@
+"""Plots of one preset's bench: training curves against the anchor ladder, export rungs, task scores.
+
+    python -m dormouse.plots --bench results/tiny/bench.json --store results/store --out-dir results/tiny/plots
+
+Writes exactly three PNGs into --out-dir (matplotlib's Agg canvas, no pyplot, no display):
+- curves.png: pretrain train BPB per logged step and eval BPB against the best n-gram anchors;
+  below it the sft train BPB and the rl mean reward, one post-training step axis;
+- rungs.png: each export rung's bytes on disk (log x) against its ΔBPB vs bf16 (BPB when bf16 is absent);
+- tasks.png: grouped bars of task scores per model (pretrain, sft, rl, rl@<rung>); a null score is
+  drawn as missing ("n/a"), never as zero.
+The curves come from each stage's metrics.jsonl in the store, found through bench.json's
+`upstream.<stage>.digest`; the rest is bench.json alone (workflow/schemas/bench.schema.yaml).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from pathlib import Path
+
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+
+from dormouse.store import ArtifactError, open_artifact
+
+CURVE_STAGES = ("pretrain", "sft", "rl")
+RUNG_ORDER = ("bf16", "int8", "fp8", "mxfp4", "nvfp4", "ternary")  # widest first, as export writes them
+TASK_SCORES = (  # (bench key, field, bar label)
+    ("tasks_gen", "accuracy", "tasks_gen accuracy"),
+    ("tasks_mc", "acc", "tasks_mc acc"),
+    ("tasks_mc", "acc_bytes", "tasks_mc acc_bytes"),
+    ("cloze", "acc", "cloze acc"),
+)
+ANCHOR_COLORS = ("tab:gray", "tab:purple", "tab:brown")  # one per line best_anchors keeps
+DPI = 120
+
+
+# ---------------------------------------------------------------------------------------------
+# inputs
+
+
+def read_metrics(path: Path) -> list[dict]:
+    """Rows of a metrics.jsonl; blank lines skipped, a malformed line is an error naming file:line."""
+    rows = []
+    for lineno, line in enumerate(Path(path).read_text().splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{path}:{lineno}: not a JSON row ({e.msg})") from None
+        if not isinstance(row, dict):
+            raise ValueError(f"{path}:{lineno}: expected a JSON object, got {type(row).__name__}")
+        rows.append(row)
+    return rows
+
+
+def stage_metrics(store: Path, stage: str, digest: str) -> list[dict]:
+    """metrics.jsonl of `<store>/<stage>/<digest>/`, checked against its manifest by the store's reader."""
+    art_dir = Path(store) / stage / digest
+    if not art_dir.is_dir():
+        raise FileNotFoundError(f"{art_dir}: no {stage} artifact there (bench.json upstream.{stage}.digest "
+                                f"{digest}); is --store the store bench ran against?")
+    return read_metrics(open_artifact(art_dir, stage=stage).file("metrics.jsonl"))
+
+
+def load_inputs(bench_path: str | Path, store: str | Path) -> dict:
+    """{"bench": bench.json, "metrics": {stage: rows}} for pretrain, sft and rl."""
+    bench = json.loads(Path(bench_path).read_text())
+    metrics = {}
+    for stage in CURVE_STAGES:
+        up = bench.get("upstream", {}).get(stage)
+        if not up or "digest" not in up:
+            raise ValueError(f"{bench_path}: no upstream.{stage}.digest")
+        metrics[stage] = stage_metrics(Path(store), stage, up["digest"])
+    return {"bench": bench, "metrics": metrics}
+
+
+# ---------------------------------------------------------------------------------------------
+# helpers
+
+
+def new_figure(width: float, height: float, rows: int = 1) -> tuple[Figure, list]:
+    fig = Figure(figsize=(width, height), layout="constrained")
+    FigureCanvasAgg(fig)
+    return fig, [fig.add_subplot(rows, 1, i + 1) for i in range(rows)]
+
+
+def save(fig: Figure, path: Path) -> None:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, format="png", dpi=DPI)
+
+
+def series(rows: list[dict], key: str) -> tuple[list, list]:
+    """(steps, values) of the rows that hold a number under `key`."""
+    pts = [(r["step"], r[key]) for r in rows if isinstance(r.get(key), (int, float)) and "step" in r]
+    return [p[0] for p in pts], [p[1] for p in pts]
+
+
+def best_anchors(ladder: list[dict]) -> list[dict]:
+    """The rungs worth a line: unigram, and backoff and kneser_ney at their highest order (uniform,
+    8 BPB, and the lower orders would only crowd the plot)."""
+    picked = [a for a in ladder if a["name"] == "unigram"][:1]
+    for name in ("backoff", "kneser_ney"):
+        same = [a for a in ladder if a["name"] == name]
+        if same:
+            picked.append(max(same, key=lambda a: a["order"]))
+    return sorted(picked, key=lambda a: -a["bpb"])
+
+
+def ordered_rungs(rungs: dict) -> list[str]:
+    return [r for r in RUNG_ORDER if r in rungs] + sorted(r for r in rungs if r not in RUNG_ORDER)
+
+
+def score(scores: dict, key: str, field: str) -> float:
+    """A task score, NaN when absent or null (drawn as missing, not zero)."""
+    v = (scores.get(key) or {}).get(field)
+    return float(v) if isinstance(v, (int, float)) else math.nan
+
+
+# ---------------------------------------------------------------------------------------------
+# plots
+
+
+def plot_curves(data: dict, path: Path) -> None:
+    bench, metrics = data["bench"], data["metrics"]
+    fig, (top, bottom) = new_figure(10, 8, rows=2)
+
+    steps, bpb = series(metrics["pretrain"], "bpb")
+    top.plot(steps, bpb, lw=1, alpha=0.8, label="train BPB")
+    steps, eval_bpb = series(metrics["pretrain"], "eval_bpb")
+    top.plot(steps, eval_bpb, "o-", ms=4, label="eval BPB")
+    # labelled in the legend: the best two rungs often sit under 0.1 BPB apart, too close for inline text
+    for a, color in zip(best_anchors(bench.get("anchors", {}).get("ladder", [])), ANCHOR_COLORS):
+        top.axhline(a["bpb"], ls="--", lw=1.2, color=color, label=f"{a['name']}-{a['order']} {a['bpb']:.2f}")
+    window = bench.get("eval_window", {}).get("bytes")
+    top.set_title(f"{bench.get('preset', '?')}: pretrain BPB against n-gram anchors (dashed)\n"
+                  f"anchors score the whole eval tail per document; the model scores a window of it"
+                  f"{f' ({window:,} B)' if window else ''}", fontsize=10)
+    top.set_xlabel("pretrain step")
+    top.set_ylabel("bits per byte")
+    top.legend(loc="upper right", fontsize=9)
+    top.grid(alpha=0.3)
+
+    sft_steps, sft_bpb = series(metrics["sft"], "bpb")
+    rl_steps, reward = series(metrics["rl"], "reward")
+    offset = max(sft_steps, default=0)
+    bottom.plot(sft_steps, sft_bpb, color="C0", label="sft train BPB (assistant bytes)")
+    bottom.set_ylabel("sft BPB", color="C0")
+    right = bottom.twinx()
+    right.plot([s + offset for s in rl_steps], reward, color="C3", label="rl mean reward")
+    right.set_ylabel("rl mean reward", color="C3")
+    right.set_ylim(-0.05, 1.05)
+    if sft_steps and rl_steps:
+        bottom.axvline(offset, color="gray", lw=1, ls=":")
+    bottom.set_xlabel("post-training step (sft, then rl)")
+    bottom.set_title("sft loss and rl reward", fontsize=10)
+    lines = bottom.get_legend_handles_labels()
+    more = right.get_legend_handles_labels()
+    bottom.legend(lines[0] + more[0], lines[1] + more[1], loc="center right")
+    bottom.grid(alpha=0.3)
+    save(fig, path)
+
+
+def plot_rungs(bench: dict, path: Path) -> None:
+    rungs = bench["rungs"]
+    names = ordered_rungs(rungs)
+    use_delta = any(rungs[r].get("delta_bpb_vs_bf16") is not None for r in names)
+    key = "delta_bpb_vs_bf16" if use_delta else "bpb"
+    shown = [r for r in names if rungs[r].get(key) is not None]
+    fig, (ax,) = new_figure(7, 5)
+    xs, ys = [rungs[r]["bytes"] for r in shown], [rungs[r][key] for r in shown]
+    ax.plot(xs, ys, "o")
+    for i, (r, x, y) in enumerate(zip(shown, xs, ys)):  # int8 and fp8 share a size: labels above, below in turn
+        ax.annotate(f"{r} {y:+.4f}" if use_delta else f"{r} {y:.4f}", (x, y), textcoords="offset points",
+                    xytext=(6, 5 if i % 2 == 0 else -13), fontsize=9)
+    ax.set_xscale("log")
+    ax.set_xlabel("bytes on disk (log)")
+    if use_delta:
+        ax.axhline(0, color="gray", lw=1, ls="--")
+        ax.set_ylabel("ΔBPB vs bf16")
+        title = f"export rungs of {bench.get('rungs_of', 'rl')}: size against ΔBPB vs bf16"
+    else:
+        ax.set_ylabel("BPB")
+        title = f"export rungs of {bench.get('rungs_of', 'rl')}: size against BPB (no bf16 rung, so no ΔBPB)"
+    missing = [r for r in names if r not in shown]
+    if missing:
+        title += f"\nnot shown (null {key}): {', '.join(missing)}"
+    ax.set_title(title, fontsize=10)
+    ax.grid(alpha=0.3, which="both")
+    save(fig, path)
+
+
+def plot_tasks(bench: dict, path: Path) -> None:
+    models = {s: bench["stages"][s] for s in CURVE_STAGES if s in bench["stages"]}
+    models.update({f"{bench.get('rungs_of', 'rl')}@{r}": bench["rungs"][r] for r in ordered_rungs(bench["rungs"])})
+    names = list(models)
+    width = 0.8 / len(TASK_SCORES)
+    fig, (ax,) = new_figure(max(7, 1.1 * len(names) + 2), 5)
+    for j, (key, field, label) in enumerate(TASK_SCORES):
+        xs = [i + (j - (len(TASK_SCORES) - 1) / 2) * width for i in range(len(names))]
+        vals = [score(models[m], key, field) for m in names]
+        ax.bar(xs, vals, width, label=label, color=f"C{j}")
+        for x, v in zip(xs, vals):
+            if math.isnan(v):
+                ax.text(x, 0.01, "n/a", ha="center", va="bottom", rotation=90, fontsize=7, color=f"C{j}")
+    ax.set_xticks(range(len(names)), names, rotation=30, ha="right")
+    ax.set_xlim(-0.5, len(names) - 0.5)
+    ax.set_ylim(0, 1.05)
+    ax.set_ylabel("score")
+    ax.set_title(f"{bench.get('preset', '?')}: task scores per model (n/a = null: no item fit the window)",
+                 fontsize=10)
+    ax.legend(fontsize=8, ncols=2, loc="upper left")
+    ax.grid(alpha=0.3, axis="y")
+    save(fig, path)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m dormouse.plots", description=__doc__.splitlines()[0])
+    ap.add_argument("--bench", required=True, help="results/<preset>/bench.json")
+    ap.add_argument("--store", default="results/store", help="the artifact store bench ran against")
+    ap.add_argument("--out-dir", required=True, help="gets curves.png, rungs.png, tasks.png")
+    args = ap.parse_args(argv)
+    try:
+        data = load_inputs(args.bench, args.store)
+    except (FileNotFoundError, ArtifactError, ValueError) as e:
+        raise SystemExit(f"plots: {e}") from None
+    out = Path(args.out_dir)
+    plot_curves(data, out / "curves.png")
+    plot_rungs(data["bench"], out / "rungs.png")
+    plot_tasks(data["bench"], out / "tasks.png")
+    print(f"[plots] wrote curves.png, rungs.png, tasks.png to {out}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
