@@ -9,6 +9,9 @@ min_version("9.20")
 configfile: "config/config.yaml"
 
 
+report: "workflow/report/workflow.rst"
+
+
 include: "workflow/rules/common.smk"
 
 
@@ -17,6 +20,7 @@ rule all:
         f"results/{config['preset']}/anchors.json",
         f"results/{config['preset']}/pretrain.json",
         f"results/{config['preset']}/bench.json",
+        f"results/{config['preset']}/plots/curves.png",
     default_target: True
 
 

@@ -18,6 +18,9 @@ COMMANDS = {
     "gpu-run": ("dormouse.devices", "run a command on free GPU slots (sets CUDA_VISIBLE_DEVICES)"),
     "plan": ("dormouse.plan_cli", "print the plan, or one job's JSON to run a stage by hand"),
     "retractions": ("dormouse.retractions", "the retraction ledger: what each entry hits and superseded"),
+    "plots": ("dormouse.plots", "the report's figures from results/<preset>/bench.json and the store"),
+    "verdict": ("dormouse.experiments", "judge an A/B experiment's arms over seeds (WIN / LOSE / TIE / INVALID)"),
+    "history": ("dormouse.history", "pretrain throughput/memory history; --check fails on a regression (default tolerance 0.10)"),
     "view": ("dormouse.views", "write a per-preset result file from an artifact and its chain"),
 }
 

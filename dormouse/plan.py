@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from dormouse.config import ConfigError, flatten, load_preset, load_retractions, validate
+from dormouse.experiments import load_experiments
 from dormouse.store import artifact_digest, canonical_json
 
 RAW_SUFFIXES = (".jsonl", ".jsonl.gz", ".jsonl.zst", ".parquet", ".txt")
@@ -202,8 +203,9 @@ class Plan:
     config: dict
     presets: dict[str, dict]  # name -> resolved preset
     jobs: dict[tuple[str, str], Job]  # (stage, digest) -> job
-    chain: dict[str, dict[str, str]]  # preset -> stage -> digest
+    chain: dict[str, dict[str, str]]  # preset (or experiment run, "ab/<exp>/<arm>/s<seed>") -> stage -> digest
     retractions: list[dict]
+    experiments: dict = field(default_factory=dict)  # name -> dormouse.experiments.Experiment
 
     @property
     def store(self) -> str:
@@ -229,6 +231,22 @@ class Plan:
         params = self.job(stage, digest).params
         device = params["train"]["device"] if stage == "pretrain" else params.get("device")
         return int(device == "cuda")
+
+    def experiment_runs(self, name: str) -> dict[str, dict[str, str]]:
+        """arm -> seed -> pretrain digest of an experiment."""
+        exp = self.experiments[name]
+        return {arm: {str(seed): self.chain[exp.run_name(arm, seed)]["pretrain"] for seed in exp.spec["seeds"]}
+                for arm in exp.arms}
+
+    def experiment_inputs(self, name: str) -> list[str]:
+        exp = self.experiments[name]
+        last = "bench" if exp.bench else "pretrain"
+        return [self.manifest_path(last, self.chain[exp.run_name(arm, seed)][last])
+                for arm in exp.arms for seed in exp.spec["seeds"]]
+
+    def experiment_json(self, name: str) -> str:
+        exp = self.experiments[name]
+        return canonical_json({"name": name, "spec": exp.spec, "runs": self.experiment_runs(name)})
 
     def job_json(self, stage: str, digest: str) -> str:
         return canonical_json(self.job(stage, digest).spec(self.store))
@@ -264,13 +282,15 @@ def build_plan(config: dict, root: Path = Path(".")) -> Plan:
     def raw(name: str, specs: list[str]) -> dict:
         return raw_input(specs, root, raw_cache)
 
-    for name, preset in presets.items():
+    def plan_chain(name: str, preset: dict, source: str, last: str = "bench") -> None:
         chain[name] = {}
         for stage, spec in STAGES.items():
+            if stage in chain[name]:
+                continue
             try:
                 params = stage_params(stage, preset)
             except ConfigError as e:
-                raise ConfigError(f"config/presets/{name}.yaml: {e}") from None
+                raise ConfigError(f"{source}: {e}") from None
             inputs = {up: {"kind": "artifact", "stage": up, "digest": chain[name][up]} for up in spec.upstream}
             if stage == "filter":
                 inputs["corpus"] = raw("corpus", [config["corpus"]])
@@ -289,8 +309,18 @@ def build_plan(config: dict, root: Path = Path(".")) -> Plan:
             job = jobs.setdefault((stage, digest), Job(stage, digest, params, inputs, ids))
             job.presets.append(name)
             chain[name][stage] = digest
+            if stage == last:
+                break
+
+    for name, preset in presets.items():
+        plan_chain(name, preset, f"config/presets/{name}.yaml")
+    experiments = {}
+    for exp in load_experiments(root):
+        experiments[exp.name] = exp
+        for run_name, (arm, seed, preset) in exp.runs(root).items():
+            plan_chain(run_name, preset, f"{exp.path} arm {arm} seed {seed}", "bench" if exp.bench else "pretrain")
     check_match_keys(retractions, jobs.values(), config["retractions"])
-    return Plan(config, presets, jobs, chain, retractions)
+    return Plan(config, presets, jobs, chain, retractions, experiments)
 
 
 def check_match_keys(entries: list[dict], jobs, source: str) -> None:

@@ -12,6 +12,7 @@ from pathlib import Path
 import torch
 
 from dormouse import checkpoint
+from dormouse.arms import inert_arms
 from dormouse.model.config import ModelConfig
 
 LN2 = math.log(2)
@@ -64,15 +65,7 @@ def evaluate(model, x, y, batch_size, device, train, counters) -> float:
 
 def check_arms_active(cfg: ModelConfig, counters: Counter, where: str, stage: str = "pretrain") -> None:
     """An enabled arm that left no trace is a defect (a memory arm once got None in eval)."""
-    problems = []
-    if not sum(v for k, v in counters.items() if k.startswith("kda_path.")):
-        problems.append("no KDA call counted")
-    if cfg.engram and not counters["engram.rows_read"]:
-        problems.append("engram enabled but no rows read")
-    if cfg.moe and not sum(v for k, v in counters.items() if k.startswith("moe.tokens.")):
-        problems.append("moe enabled but no tokens routed")
-    if counters["loop.iterations"] == 0:
-        problems.append("no loop iterations counted")
+    problems = inert_arms(cfg.to_dict(), counters)
     if problems:
         raise SystemExit(f"{stage}: {where}: {'; '.join(problems)} (counters: {dict(counters)})")
 

@@ -12,13 +12,15 @@ counters prove which arms ran in training (train.*) and in eval (eval.*).
 from __future__ import annotations
 
 import json
+import sys
 import time
 from collections import Counter
+from pathlib import Path
 
 import torch
 from safetensors.torch import save_file
 
-from dormouse import checkpoint
+from dormouse import checkpoint, history
 from dormouse.byte_stream import StreamState, TrainStream, eval_window
 from dormouse.model.config import ModelConfig
 from dormouse.model.gpt import ByteLM, count_params
@@ -141,5 +143,18 @@ def main(argv=None) -> int:
         if device.type == "cuda":
             art.extra["final"]["peak_memory_gib"] = round(torch.cuda.max_memory_allocated() / 2**30, 3)
             art.extra["final"]["gpu"] = torch.cuda.get_device_name(device)
+        art.extra["final"]["torch_threads"] = torch.get_num_threads()
         summary("pretrain", c)
+    record_history(Path(job["out"]))
     return 0
+
+
+def record_history(out_dir: Path) -> None:
+    """Append the finished run to the benchmark history (`dormouse history`). The artifact is already
+    complete: a history problem is reported loudly but does not fail the stage (Snakemake would
+    delete a finished artifact's manifest)."""
+    try:
+        added = history.append(history.DEFAULT_HISTORY, history.entry_from_artifact(out_dir))
+        print(f"[pretrain] history {history.DEFAULT_HISTORY}: {'appended' if added else 'already there'}", flush=True)
+    except (OSError, ValueError, KeyError) as e:
+        print(f"[pretrain] WARNING: history {history.DEFAULT_HISTORY} not updated: {e}", file=sys.stderr, flush=True)

@@ -9,6 +9,7 @@ STORE = PLAN.store
 wildcard_constraints:
     d="[0-9a-f]{20}",
     preset="|".join(PLAN.presets),
+    exp="|".join(PLAN.experiments) or "(?!)",
 
 
 def stage_inputs(stage):

@@ -162,3 +162,49 @@ rule bench_view:
         "../../envs/dormouse.yaml"
     shell:
         "dormouse view bench --preset {wildcards.preset} --artifact {input.bench} --store {params.store} --out {output} > {log} 2>&1"
+
+
+rule plots:
+    """Figures for `snakemake --report`: curves vs the anchor ladder, the rung table, task scores."""
+    input:
+        bench="results/{preset}/bench.json",
+    output:
+        curves=report("results/{preset}/plots/curves.png", caption="../report/curves.rst", category="{preset}"),
+        rungs=report("results/{preset}/plots/rungs.png", caption="../report/rungs.rst", category="{preset}"),
+        tasks=report("results/{preset}/plots/tasks.png", caption="../report/tasks.rst", category="{preset}"),
+    log:
+        "results/logs/view/{preset}.plots.log",
+    params:
+        store=STORE,
+    threads: 1
+    resources:
+        mem_mb=2000,
+        runtime=5,
+        **slurm(),
+    conda:
+        "../../envs/dormouse.yaml"
+    shell:
+        "dormouse plots --bench {input.bench} --store {params.store} --out-dir results/{wildcards.preset}/plots > {log} 2>&1"
+
+
+rule verdict:
+    """An A/B experiment (config/experiments/<exp>.yaml): arms x seeds -> verdict.json + eval curves."""
+    input:
+        lambda w: PLAN.experiment_inputs(w.exp),
+    output:
+        verdict="results/ab/{exp}/verdict.json",
+        curves=report("results/ab/{exp}/curves.png", caption="../report/verdict.rst", category="experiments"),
+    log:
+        "results/logs/ab/{exp}.log",
+    params:
+        experiment=lambda w: PLAN.experiment_json(w.exp),
+        store=STORE,
+    threads: 1
+    resources:
+        mem_mb=2000,
+        runtime=5,
+        **slurm(),
+    conda:
+        "../../envs/dormouse.yaml"
+    shell:
+        "dormouse verdict --experiment {params.experiment:q} --store {params.store} --out {output.verdict} --plot {output.curves} > {log} 2>&1"

@@ -1,0 +1,184 @@
+"""A/B experiments as workflow targets: config/experiments/<name>.yaml -> arms x seeds of pretrain
+(optionally the whole chain to bench) through the plan's own digests -> a verdict with its evidence.
+
+    base: tiny                 # the preset every arm starts from
+    seeds: [0, 1, 2]
+    steps: 2000                # the budget: train.steps of every run
+    bench: false               # true: also sft .. bench for every run
+    control: {}                # overrides (nested, merged into the base preset)
+    arms:
+      no_engram: {model: {engram: false}}
+
+A run is the base preset with the arm's overrides and train.seed / train.steps set, so every stage it
+shares with another run (corpus, shards, anchors; a finished arm) has the same digest and is built
+once. The verdict rule (`verdict`) is stated in the README and tested on synthetic numbers.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import statistics
+from dataclasses import dataclass
+from pathlib import Path
+
+from dormouse.arms import inert_arms
+from dormouse.config import ConfigError, load_preset, load_yaml, validate
+
+EXPERIMENTS_DIR = Path("config/experiments")
+
+
+def deep_merge(base: dict, over: dict) -> dict:
+    out = copy.deepcopy(base)
+    for k, v in over.items():
+        out[k] = deep_merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else copy.deepcopy(v)
+    return out
+
+
+@dataclass(frozen=True)
+class Experiment:
+    name: str
+    path: str
+    spec: dict
+
+    @property
+    def bench(self) -> bool:
+        return self.spec["bench"]
+
+    @property
+    def arms(self) -> dict[str, dict]:
+        """Arm name -> overrides; the control first."""
+        return {"control": self.spec["control"], **self.spec["arms"]}
+
+    def run_name(self, arm: str, seed: int) -> str:
+        return f"ab/{self.name}/{arm}/s{seed}"
+
+    def runs(self, root: Path = Path(".")) -> dict[str, tuple[str, int, dict]]:
+        """run name -> (arm, seed, resolved preset)."""
+        base = load_preset(self.spec["base"], root)
+        out = {}
+        for arm, over in self.arms.items():
+            for seed in self.spec["seeds"]:
+                merged = deep_merge(deep_merge(base, over), {"train": {"seed": seed, "steps": self.spec["steps"]}})
+                preset = validate(merged, "preset.schema.yaml", f"{self.path} arm {arm}", root)
+                out[self.run_name(arm, seed)] = (arm, seed, preset)
+        return out
+
+
+def load_experiments(root: Path = Path(".")) -> list[Experiment]:
+    out = []
+    for path in sorted((root / EXPERIMENTS_DIR).glob("*.yaml")):
+        rel = str(path.relative_to(root))
+        spec = validate(load_yaml(path) or {}, "experiment.schema.yaml", rel, root)
+        if "control" in spec["arms"]:
+            raise ConfigError(f"{rel}: 'control' is the control arm's name; rename that arm")
+        out.append(Experiment(path.stem, rel, spec))
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# The verdict rule
+
+
+def spread(values: list[float]) -> float:
+    """max - min over seeds (0 for one seed): with 2-3 seeds a range is the honest width."""
+    return max(values) - min(values) if values else 0.0
+
+
+def judge(control: list[float], arm: list[float]) -> tuple[str, float]:
+    """WIN if the arm's mean BPB is lower by more than both the control's and the arm's own seed
+    spread, LOSE if higher by more than both, otherwise TIE. Returns (verdict, delta)."""
+    delta = statistics.fmean(arm) - statistics.fmean(control)
+    margin = max(spread(control), spread(arm))
+    if abs(delta) > margin:
+        return ("WIN" if delta < 0 else "LOSE"), delta
+    return "TIE", delta
+
+
+def verdict(spec: dict, runs: dict[str, dict[str, dict]]) -> dict:
+    """runs: arm -> seed (str) -> {"digest", "manifest", "curve"}; the control under "control"."""
+    windows = {r["manifest"]["final"]["eval_bytes"] for seeds in runs.values() for r in seeds.values()}
+    if len(windows) != 1:
+        raise ValueError(f"runs were scored on different eval windows: {sorted(windows)} bytes")
+    arms, invalid = {}, {}
+    for arm, seeds in runs.items():
+        problems = []
+        for seed, r in seeds.items():
+            m = r["manifest"]
+            for where in ("train.", "eval."):
+                problems += [f"seed {seed} {where[:-1]}: {p}" for p in inert_arms(m["params"]["model"], m["counters"], where)]
+        bpb = [seeds[s]["manifest"]["final"]["eval_bpb"] for s in sorted(seeds, key=int)]
+        arms[arm] = {"mean_bpb": round(statistics.fmean(bpb), 5), "spread_bpb": round(spread(bpb), 5),
+                     "seeds": {s: {"eval_bpb": seeds[s]["manifest"]["final"]["eval_bpb"], "digest": seeds[s]["digest"]}
+                               for s in sorted(seeds, key=int)},
+                     "overrides": spec["control"] if arm == "control" else spec["arms"][arm]}
+        if problems:
+            invalid[arm] = problems
+    control = [v["eval_bpb"] for v in arms["control"]["seeds"].values()]
+    for arm, a in arms.items():
+        if arm == "control":
+            continue
+        if invalid.get(arm) or invalid.get("control"):
+            a["verdict"], a["invalid_because"] = "INVALID", invalid.get(arm, []) + [f"control: {p}" for p in invalid.get("control", [])]
+            a["delta_bpb"] = None
+            continue
+        a["verdict"], delta = judge(control, [v["eval_bpb"] for v in a["seeds"].values()])
+        a["delta_bpb"] = round(delta, 5)
+    return {
+        "rule": "per arm: mean and spread (max - min) of final eval BPB over seeds on one eval window; "
+                "delta = arm mean - control mean; WIN if delta < 0 and |delta| > control spread and arm spread, "
+                "LOSE if delta > 0 likewise, else TIE; INVALID if any run shows an enabled arm inert",
+        "eval_window_bytes": windows.pop(),
+        "budget": {"steps": spec["steps"], "base": spec["base"]},
+        "seeds": spec["seeds"],
+        "arms": arms,
+        "invalid": invalid,
+    }
+
+
+def plot_curves(runs: dict[str, dict[str, dict]], path: Path, title: str) -> None:
+    from dormouse.plots import new_figure, save
+
+    fig, (ax,) = new_figure(8, 4.5)
+    colors = {}
+    for arm, seeds in runs.items():
+        for seed, r in sorted(seeds.items()):
+            pts = [(m["step"], m["eval_bpb"]) for m in r["curve"] if "eval_bpb" in m]
+            if not pts:
+                continue
+            color = colors.setdefault(arm, f"C{len(colors)}")
+            ax.plot(*zip(*pts), marker="o", color=color, alpha=0.8, label=f"{arm} seed {seed}")
+    ax.set_xlabel("step")
+    ax.set_ylabel("eval BPB")
+    ax.set_title(title)
+    ax.legend(fontsize="small")
+    save(fig, path)
+
+
+def main(argv=None) -> int:
+    import argparse
+
+    from dormouse.store import open_artifact
+
+    ap = argparse.ArgumentParser(prog="dormouse verdict", description="judge an experiment's arms (rule in the README)")
+    ap.add_argument("--experiment", required=True, help="JSON: {name, spec, runs: {arm: {seed: pretrain digest}}}")
+    ap.add_argument("--store", default="results/store")
+    ap.add_argument("--out", required=True, help="verdict.json")
+    ap.add_argument("--plot", required=True, help="curves.png")
+    args = ap.parse_args(argv)
+    exp = json.loads(args.experiment)
+    runs = {}
+    for arm, seeds in exp["runs"].items():
+        runs[arm] = {}
+        for seed, digest in seeds.items():
+            art = open_artifact(Path(args.store) / "pretrain" / digest, stage="pretrain")
+            curve = [json.loads(line) for line in art.file("metrics.jsonl").read_text().splitlines() if line.strip()]
+            runs[arm][seed] = {"digest": digest, "manifest": art.manifest, "curve": curve}
+    result = {"experiment": exp["name"], **verdict(exp["spec"], runs)}
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=2) + "\n")
+    plot_curves(runs, Path(args.plot), f"{exp['name']}: eval BPB per seed ({result['eval_window_bytes']:,} bytes)")
+    for arm, a in result["arms"].items():
+        print(f"[verdict] {arm}: mean {a['mean_bpb']} spread {a['spread_bpb']} {a.get('verdict', '(control)')}")
+    return 0

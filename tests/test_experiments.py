@@ -1,0 +1,85 @@
+"""A/B experiments: the verdict rule on synthetic numbers, and the plumbing under Snakemake on CPU."""
+
+import json
+
+import pytest
+import yaml
+
+from dormouse.experiments import judge, verdict
+from pipeline_util import configure
+from test_workflow import job_counts, snakemake
+
+
+def run(bpb: float, engram_rows: int = 10, engram: bool = True, window: int = 1000) -> dict:
+    counters = {"train.kda_path.torch": 4, "eval.kda_path.torch": 2, "train.loop.iterations": 4,
+                "eval.loop.iterations": 2, "train.engram.rows_read": engram_rows, "eval.engram.rows_read": engram_rows}
+    return {"digest": f"{int(bpb * 1e4):020d}", "curve": [],
+            "manifest": {"params": {"model": {"engram": engram}}, "counters": counters,
+                         "final": {"eval_bpb": bpb, "eval_bytes": window}}}
+
+
+SPEC = {"base": "tiny", "seeds": [0, 1, 2], "steps": 100, "control": {}, "arms": {"a": {"model": {"engram": False}}}}
+
+
+@pytest.mark.parametrize("control, arm, expected", [
+    ([2.00, 2.02, 2.01], [1.90, 1.91, 1.92], "WIN"),   # lower by 0.10, spreads 0.02
+    ([2.00, 2.02, 2.01], [2.10, 2.11, 2.12], "LOSE"),
+    ([2.00, 2.10, 2.05], [1.98, 2.00, 2.02], "TIE"),   # lower by 0.05 but the control spreads 0.10
+    ([2.00, 2.01, 2.02], [1.80, 2.00, 1.90], "TIE"),   # lower by 0.11 but the arm spreads 0.20
+])
+def test_verdict_rule_on_synthetic_numbers(control, arm, expected):
+    assert judge(control, arm)[0] == expected
+
+
+def test_delta_is_arm_minus_control_and_one_seed_has_no_spread():
+    assert judge([2.0], [1.9]) == ("WIN", pytest.approx(-0.1))
+    assert judge([2.0], [2.0]) == ("TIE", 0.0)
+
+
+def test_an_inert_arm_is_invalid_never_a_verdict():
+    runs = {"control": {str(s): run(2.0 + s / 100) for s in range(3)},
+            "a": {"0": run(1.5), "1": run(1.5, engram_rows=0), "2": run(1.5)}}  # engram on, never read in seed 1
+    spec = {**SPEC, "arms": {"a": {}}}
+    out = verdict(spec, runs)
+    assert out["arms"]["a"]["verdict"] == "INVALID" and out["arms"]["a"]["delta_bpb"] is None
+    assert any("engram enabled but no rows read" in p for p in out["arms"]["a"]["invalid_because"])
+
+
+def test_verdict_names_window_budget_seeds_and_digests():
+    runs = {"control": {str(s): run(2.0 + s / 100) for s in range(3)},
+            "a": {str(s): run(1.8 + s / 100, engram=False, engram_rows=0) for s in range(3)}}
+    out = verdict(SPEC, runs)
+    assert out["arms"]["a"]["verdict"] == "WIN" and out["arms"]["a"]["delta_bpb"] == pytest.approx(-0.2)
+    assert out["eval_window_bytes"] == 1000 and out["budget"]["steps"] == 100 and out["seeds"] == [0, 1, 2]
+    assert out["arms"]["control"]["seeds"]["0"]["digest"] == run(2.0)["digest"]
+
+
+def test_runs_on_different_windows_are_refused():
+    runs = {"control": {"0": run(2.0)}, "a": {"0": run(1.9, window=999)}}
+    with pytest.raises(ValueError, match="different eval windows"):
+        verdict({**SPEC, "seeds": [0]}, runs)
+
+
+@pytest.mark.slow
+def test_experiment_expands_arms_by_seeds_shares_stages_and_never_reruns(workdir, small_corpus, quality_examples):
+    configure(workdir, small_corpus, *quality_examples)
+    exp = {"base": "tiny", "seeds": [0, 1], "steps": 12, "control": {},
+           "arms": {"no_engram": {"model": {"engram": False}}}}
+    overrides = {"model": {"d_model": 32, "n_heads": 2, "head_dim": 16, "ffn_hidden": 64, "n_core": 1,
+                           "engram": True, "engram_rows": 512, "engram_dim": 8},
+                 "train": {"batch_size": 2, "seq_len": 32, "eval_every": 6, "eval_bytes": 1024, "ckpt_every": 6,
+                           "log_every": 3, "warmup_steps": 2}}
+    exp["control"] = overrides
+    exp["arms"]["no_engram"] = {**overrides, "model": {**overrides["model"], "engram": False}}
+    (workdir / "config" / "experiments" / "tiny_ab.yaml").write_text(yaml.safe_dump(exp))
+    target = "results/ab/tiny_ab/verdict.json"
+    counts = job_counts(snakemake(workdir, "-n", target).stdout)
+    assert counts == {"filter": 1, "shard": 1, "pretrain": 4, "verdict": 1, "total": 7}, counts
+    snakemake(workdir, target)
+    out = json.loads((workdir / target).read_text())
+    assert set(out["arms"]) == {"control", "no_engram"}
+    assert out["arms"]["no_engram"]["verdict"] in ("WIN", "LOSE", "TIE")
+    assert len(out["arms"]["control"]["seeds"]) == 2 and out["eval_window_bytes"] > 0
+    assert (workdir / "results" / "ab" / "tiny_ab" / "curves.png").read_bytes()[:4] == b"\x89PNG"
+    again = snakemake(workdir, "-n", target)
+    assert "Nothing to be done" in again.stdout + again.stderr
