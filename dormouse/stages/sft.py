@@ -2,8 +2,10 @@
 
     dormouse sft --job "$(dormouse plan --preset tiny --stage sft)"
 
-Each example is one exchange in the chat template (dormouse/chat.py); the loss counts only the
-assistant bytes and the END that closes them. Its own warmup-stable-decay schedule and optimizers.
+Each example is one exchange in the chat template (dormouse/chat.py); the task loss counts only the
+assistant bytes and the END that closes them. Every step also replays `replay_rows` rows of the train
+shards (plain next-byte loss, weight `replay_weight`): without it the tiny preset's corpus BPB went
+from 2.96 to 6.41 in 150 steps. Its own warmup-stable-decay schedule and optimizers.
 Reported at start and end: held-out task accuracy (greedy exact match on the bench-split items,
 dormouse/task_eval.py) and held-out corpus BPB on the pretrain eval window (to show forgetting).
 The artifact holds model.safetensors, config.json and metrics.jsonl, like pretrain's.
@@ -19,7 +21,7 @@ import torch
 from safetensors.torch import save_file
 
 from dormouse import chat, task_eval
-from dormouse.byte_stream import eval_window
+from dormouse.byte_stream import TrainStream, eval_window
 from dormouse.optim import build_optimizers, set_lr, wsd_multiplier
 from dormouse.runtime import LN2, autocast, check_arms_active, deterministic_cpu, device_for, evaluate, load_model, pad_width
 from dormouse.stage import input_artifact, parse_job, summary, writer
@@ -63,6 +65,10 @@ def main(argv=None) -> int:
     params_list = list(model.parameters())
     difficulties = task_params["difficulties"]
     stream = task_eval.item_stream("sft", task_params["families"], lambda fam, rng: rng.choice(difficulties), sft["seed"])
+    replay = None
+    if sft["replay_rows"]:  # corpus rows from the train shards in every step, against forgetting
+        replay = TrainStream([shards.file(n) for n in shards.files("train/") if n.endswith(".bin")],
+                             sft["replay_rows"], sft["replay_seq_len"], sft["seed"] + 1)
 
     with writer(job) as art:
         c = art.counters
@@ -76,6 +82,13 @@ def main(argv=None) -> int:
             x, y, n_bytes = sft_batch([next(stream) for _ in range(sft["batch_size"])], device)
             with autocast(device, params):
                 _, loss = model(x, y, counters=train_counters)
+                if replay is not None:
+                    rx, ry = replay.next_batch()
+                    _, replay_loss = model(rx.to(device), ry.to(device), counters=train_counters)
+                    c["train.replay_bytes"] += ry.numel()
+            if replay is not None:
+                task_loss = loss
+                loss = loss + sft["replay_weight"] * replay_loss
             if not torch.isfinite(loss):  # no firewall budget here: a non-finite SFT loss is a defect
                 raise SystemExit(f"sft: non-finite loss at step {step}")
             loss.backward()
@@ -86,7 +99,9 @@ def main(argv=None) -> int:
             c["train.assistant_bytes"] += n_bytes
             c["train.examples"] += len(x)
             if (step + 1) % sft["log_every"] == 0 or step + 1 == sft["steps"]:
-                row = {"step": step + 1, "loss": round(loss.item(), 5), "bpb": round(loss.item() / LN2, 5),
+                task = task_loss if replay is not None else loss
+                row = {"step": step + 1, "loss": round(task.item(), 5), "bpb": round(task.item() / LN2, 5),
+                       **({"replay_bpb": round(replay_loss.item() / LN2, 5)} if replay is not None else {}),
                        "lr": opts[-1].param_groups[0]["lr"], "elapsed_s": round(time.time() - t0, 2)}
                 metrics.append(row)
                 print(f"[sft] {json.dumps(row)}", flush=True)
