@@ -8,7 +8,7 @@
 # first. Everything stops before BUDGET_S; logs, manifests and bench.json come back in $OUT.
 set -uo pipefail
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
-export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 TRITON_CACHE_DIR=$PWD/.triton
+export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 TRITON_CACHE_DIR=${TRITON_CACHE_DIR:-$PWD/.triton}
 deadline=$(( $(date +%s) + ${BUDGET_S:-560} ))
 for s in ${STAGES:-pretrain sft rl export bench}; do
   out=$(python3 -c "import json; print(json.load(open('.job/small_$s.json'))['out'])")
