@@ -28,3 +28,7 @@ for s in pretrain sft rl export bench; do
   tar -rf "$OUT/art/small_chain.tar" -C "$d/.." "$(basename "$d")/manifest.json" \
     $(cd "$d" && ls metrics.jsonl bench.json 2>/dev/null | sed "s|^|$(basename "$d")/|")
 done
+# Triton's autotune results live in its cache (fla caches them); bring them back for the next lease.
+if [ -n "${SAVE_TRITON:-}" ] && [ -d "$TRITON_CACHE_DIR" ]; then
+  tar -czf "$OUT/triton_cache.tgz" -C "$TRITON_CACHE_DIR" . && ls -la "$OUT/triton_cache.tgz"
+fi
