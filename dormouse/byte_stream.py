@@ -7,6 +7,11 @@ rather than from one or two neighbouring documents. The position (epoch, cursor 
 the whole data state: saving and restoring it resumes at the same byte. Documents are concatenated as they are in the shard (no separator byte:
 every byte value is text to a byte model; the shard's .idx.npy keeps the boundaries).
 
+Data parallelism: every rank builds the same stream (same shards, B, seed) and reads only its
+`rows` of each global batch (rank r of W: rows r*B/W .. (r+1)*B/W - 1, contiguous); the position
+advances by the global batch on every rank, so the state is the same everywhere and a checkpoint
+taken under one world size resumes under any other.
+
 Eval: the first `eval_bytes` of the eval tail, cut into rows of T+1 bytes, identical for every
 evaluation (rewound each time) and reported with its byte count.
 """
@@ -30,12 +35,16 @@ class StreamState:
 
 
 class TrainStream:
-    def __init__(self, shard_bins: list[Path], batch_size: int, seq_len: int, seed: int, state: StreamState | None = None):
+    def __init__(self, shard_bins: list[Path], batch_size: int, seq_len: int, seed: int, state: StreamState | None = None,
+                 rows: range | None = None):
         # An empty shard has nothing to give (and cannot be memory-mapped).
         self.shards = [np.memmap(p, dtype=np.uint8, mode="r") for p in shard_bins if Path(p).stat().st_size > 0]
         if not self.shards:
             raise ValueError(f"every train shard is empty: {[str(p) for p in shard_bins]}")
-        self.B, self.T, self.seed = batch_size, seq_len, seed
+        self.B, self.T, self.seed = batch_size, seq_len, seed  # B: the global batch (all ranks)
+        self.rows = range(batch_size) if rows is None else rows  # the rows of each batch this process reads
+        if not self.rows or self.rows.step != 1 or self.rows.start < 0 or self.rows.stop > batch_size:
+            raise ValueError(f"rows {self.rows} is not a contiguous non-empty slice of the {batch_size} batch rows")
         self.state = state or StreamState()
         self.epoch_bytes = sum(len(s) for s in self.shards)
         self.lane_bytes = self.epoch_bytes // batch_size
@@ -63,13 +72,13 @@ class TrainStream:
     def next_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
         if self.state.cursor + self.T + 1 > self.lane_bytes:  # each lane's tail is skipped, not wrapped
             self.state = StreamState(self.state.epoch + 1, 0)
-        rows = [self._read(self.state.epoch, b * self.lane_bytes + self.state.cursor, self.T + 1) for b in range(self.B)]
-        buf = torch.from_numpy(np.stack(rows).astype(np.int64))
+        rows = [self._read(self.state.epoch, b * self.lane_bytes + self.state.cursor, self.T + 1) for b in self.rows]
+        buf = torch.from_numpy(np.stack(rows).astype(np.int64))  # (len(rows), T+1)
         self.state = StreamState(self.state.epoch, self.state.cursor + self.T)
         return buf[:, :-1], buf[:, 1:]
 
     def bytes_seen(self) -> int:
-        """Train bytes consumed so far (all epochs); each lane's unread tail is not counted."""
+        """Train bytes consumed so far by all ranks together (all epochs); each lane's unread tail is not counted."""
         steps_per_epoch = (self.lane_bytes - 1) // self.T
         return (self.state.epoch * steps_per_epoch * self.T + self.state.cursor) * self.B
 

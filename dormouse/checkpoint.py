@@ -3,6 +3,10 @@ optimizer state (torch.save, loaded with weights_only=True). Nothing else is eve
 
 A checkpoint is a directory `step-NNNNNNNN/`, written as `.tmp` and renamed, so a kill mid-save
 leaves the previous checkpoint as the latest.
+
+Data-parallel pretraining: rank 0 saves (every rank holds the same weights and optimizer state) and
+every rank loads the latest at start. Nothing in a checkpoint depends on the world size (the data
+position and the counters are global), so any world size resumes it.
 """
 
 from __future__ import annotations

@@ -160,6 +160,7 @@ class Job:
     inputs: dict[str, dict]  # name -> {"digest": ..., "path": artifact dir or raw spec(s), "kind": "artifact"|"raw"}
     retractions: list[str]
     presets: list[str] = field(default_factory=list)
+    gpus: int = 1  # pretrain on cuda: the largest resources.gpus of its presets (not a param: not digested)
 
     @property
     def format_version(self) -> int:
@@ -227,10 +228,13 @@ class Plan:
         return sorted(d for s, d in self.jobs if s == stage)
 
     def gpus(self, stage: str, digest: str) -> int:
-        """GPUs a job holds: 1 for a job that runs a model on cuda, else 0 (the gpu resource and gpu-run slot)."""
-        params = self.job(stage, digest).params
-        device = params["train"]["device"] if stage == "pretrain" else params.get("device")
-        return int(device == "cuda")
+        """GPUs a job holds (the gpu resource and gpu-run's slots): 0 for a job on cpu; on cuda 1, but
+        pretrain takes its presets' resources.gpus and runs data-parallel under torchrun when > 1."""
+        job = self.job(stage, digest)
+        device = job.params["train"]["device"] if stage == "pretrain" else job.params.get("device")
+        if device != "cuda":
+            return 0
+        return job.gpus if stage == "pretrain" else 1
 
     def experiment_runs(self, name: str) -> dict[str, dict[str, str]]:
         """arm -> seed -> pretrain digest of an experiment."""
@@ -308,6 +312,8 @@ def build_plan(config: dict, root: Path = Path(".")) -> Plan:
             digest = artifact_digest(stage, spec.format_version, params, {k: v["digest"] for k, v in inputs.items()}, ids)
             job = jobs.setdefault((stage, digest), Job(stage, digest, params, inputs, ids))
             job.presets.append(name)
+            if stage == "pretrain":
+                job.gpus = max(job.gpus, pretrain_gpus(preset, source))
             chain[name][stage] = digest
             if stage == last:
                 break
@@ -321,6 +327,17 @@ def build_plan(config: dict, root: Path = Path(".")) -> Plan:
             plan_chain(run_name, preset, f"{exp.path} arm {arm} seed {seed}", "bench" if exp.bench else "pretrain")
     check_match_keys(retractions, jobs.values(), config["retractions"])
     return Plan(config, presets, jobs, chain, retractions, experiments)
+
+
+def pretrain_gpus(preset: dict, source: str) -> int:
+    """resources.gpus of a preset, checked against its train section."""
+    gpus, train = preset["resources"]["gpus"], preset["train"]
+    if gpus > 1 and train["device"] != "cuda":
+        raise ConfigError(f"{source}: resources.gpus {gpus} needs train.device cuda (a cpu pretrain is one process)")
+    if train["batch_size"] % gpus:
+        raise ConfigError(f"{source}: train.batch_size {train['batch_size']} is not a multiple of resources.gpus {gpus} "
+                          f"(each GPU trains on an equal slice of the global batch)")
+    return gpus
 
 
 def check_match_keys(entries: list[dict], jobs, source: str) -> None:

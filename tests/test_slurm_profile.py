@@ -14,7 +14,9 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
+from dormouse.plan import build_plan
 from pipeline_util import configure
 
 BIN = Path(sys.executable).parent
@@ -25,25 +27,27 @@ PARTITION, GPU_PARTITION, ACCOUNT = "cpu_part", "gpu_part", "dormouse_acct"
 SLURM_CONFIG = f"slurm={{partition: {PARTITION}, account: {ACCOUNT}, gpu_partition: {GPU_PARTITION}}}"
 
 
-def run_slurm(workdir: Path, tmp_path: Path, *args):
-    """snakemake --workflow-profile workflow/profiles/slurm with the fake SLURM first on PATH.
+def run_slurm(workdir: Path, tmp_path: Path, *args, ok: bool = True, path_first: Path | None = None, env_extra=None):
+    """snakemake --workflow-profile workflow/profiles/slurm with the fake SLURM first on PATH
+    (after `path_first`, when given); `ok`: snakemake must succeed.
 
     Returns (snakemake's output, the fake's call log as a list of dicts)."""
     log = tmp_path / "fake_slurm.jsonl"
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "SBATCH_", "SRUN_"))}  # a login node
     env.update({
-        "PATH": f"{FAKE_SLURM}:{BIN}:{os.environ['PATH']}",
+        "PATH": f"{str(path_first) + ':' if path_first else ''}{FAKE_SLURM}:{BIN}:{os.environ['PATH']}",
         "FAKE_SLURM_LOG": str(log),
         "FAKE_SLURM_STATE": str(tmp_path / "fake_slurm_state"),
         "FAKE_SLURM_ACCOUNTS": f"{ACCOUNT},other_acct",  # what sacctmgr lists: the plugin validates -A
         "FAKE_SLURM_PARTITIONS": f"{PARTITION}*,{GPU_PARTITION}",
+        **(env_extra or {}),
     })
     # The fake sbatch returns when the job has finished: query sacct after 1 s, not the profile's 20.
     fast = ["--slurm-init-seconds-before-status-checks", "1", "--seconds-between-status-checks", "1"]
     proc = subprocess.run([str(BIN / "snakemake"), "--workflow-profile", PROFILE, *fast, *args], cwd=workdir,
                           env=env, capture_output=True, text=True, timeout=300)
     out = proc.stdout + proc.stderr
-    assert proc.returncode == 0, f"snakemake {' '.join(args)} failed:\n{out[-6000:]}"
+    assert (proc.returncode == 0) == ok, f"snakemake {' '.join(args)} {'failed' if ok else 'succeeded'}:\n{out[-6000:]}"
     return out, [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
 
 
@@ -162,3 +166,62 @@ def test_slurm_profile_gpu_rule_gets_gpus_and_gpu_partition(slurm_workflow, tmp_
     step = [c for c in calls if c["cmd"] == "srun" and c["job_id"] == call["job_id"]]
     assert len(step) == 1 and step[0]["opts"].get("gpus") == "1" and step[0]["command"] == ["sh", "-s"], step
     assert (slurm_workflow / "results" / "gpu_probe.txt").read_text().strip() == call["job_id"]
+
+
+PRETRAIN_SNAKEFILE = """
+configfile: "config/config.yaml"
+
+
+include: "workflow/rules/common.smk"
+include: "workflow/rules/train.smk"
+"""
+
+FAKE_TORCHRUN = """#!{python}
+# Stands in for torchrun on a machine without GPUs: records how it was called, then fails the job.
+import json, os, sys
+with open({log!r}, "a") as f:
+    f.write(json.dumps({{"argv": sys.argv[1:], "CUDA_VISIBLE_DEVICES": os.environ.get("CUDA_VISIBLE_DEVICES"),
+                        "SLURM_JOB_ID": os.environ.get("SLURM_JOB_ID")}}) + "\\n")
+sys.exit(3)
+"""
+
+
+@pytest.mark.slow  # ~25 s
+def test_slurm_profile_multi_gpu_pretrain_is_one_node_with_n_gpus_under_torchrun(slurm_workflow, tmp_path):
+    """The real pretrain rule for a preset with resources.gpus 2: one sbatch on one node with 2 GPUs,
+    and the job's command launches torchrun with 2 processes on the 2 devices. No GPU here: a fake
+    torchrun records its call and fails the job (so snakemake fails, as expected)."""
+    preset_path = slurm_workflow / "config" / "presets" / "tiny.yaml"
+    preset = yaml.safe_load(preset_path.read_text())
+    preset["train"].update(device="cuda", batch_size=8)
+    preset["resources"] = {"gpus": 2}
+    preset_path.write_text(yaml.safe_dump(preset, sort_keys=False))
+    config = yaml.safe_load((slurm_workflow / "config" / "config.yaml").read_text())
+    cwd = os.getcwd()
+    os.chdir(slurm_workflow)
+    try:
+        plan = build_plan(config)
+    finally:
+        os.chdir(cwd)
+    digest = plan.chain["tiny"]["pretrain"]
+    shard_manifest = slurm_workflow / plan.manifest_path("shard", plan.chain["tiny"]["shard"])
+    shard_manifest.parent.mkdir(parents=True)
+    shard_manifest.write_text("{}")  # the input must exist; the fake torchrun never reads it
+    (slurm_workflow / "pretrain_only.smk").write_text(PRETRAIN_SNAKEFILE)
+    bin_dir, torchrun_log = tmp_path / "bin", tmp_path / "torchrun.jsonl"
+    bin_dir.mkdir()
+    (bin_dir / "torchrun").write_text(FAKE_TORCHRUN.format(python=sys.executable, log=str(torchrun_log)))
+    (bin_dir / "torchrun").chmod(0o755)
+
+    out, calls = run_slurm(slurm_workflow, tmp_path, "-s", "pretrain_only.smk", plan.manifest_path("pretrain", digest),
+                           "--config", SLURM_CONFIG, ok=False, path_first=bin_dir,
+                           env_extra={"DORMOUSE_GPUS": "0,1", "DORMOUSE_GPU_LOCK_DIR": str(tmp_path / "locks")})
+    (call,) = sbatch_calls(calls).values()
+    assert_sbatch_flags(call, GPU_PARTITION, ACCOUNT, runtime=24 * 60, mem_mb=2 * 16000, cpus=2 * 2)
+    assert call["opts"].get("gpus") == "2" and call["opts"].get("nodes") == "1", call["opts"]
+    (step,) = [c for c in calls if c["cmd"] == "srun" and c["job_id"] == call["job_id"]]
+    assert step["opts"].get("gpus") == "2" and step["opts"].get("nodes") == "1", step
+    (launch,) = [json.loads(line) for line in torchrun_log.read_text().splitlines()]
+    assert launch["argv"] == ["--standalone", "--nproc-per-node", "2", "-m", "dormouse.cli", "pretrain",
+                              "--job", plan.job_json("pretrain", digest)]
+    assert launch["CUDA_VISIBLE_DEVICES"] == "0,1" and launch["SLURM_JOB_ID"] == call["job_id"]  # gpu-run took both

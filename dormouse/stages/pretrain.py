@@ -1,12 +1,19 @@
 """pretrain: train the byte LM on the train shards; evaluate BPB on a fixed window of the eval tail.
 
     dormouse pretrain --job "$(dormouse plan --preset tiny --stage pretrain)"
+    torchrun --standalone --nproc-per-node 8 -m dormouse.cli pretrain --job ...   # data-parallel (DDP)
 
 Checkpoints go to the digest-keyed scratch dir (results/scratch/pretrain/<digest>/) every
 `ckpt_every` steps; a rerun resumes from the latest one. On CPU (deterministic kernels, one thread)
 the resumed run reaches bit-identical weights; on CUDA it continues from the same state but
 kernel nondeterminism can change the last bits. The artifact holds model.safetensors, config.json and metrics.jsonl; the manifest's
 counters prove which arms ran in training (train.*) and in eval (eval.*).
+
+Under torchrun (WORLD_SIZE > 1) the stage runs data-parallel: the global batch is still
+train.batch_size rows (a multiple of the world size), each rank trains on its contiguous slice of
+every batch and DistributedDataParallel averages the gradients, so the run differs from one process
+only by floating-point reduction order; the world size is no param and not in the digest. Rank 0
+writes the checkpoints, the artifact and the history entry; a checkpoint resumes under any world size.
 """
 
 from __future__ import annotations
@@ -15,18 +22,21 @@ import json
 import sys
 import time
 from collections import Counter
+from contextlib import nullcontext
 from pathlib import Path
 
 import torch
 from safetensors.torch import save_file
+from torch.nn.parallel import DistributedDataParallel
 
-from dormouse import checkpoint, history
+from dormouse import checkpoint, distributed, history
 from dormouse.byte_stream import StreamState, TrainStream, eval_window
 from dormouse.model.config import ModelConfig
 from dormouse.model.gpt import ByteLM, count_params
 from dormouse.optim import build_optimizers, set_lr, wsd_multiplier
 from dormouse.runtime import LN2, autocast, check_arms_active, deterministic_cpu, device_for, evaluate
 from dormouse.stage import input_artifact, parse_job, summary, writer
+from dormouse.store import scratch_dir
 
 
 class BadStepsError(RuntimeError):
@@ -37,8 +47,21 @@ def main(argv=None) -> int:
     job = parse_job(argv, "pretrain", __doc__)
     cfg = ModelConfig.from_dict(job["params"]["model"])
     train = job["params"]["train"]
+    world = distributed.world_from_env()
+    if train["batch_size"] % world.size:
+        raise SystemExit(f"pretrain: train.batch_size {train['batch_size']} is not divisible by the world size {world.size} "
+                         f"(WORLD_SIZE): every rank trains on an equal slice of the global batch; use a multiple of the GPU count")
     shards = input_artifact(job, "shard")
-    device = device_for(train)
+    device = distributed.init(world, device_for(train))
+    try:
+        run(job, cfg, train, shards, world, device)
+    finally:
+        distributed.shutdown()
+    return 0
+
+
+def run(job: dict, cfg: ModelConfig, train: dict, shards, world: distributed.World, device: torch.device) -> None:
+    say = print if world.is_main else (lambda *args, **kwargs: None)
     torch.manual_seed(train["seed"])
     deterministic_cpu(device)
 
@@ -46,18 +69,19 @@ def main(argv=None) -> int:
     n_params = sum(p.numel() for p in model.parameters())
     formula = count_params(cfg)
     assert formula["total"] == n_params, f"param formula {formula} != model {n_params}"
-    print(f"[pretrain] params {n_params:,} (formula {formula}) device {device}", flush=True)
+    say(f"[pretrain] params {n_params:,} (formula {formula}) device {device} world_size {world.size}", flush=True)
     opts = build_optimizers(model, train)
 
-    with writer(job) as art:
-        c = art.counters
-        ckpt_root = art.scratch
+    with (writer(job) if world.is_main else nullcontext()) as art:
+        c = art.counters if world.is_main else Counter()  # the manifest's own counters (rank 0)
+        ckpt_root = scratch_dir(Path(job["out"]))  # the same path on every rank; rank 0 writes it
         stream = TrainStream([shards.file(n) for n in shards.files("train/") if n.endswith(".bin")],
-                             train["batch_size"], train["seq_len"], train["seed"])
+                             train["batch_size"], train["seq_len"], train["seed"], rows=world.rows(train["batch_size"]))
         ex, ey, eval_bytes = eval_window(shards.file("eval/tail.bin"), train["eval_bytes"], train["seq_len"])
         metrics: list[dict] = []
         start, bad_in_row = 0, 0
-        train_counters, eval_counters = Counter(), Counter()
+        resumed_train, resumed_eval = Counter(), Counter()  # every rank's counts up to the checkpoint resumed from
+        train_counters, eval_counters = Counter(), Counter()  # this process's counts since it started
 
         last = checkpoint.latest(ckpt_root)
         if last is not None:
@@ -66,87 +90,125 @@ def main(argv=None) -> int:
             checkpoint.load_optimizers(opts, last / checkpoint.OPTIM)
             stream.state = StreamState(**snap["stream"])
             start, metrics, bad_in_row = snap["step"], snap["metrics"], snap["bad_in_row"]
-            train_counters, eval_counters = Counter(snap["train_counters"]), Counter(snap["eval_counters"])
+            resumed_train, resumed_eval = Counter(snap["train_counters"]), Counter(snap["eval_counters"])
             c["resumed_from_step"] = start
-            print(f"[pretrain] resumed from {last}", flush=True)
+            say(f"[pretrain] resumed from {last}", flush=True)
+        # DDP averages the gradients over ranks in backward (= the gradient of the global batch mean);
+        # Muon and AdamW then step on identical full gradients on every rank.
+        net = model if world.size == 1 else DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
 
         params = [p for p in model.parameters()]
         t_last, bytes_last = time.time(), 0
-        model.train()
+        net.train()
         for step in range(start, train["steps"]):
             mult = wsd_multiplier(step, train["steps"], train["warmup_steps"], train["decay_frac"], train["min_lr_frac"])
             set_lr(opts, mult)
-            x, y = stream.next_batch()
+            x, y = stream.next_batch()  # this rank's rows of the global batch
             x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
             with autocast(device, train):
-                _, loss = model(x, y, counters=train_counters)
+                _, loss = net(x, y, counters=train_counters)
                 total = loss + train["moe_aux_coef"] * model.aux_loss if cfg.moe else loss
-            ok = bool(torch.isfinite(total))
+            # Every rank takes the firewall's decision together, before backward: DDP's all-reduce in
+            # backward needs all of them or it hangs. Summed with it: the loss, for the global mean.
+            loss_sum, nonfinite = distributed.all_sum(torch.stack([loss.detach().float(), (~torch.isfinite(total.detach())).float()]), world)
+            ok = nonfinite == 0
             if ok:
                 total.backward()
                 grad_norm = torch.nn.utils.clip_grad_norm_(params, train["grad_clip"])
-                ok = bool(torch.isfinite(grad_norm))
+                ok = bool(torch.isfinite(grad_norm))  # the same on every rank: the gradients were all-reduced
             if ok:
                 for opt in opts:
                     opt.step()
                 bad_in_row = 0
-            else:  # the NaN firewall: skip the whole step (no update at all), count it
-                train_counters["steps_skipped_nonfinite"] += 1
+            else:  # the NaN firewall: skip the whole step (no update at all), count it (once, not once per rank)
+                if world.is_main:
+                    train_counters["steps_skipped_nonfinite"] += 1
                 bad_in_row += 1
                 if bad_in_row > train["max_bad_steps"]:
                     raise BadStepsError(f"pretrain: {bad_in_row} non-finite steps in a row at step {step}; aborting")
             for opt in opts:
                 opt.zero_grad(set_to_none=True)
             c["train.steps_run_this_process"] += 1
-            bytes_last += x.numel()
+            bytes_last += x.numel() * world.size
+            mean_loss = loss_sum / world.size  # every rank holds the same number of rows
 
             done = step + 1
             row = None
             if done % train["log_every"] == 0 or done == train["steps"]:
                 now = time.time()
-                row = {"step": done, "loss": round(loss.item(), 5), "bpb": round(loss.item() / LN2, 5),
+                row = {"step": done, "loss": round(mean_loss, 5), "bpb": round(mean_loss / LN2, 5),
                        "lr": opts[-1].param_groups[0]["lr"], "tokens_per_s": round(bytes_last / max(now - t_last, 1e-9), 1),
                        "epochs": round(stream.epochs_seen(), 4)}
                 t_last, bytes_last = now, 0
             if done % train["eval_every"] == 0 or done == train["steps"]:
                 row = row or {"step": done}
-                row["eval_bpb"] = round(evaluate(model, ex, ey, train["batch_size"], device, train, eval_counters), 5)
+                row["eval_bpb"] = round(eval_bpb(model, ex, ey, train, device, eval_counters, world), 5)
                 row["eval_bytes"] = eval_bytes
-                print(f"[pretrain] step:{done} eval_bpb:{row['eval_bpb']:.4f} eval_bytes:{eval_bytes}", flush=True)
+                say(f"[pretrain] step:{done} eval_bpb:{row['eval_bpb']:.4f} eval_bytes:{eval_bytes}", flush=True)
             if row:
                 metrics.append(row)
-                print(f"[pretrain] {json.dumps(row)}", flush=True)
+                say(f"[pretrain] {json.dumps(row)}", flush=True)
             if done % train["ckpt_every"] == 0 and done < train["steps"]:
-                train_counters["checkpoints_written"] += 1  # before the save, so a resumed run counts it too
-                checkpoint.save(ckpt_root, done, model, opts, {
-                    "stream": stream.state.to_dict(), "metrics": metrics, "bad_in_row": bad_in_row,
-                    "train_counters": dict(train_counters), "eval_counters": dict(eval_counters),
-                })
+                if world.is_main:
+                    train_counters["checkpoints_written"] += 1  # before the save, so a resumed run counts it too
+                snap_train, snap_eval = totals(resumed_train, train_counters, world), totals(resumed_eval, eval_counters, world)
+                if distributed.check_replicas(model, world):  # rank 0 saves what every rank holds
+                    c["ddp.replica_checks"] += 1
+                if world.is_main:
+                    checkpoint.save(ckpt_root, done, model, opts, {
+                        "stream": stream.state.to_dict(), "metrics": metrics, "bad_in_row": bad_in_row,
+                        "train_counters": dict(snap_train), "eval_counters": dict(snap_eval),
+                    })
+                distributed.barrier(world)
 
-        check_arms_active(cfg, train_counters, "training")
-        check_arms_active(cfg, eval_counters, "eval")
-        for k, v in train_counters.items():
-            c[f"train.{k}"] = v
-        for k, v in eval_counters.items():
-            c[f"eval.{k}"] = v
-        c["train.steps"] = train["steps"]
-        c["train.bytes_seen"] = stream.bytes_seen()
-        c["eval.window_bytes"] = eval_bytes
-        save_file({k: v.detach().contiguous().cpu() for k, v in model.state_dict().items()}, str(art.path("model.safetensors")))
-        art.path("config.json").write_text(json.dumps({"model": cfg.to_dict(), "train": train, "params": formula}, indent=1))
-        art.path("metrics.jsonl").write_text("".join(json.dumps(m) + "\n" for m in metrics))
-        art.extra["final"] = {
-            "eval_bpb": metrics[-1].get("eval_bpb"), "eval_bytes": eval_bytes, "params": formula,
-            "epochs": round(stream.epochs_seen(), 4), "train_bytes_seen": stream.bytes_seen(),
-            "device": str(device), "optimizers": [type(o).__name__ for o in opts],
-        }
-        if device.type == "cuda":
-            art.extra["final"]["peak_memory_gib"] = round(torch.cuda.max_memory_allocated() / 2**30, 3)
-            art.extra["final"]["gpu"] = torch.cuda.get_device_name(device)
-        art.extra["final"]["torch_threads"] = torch.get_num_threads()
-        summary("pretrain", c)
-    record_history(Path(job["out"]))
-    return 0
+        train_total, eval_total = totals(resumed_train, train_counters, world), totals(resumed_eval, eval_counters, world)
+        if distributed.check_replicas(model, world):
+            c["ddp.replica_checks"] += 1
+        if world.is_main:
+            check_arms_active(cfg, train_total, "training")
+            check_arms_active(cfg, eval_total, "eval")
+            for k, v in train_total.items():
+                c[f"train.{k}"] = v
+            for k, v in eval_total.items():
+                c[f"eval.{k}"] = v
+            c["train.steps"] = train["steps"]
+            c["train.bytes_seen"] = stream.bytes_seen()
+            c["eval.window_bytes"] = eval_bytes
+            save_file({k: v.detach().contiguous().cpu() for k, v in model.state_dict().items()}, str(art.path("model.safetensors")))
+            art.path("config.json").write_text(json.dumps({"model": cfg.to_dict(), "train": train, "params": formula}, indent=1))
+            art.path("metrics.jsonl").write_text("".join(json.dumps(m) + "\n" for m in metrics))
+            art.extra["final"] = {
+                "eval_bpb": metrics[-1].get("eval_bpb"), "eval_bytes": eval_bytes, "params": formula,
+                "epochs": round(stream.epochs_seen(), 4), "train_bytes_seen": stream.bytes_seen(),
+                "device": str(device), "world_size": world.size, "optimizers": [type(o).__name__ for o in opts],
+            }
+            if device.type == "cuda":
+                art.extra["final"]["peak_memory_gib"] = round(torch.cuda.max_memory_allocated(device) / 2**30, 3)  # rank 0's GPU
+                art.extra["final"]["gpu"] = torch.cuda.get_device_name(device)
+            art.extra["final"]["torch_threads"] = torch.get_num_threads()
+            summary("pretrain", c)
+    if world.is_main:
+        record_history(Path(job["out"]))
+    distributed.barrier(world)  # the other ranks wait until the artifact is in place
+
+
+def totals(resumed: Counter, local: Counter, world: distributed.World) -> Counter:
+    """Counters of the whole run so far: the resumed checkpoint's plus every rank's since (a collective)."""
+    out = Counter(resumed)
+    out.update(distributed.sum_counters(local, world))  # update, not +: zero counts stay listed
+    return out
+
+
+def eval_bpb(model, ex, ey, train: dict, device, counters: Counter, world: distributed.World) -> float:
+    """BPB on the fixed eval window. Several ranks split its rows and add up bits and bytes: the same
+    BPB as one process up to reduction order."""
+    if world.size == 1:
+        return evaluate(model, ex, ey, train["batch_size"], device, train, counters)
+    rows = world.rows(len(ex))
+    x, y = ex[rows.start : rows.stop], ey[rows.start : rows.stop]
+    bits = evaluate(model, x, y, train["batch_size"], device, train, counters) * y.numel() if len(rows) else 0.0
+    total_bits, n_bytes = distributed.all_sum(torch.tensor([bits, float(y.numel())], dtype=torch.float64, device=device), world)
+    return total_bits / n_bytes
 
 
 def record_history(out_dir: Path) -> None:

@@ -10,16 +10,24 @@ rule pretrain:
         "results/benchmarks/pretrain/{d}.tsv"
     params:
         job=stage_job("pretrain"),
-    threads: 2
+        # N > 1 GPUs: one process per GPU under torchrun (DDP). A function of resources, so no rerun
+        # trigger: the GPU count does not change the artifact (preset `resources:`, not digested).
+        launch=lambda w, resources: (
+            f"torchrun --standalone --nproc-per-node {resources.gpu} -m dormouse.cli"
+            if resources.gpu > 1
+            else "dormouse"
+        ),
+    threads: lambda w: 2 * max(1, PLAN.gpus("pretrain", w.d))
     resources:
-        mem_mb=16000,
+        mem_mb=lambda w: 16000 * max(1, PLAN.gpus("pretrain", w.d)),
         runtime=24 * 60,
         gpu=lambda w: PLAN.gpus("pretrain", w.d),
+        nodes=1,  # torchrun --standalone: every rank on one node (SLURM: --nodes=1 --gpus=N)
         **slurm(gpu=True),
     conda:
         "../../envs/dormouse.yaml"
     shell:
-        "dormouse gpu-run --gpus {resources.gpu} -- dormouse pretrain --job {params.job:q} > {log} 2>&1"
+        "dormouse gpu-run --gpus {resources.gpu} -- {params.launch} pretrain --job {params.job:q} > {log} 2>&1"
 
 
 rule pretrain_view:
