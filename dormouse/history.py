@@ -51,7 +51,7 @@ from dormouse.store import ArtifactError, canonical_json, open_artifact
 DEFAULT_HISTORY = Path("results/history.jsonl")
 DEFAULT_TOLERANCE = 0.10
 WARMUP_FRAC = 0.10  # rows at step <= this fraction of train.steps are warm-up
-KEY_FIELDS = ("device", "model", "batch_size", "seq_len", "dtype", "optimizer", "torch", "cpu_threads")
+KEY_FIELDS = ("device", "model", "batch_size", "seq_len", "dtype", "optimizer", "torch", "cpu_threads", "world_size")
 
 
 # -----------------------------------------------------------------------------
@@ -103,6 +103,7 @@ def entry_from_artifact(art_dir: Path) -> dict:
             "optimizer": train.get("optimizer"),
             "torch": env.get("versions", {}).get("torch"),
             "cpu_threads": cpu_threads,
+            "world_size": int(final.get("world_size") or 1),  # tokens/s sums the ranks; memory is rank 0's
         },
         "tokens_per_s": tokens_per_s,
         "tokens_per_s_rows": n_rows,

@@ -11,8 +11,8 @@ absolute; hence RTOL and WEIGHT_ATOL below. The equality tests therefore train w
 to bf16 for the Newton-Schulz iteration, flip bf16 roundings, and the training dynamics amplify
 them: 1e-4 relative loss after 10 steps, 1e-2 after 50, weights apart by up to 0.4 while the eval
 BPB stayed within 0.2% (4.382 vs 4.391). That is the optimizer, not the parallelism: Muon runs
-check that the replicas hold identical weights (`ddp.replica_checks`) instead. One real world-size
-dependence remains, in the model: the MoE load-balancing loss (strict xfail below).
+check that the replicas hold identical weights (`ddp.replica_checks`) instead. The MoE load-balancing
+loss averages the routing fractions over ranks (dormouse/model/ffn.py), tested below.
 """
 
 import json
@@ -168,9 +168,6 @@ def test_checkpoint_of_two_processes_resumes_in_one(shards, tmp_path):
 
 
 @pytest.mark.slow  # ~25 s
-@pytest.mark.xfail(strict=True, reason="MoE's load-balancing loss n_experts * sum_i f_i * P_i takes f (the routing "
-                   "fractions) from each rank's rows; dormouse/model/ffn.py must average f over ranks in training "
-                   "under DDP (P is linear in the rows: DDP's gradient average already makes it global)")
 def test_moe_aux_loss_does_not_depend_on_the_world_size(shards, tmp_path):
     config = set_model(shards, {**TINY_MODEL, "moe": True, "n_experts": 4}, {**ADAMW, "steps": 20, "ckpt_every": 100})
     job, out_dir = job_json(shards, config)

@@ -86,7 +86,7 @@ def test_entry_from_the_real_h200_metrics(tmp_path):
     assert e["tokens_per_s_rows"] == len(steady) == 180
     assert e["key"] == {"device": "NVIDIA H200", "model": history.model_hash(SMALL_MODEL), "batch_size": 32,
                         "seq_len": 1024, "dtype": "bfloat16", "optimizer": "muon", "torch": "2.11.0+cu130",
-                        "cpu_threads": None}
+                        "cpu_threads": None, "world_size": 1}
     assert e["peak_memory_gib"] == 7.7 and e["eval_bpb"] == 1.56086 and e["wall_time_s"] == 424.0
     assert e["created"] == "2026-12-02T12:40:18+00:00" and e["git_commit"].startswith("72165e2")
     assert len(history.comparable_key(e)) == len(history.KEY_FIELDS)

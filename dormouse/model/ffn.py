@@ -79,6 +79,10 @@ class MoE(nn.Module):
         y_slots[order] = y_sorted  # un-sort: a permutation, so no atomics and a deterministic sum
         out = y_slots.view(n, k, -1).sum(dim=1)
         f = counts.float() / (n * k)
+        if self.training and torch.distributed.is_available() and torch.distributed.is_initialized():
+            # data parallel: balance the global batch's routing, not each rank's share (no gradient flows through f)
+            torch.distributed.all_reduce(f)
+            f = f / torch.distributed.get_world_size()
         self.aux_loss = e * torch.sum(f * probs.mean(dim=0))
         if counters is not None:
             for i, c in enumerate(sizes):
