@@ -1,0 +1,986 @@
+"""Pretrain step side by side on one GPU (issue #7 item 1; the CPU half of item 4).
+
+    # on the H200 (device tool, carry .whl: fla-core, flash-linear-attention and the other wheels):
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
+    export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 TRITON_CACHE_DIR=$PWD/.triton
+    timeout 580 python3 benchmarks/pretrain_h200.py --presets small medium --budget-s 540 --out $OUT/pretrain_h200.tsv
+    # here, on CPU: tiny shapes, FLA skipped (what tests/test_pretrain_h200_bench.py runs)
+    .venv/bin/python benchmarks/pretrain_h200.py --dry-run-cpu
+
+For every preset (config/presets/<name>.yaml: model section -> ModelConfig, batch_size and seq_len from
+its train section unless --batch-size / --seq-len) it measures, one after the other, on random bytes
+(torch.randint 0..255, seed --seed):
+
+  kda_kernel      raw `fla.ops.kda.chunk_kda` fwd+bwd at the mixer's shape (B, T, H, K), called exactly as
+                  our dispatcher calls it (normalised q/k, activated g/beta, output_final_state=True)
+  kda_layer_ours  our `KDAMixer` fwd+bwd at the same (B, T, D, H, K) under bf16 autocast. The KERNEL RATIO
+                  TARGET is kda_layer_ours ms / kda_kernel ms (everything our layer adds around the kernel)
+  fla_kda         (b) FLA's own `KDAForCausalLM` (fla.models; needs the flash-linear-attention wheel and
+                  transformers): hidden_size=d_model, num_hidden_layers=the APPLIED blocks (cfg.depth),
+                  num_heads/head_dim as ours, intermediate_size=ffn_hidden, vocab 256, conv 4, no Engram,
+                  FLA's defaults otherwise (fused norm / SwiGLU / linear cross entropy); labels = inputs
+                  (FLA shifts them itself)
+  kda_layer_fla   FLA's `KimiDeltaAttention` layer fwd+bwd at the same shape (gate, q/k L2 norm and beta
+                  sigmoid fused into its kernel) -- what our layer could be
+  ours            (a) our pretrain step, the same work as one step of dormouse/stages/pretrain.py's loop:
+                  ByteLM (the preset's config, Engram included), build_optimizers (Muon for hidden
+                  matrices + AdamW), set_lr (WSD), bf16 autocast, the NaN firewall's two host syncs
+                  (isfinite of the loss, of the grad norm), clip_grad_norm_, both optimizer steps, zero_grad
+  sdpa            (c) a plain byte Transformer: RMSNorm, causal F.scaled_dot_product_attention with RoPE,
+                  SwiGLU, fp32 head; same width, depth (cfg.depth) and head layout, its SwiGLU width chosen
+                  so its non-embedding parameters match ours (within a few %; printed)
+  ours_nosync     (a) without the firewall's two host syncs: the same step as fla_kda and sdpa get
+  ours_compile    (a2, opt-in with --compile) (a) with torch.compile(model) (FLA's kernels are
+                  torch.compiler.disable'd: graph breaks around them)
+
+Every training system uses the same optimizer split (Muon for the 2-D weights of nn.Linear layers inside
+blocks, AdamW for embeddings, head, norms, biases, convs and 1-D parameters: `build_optimizers` itself,
+through a `param_groups()` given to the peer models), bf16 autocast, fp32 master weights,
+clip_grad_norm_(grad_clip). fla_kda, sdpa and ours_nosync do no host sync inside a step.
+
+Timing. Triton autotunes (and compiles) every kernel on its first call at each shape: each system first
+runs --warmup steps (default 10; kernel rows: --kernel-warmup calls) outside the timed region -- their
+wall time, and the first step's alone, are recorded as warmup_s / note (a cold FLA autotune took ~190 s
+per preset on the H200). Then the CUDA caching allocator's peak is reset, --steps steps (default 30) run
+with a CUDA event pair around each, and the whole timed region is bracketed by synchronize +
+perf_counter: ms_step = wall / steps, tokens_per_s = B*T*steps / wall, ms_step_median = median of the
+per-step events, peak_gib = torch.cuda.max_memory_allocated over the timed steps (steady state: params,
+grads, optimizer state, activations; the autotuner's scratch is left out).
+
+FLOPs per token (fwd + bwd, "model FLOPs": no recompute counted):
+  matmuls     6 * flop_params. ours: count_params(cfg)["flop_params"] (every nn.Linear weight one token
+              multiplies: head, KDA projections, SwiGLU, Engram key/value projections); the peers: the
+              numel of their nn.Linear weights (lm_head / head included, embeddings not)
+  KDA state   per layer, per head, chunk C = 64 (FLA's), K = V = head_dim, in multiply-adds per token:
+              A_kk and A_qk inside the chunk 2CK, the (I + A)^-1 solve C^2/3, w = A(k*decay) CK,
+              u = A v CV, v_new = u - w S KV, o = (q*decay) S KV + A_qk v_new CV, S += k^T v_new KV
+              -> 3KV + 3CK + 2CV + C^2/3 MACs forward; x2 FLOPs per MAC, x3 for fwd+bwd:
+              kda_flops = 6 * depth * H * (3KV + 3CK + 2CV + C^2/3)   (elementwise decay/gates, the short
+              convs and Engram lookups ignored). K=V=C=64: 204.8k FLOPs per head-token, 819k per
+              layer-token at 4 heads (small), 3.3M at 16 (medium)
+  attention   12 * n_layers * T * d (the usual PaLM-style estimate: QK^T and AV, fwd+bwd, full T x T
+              although causal flash attention computes about half of it)
+MFU % = tokens_per_s * flops_per_token / (bf16 matmul rate measured in this run: a 8192^3 torch.matmul,
+median of 20 after 3 warm-ups). Kernel rows: the KDA state FLOPs of one layer over the same rate.
+
+Run order and time. Per preset, the systems run in the order listed above: the kernel row first (it
+triggers the autotune of our chunk_kda call at this (H, K); FLA's autotune keys are head count, head dim
+and block sizes, not B or T, and Triton's autotune-result cache, FLA_CACHE_RESULTS=1 by default, is kept
+in TRITON_CACHE_DIR), fla_kda before ours so that every later row's ratio is known when it is written.
+Cold, each new (preset, kernel family) can cost minutes of autotune; with a persistent TRITON_CACHE_DIR a
+second call on the same (warm) machine skips it. Warm, both presets take about a minute or two.
+
+ratio column (ratio_of says which): throughput rows = tokens/s / fla_kda tokens/s of the same preset
+(fla_kda runs before the others for that reason); kda_layer_* rows = ms / kda_kernel ms.
+
+Robustness: each system runs in its own try block -- CUDA OOM and any other error become that row's
+status (with the message in note) and the next system runs. --budget-s (default 540) arms SIGALRM at the
+global deadline; SIGTERM (e.g. from `timeout`) does the same: the running system becomes "timeout", the
+rest "skipped: budget", and the table is still printed. Progress goes to stdout with flush; every row is
+appended to --out (TSV; header written when the file is new) as soon as its system finishes, and the
+table is printed LAST.
+
+Item 4 (CPU half): --check-equivalence [--equiv-steps N] trains two identical copies of (a) on the same
+batches, one plain, one through torch.compile (--compile-backend, default inductor), and compares the
+losses step by step (rel tol --equiv-tol, default 1e-4 on CPU fp32, 2e-2 on CUDA bf16); exit 1 on a
+mismatch. The only optimised path so far is --compile, opt-in. The compiled model is called with
+counters=None: dynamo guards on the Counter's int values, so counting inside a compiled forward recompiles
+it every step (seen on CPU). Seen on CPU, torch 2.13, dry-run shapes: inductor passes (max rel diff 8e-7
+over 3 steps, but compiling the torch KDA path takes ~9 min on 2 cores); aot_eager fails in the backward
+(`view` of softplus's gradient: "view size is not compatible with input tensor's size and stride");
+eager (dynamo capture only) passes, ~10-30 s -- the test uses it.
+
+--dry-run-cpu: tiny shapes (d 64, 2 heads x 32, 2 blocks, B 2, T 64, 2 + 1 steps) derived from each
+preset, on CPU: ours (torch KDA path), ours_nosync, sdpa, kda_layer_ours against the torch chunked core
+as a stand-in kernel (row kda_kernel_torch); the FLA rows are written as "skipped: ..." (FLA's kernels
+need CUDA). Default --out there: a temp file (printed), never the committed TSV.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import gc
+import math
+import os
+import platform
+import shlex
+import signal
+import statistics
+import sys
+import tempfile
+import time
+import traceback
+from collections import Counter
+from dataclasses import replace
+from datetime import datetime, timezone
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+from torch import nn  # noqa: E402
+
+from dormouse.config import load_preset  # noqa: E402
+from dormouse.model.config import ModelConfig  # noqa: E402
+from dormouse.model.ffn import SwiGLU  # noqa: E402
+from dormouse.model.gpt import ByteLM, count_params  # noqa: E402
+from dormouse.model.kda import KDAMixer, chunk_kda_torch, l2norm  # noqa: E402
+from dormouse.optim import build_optimizers, set_lr, wsd_multiplier  # noqa: E402
+from dormouse.runtime import autocast  # noqa: E402
+
+DEFAULT_OUT = ROOT / "benchmarks" / "pretrain_h200.tsv"
+FLA_CHUNK = 64  # FLA's chunk length (BT) in chunk_kda
+ORDER = ["kda_kernel", "kda_layer_ours", "fla_kda", "kda_layer_fla", "ours", "sdpa", "ours_nosync", "ours_compile"]
+DEFAULT_SYSTEMS = [s for s in ORDER if s != "ours_compile"]
+FLA_SYSTEMS = {"fla_kda", "kda_layer_fla"}
+COLUMNS = ["date", "device", "versions", "command", "preset", "system", "status", "batch", "seq_len", "params",
+           "params_nonemb", "flop_params", "flops_per_token", "steps", "warmup", "warmup_s", "ms_step",
+           "ms_step_median", "tokens_per_s", "peak_gib", "mfu_pct", "matmul_tflops", "ratio", "ratio_of", "note"]
+TABLE = [("preset", "preset"), ("system", "system"), ("status", "status"), ("tok/s", "tokens_per_s"),
+         ("ms/step", "ms_step"), ("peak GiB", "peak_gib"), ("TFLOP/s", "tflops"), ("MFU %", "mfu_pct"),
+         ("ratio", "ratio"), ("ratio of", "ratio_of")]
+DRY_MODEL = {"d_model": 64, "n_heads": 2, "head_dim": 32, "ffn_hidden": 128, "n_prelude": 0, "n_core": 2,
+             "n_loop": 1, "n_coda": 0, "kda_chunk_size": 32}
+
+
+class BudgetExceeded(Exception):
+    """Raised by SIGALRM at the global deadline, or by SIGTERM, while a system runs ("armed")."""
+
+
+# The signal handler raises only while a system's body runs; otherwise it leaves the reason in "pending"
+# and the driver stops before the next system (so a signal never interrupts writing a row or the table).
+_SIGNALS = {"armed": False, "pending": None}
+
+
+def _on_signal(signum, frame):
+    reason = "SIGTERM" if signum == signal.SIGTERM else "budget"
+    _SIGNALS["pending"] = _SIGNALS["pending"] or reason
+    if _SIGNALS["armed"]:
+        _SIGNALS["armed"] = False
+        raise BudgetExceeded(reason)
+
+
+def armed(fn, *a, **kw):
+    """fn(*a, **kw) with the budget signals allowed to interrupt it."""
+    if _SIGNALS["pending"]:
+        raise BudgetExceeded(_SIGNALS["pending"])
+    try:
+        _SIGNALS["armed"] = True
+        return fn(*a, **kw)
+    finally:
+        _SIGNALS["armed"] = False
+
+
+def _bench_env():
+    """benchmarks/bench_env.py (on sys.path when this runs as a script; added when imported)."""
+    try:
+        import bench_env
+    except ImportError:
+        sys.path.insert(0, str(ROOT / "benchmarks"))
+        import bench_env
+    return bench_env
+
+
+def log(msg: str) -> None:
+    print(f"[pretrain_h200] {msg}", flush=True)
+
+
+# -------------------------------------------------------------------------------------------------
+# FLOP formulas
+# -------------------------------------------------------------------------------------------------
+def kda_state_macs_per_token(head_dim: int, chunk: int = FLA_CHUNK) -> float:
+    """Forward multiply-adds per token and head of the chunked KDA core (K = V = head_dim); see the docstring."""
+    k = v = head_dim
+    c = chunk
+    return 3 * k * v + 3 * c * k + 2 * c * v + c * c / 3
+
+
+def kda_flops_per_token(n_layers: int, n_heads: int, head_dim: int, chunk: int = FLA_CHUNK) -> float:
+    """fwd+bwd FLOPs per token of the KDA cores of n_layers layers: 6 * layers * H * MACs."""
+    return 6 * n_layers * n_heads * kda_state_macs_per_token(head_dim, chunk)
+
+
+def attention_flops_per_token(n_layers: int, seq_len: int, d_attn: int) -> float:
+    """fwd+bwd FLOPs per token of softmax attention, 12 * L * T * d (full T x T, the usual estimate)."""
+    return 12 * n_layers * seq_len * d_attn
+
+
+def linear_weight_params(model: nn.Module) -> int:
+    """numel of every nn.Linear weight (what a token multiplies; embeddings are lookups)."""
+    seen, n = set(), 0
+    for m in model.modules():
+        if isinstance(m, nn.Linear) and id(m.weight) not in seen:
+            seen.add(id(m.weight))
+            n += m.weight.numel()
+    return n
+
+
+# -------------------------------------------------------------------------------------------------
+# (c) the plain SDPA byte Transformer
+# -------------------------------------------------------------------------------------------------
+def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotary positions on x [B, T, H, hd] (half-split form), cos/sin [T, hd/2]."""
+    h = x.shape[-1] // 2
+    x1, x2 = x[..., :h], x[..., h:]
+    c, s = cos[None, :, None, :].to(x.dtype), sin[None, :, None, :].to(x.dtype)
+    return torch.cat([x1 * c - x2 * s, x2 * c + x1 * s], -1)
+
+
+class SDPABlock(nn.Module):
+    def __init__(self, d: int, n_heads: int, head_dim: int, ffn_hidden: int, eps: float):
+        super().__init__()
+        self.n_heads, self.head_dim = n_heads, head_dim
+        self.attn_norm = nn.RMSNorm(d, eps=eps)
+        self.qkv = nn.Linear(d, 3 * n_heads * head_dim, bias=False)
+        self.o_proj = nn.Linear(n_heads * head_dim, d, bias=False)
+        self.ffn_norm = nn.RMSNorm(d, eps=eps)
+        self.ffn = SwiGLU(d, ffn_hidden)
+
+    def forward(self, x, cos, sin):
+        B, T, _ = x.shape
+        q, k, v = self.qkv(self.attn_norm(x)).view(B, T, 3, self.n_heads, self.head_dim).unbind(2)
+        q, k = rope(q, cos, sin), rope(k, cos, sin)
+        y = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True)
+        x = x + self.o_proj(y.transpose(1, 2).reshape(B, T, self.n_heads * self.head_dim))
+        return x + self.ffn(self.ffn_norm(x))
+
+
+class SDPATransformer(nn.Module):
+    """byte embedding -> n_layers x (RMSNorm, causal SDPA + RoPE, RMSNorm, SwiGLU) -> RMSNorm -> fp32 head."""
+
+    def __init__(self, vocab: int, d: int, n_layers: int, n_heads: int, head_dim: int, ffn_hidden: int,
+                 eps: float = 1e-6, init_std: float = 0.02, rope_base: float = 10000.0):
+        super().__init__()
+        self.head_dim, self.rope_base = head_dim, rope_base
+        self.embed = nn.Embedding(vocab, d)
+        self.blocks = nn.ModuleList(SDPABlock(d, n_heads, head_dim, ffn_hidden, eps) for _ in range(n_layers))
+        self.norm = nn.RMSNorm(d, eps=eps)
+        self.head = nn.Linear(d, vocab, bias=False)
+        with torch.no_grad():
+            for m in self.modules():
+                if isinstance(m, (nn.Linear, nn.Embedding)) and m.weight.device.type != "meta":
+                    nn.init.normal_(m.weight, std=init_std)
+            for b in self.blocks:
+                if b.o_proj.weight.device.type != "meta":
+                    nn.init.zeros_(b.o_proj.weight)
+                    nn.init.zeros_(b.ffn.w_down.weight)
+
+    def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None):
+        T = idx.shape[1]
+        inv = 1.0 / self.rope_base ** (torch.arange(0, self.head_dim, 2, device=idx.device, dtype=torch.float32)
+                                       / self.head_dim)
+        ang = torch.arange(T, device=idx.device, dtype=torch.float32)[:, None] * inv[None, :]
+        cos, sin = ang.cos(), ang.sin()
+        x = self.embed(idx)
+        for b in self.blocks:
+            x = b(x, cos, sin)
+        x = self.norm(x)
+        with torch.autocast(device_type=x.device.type, enabled=False):
+            logits = F.linear(x.float(), self.head.weight.float())
+        loss = None if targets is None else F.cross_entropy(logits.flatten(0, 1), targets.reshape(-1))
+        return logits, loss
+
+
+def sdpa_layout(cfg: ModelConfig) -> dict:
+    """(c)'s shape: ours' width, applied depth and head layout; the SwiGLU width (a multiple of 64) that brings
+    its non-embedding parameters closest to count_params(cfg)['non_embedding']."""
+    d, L, hk = cfg.d_model, cfg.depth, cfg.n_heads * cfg.head_dim
+    target = count_params(cfg)["non_embedding"]
+    fixed = 4 * d * hk + 2 * d  # qkv + o, two norms
+    ideal = ((target - d) / L - fixed) / (3 * d)
+    ffn = max(64, int(round(ideal / 64)) * 64)
+    return {"d": d, "n_layers": L, "n_heads": cfg.n_heads, "head_dim": cfg.head_dim, "ffn_hidden": ffn,
+            "non_embedding": L * (fixed + 3 * d * ffn) + d, "target": target}
+
+
+def build_sdpa(cfg: ModelConfig) -> SDPATransformer:
+    lay = sdpa_layout(cfg)
+    return SDPATransformer(cfg.vocab_size, lay["d"], lay["n_layers"], lay["n_heads"], lay["head_dim"],
+                           lay["ffn_hidden"], eps=cfg.norm_eps, init_std=cfg.init_std)
+
+
+# -------------------------------------------------------------------------------------------------
+# The optimizer split for peer models: build_optimizers itself, through a param_groups()
+# -------------------------------------------------------------------------------------------------
+def attach_param_groups(model: nn.Module, block_lists: list[nn.ModuleList]) -> None:
+    """model.param_groups() -> (hidden, other) as ByteLM's: hidden = the 2-D weights of the nn.Linear
+    layers inside the blocks (Muon); other = everything else (embeddings, head, norms, biases, convs, A_log,
+    dt_bias: AdamW)."""
+    hidden_ids = set()
+    for blocks in block_lists:
+        for m in blocks.modules():
+            if isinstance(m, nn.Linear) and m.weight.dim() == 2:
+                hidden_ids.add(id(m.weight))
+    params = list(model.parameters())
+    hidden = [p for p in params if id(p) in hidden_ids]
+    other = [p for p in params if id(p) not in hidden_ids]
+    object.__setattr__(model, "param_groups", lambda: (hidden, other))
+
+
+# -------------------------------------------------------------------------------------------------
+# Measuring
+# -------------------------------------------------------------------------------------------------
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def measure(fn, steps: int, warmup: int, device: torch.device) -> dict:
+    """Warm-up calls (autotune/compile happen here), then `steps` timed calls. fn returns a tensor (a loss) or None."""
+    t0 = time.perf_counter()
+    first_s = None
+    out = None
+    for i in range(warmup):
+        out = fn()
+        if i == 0:
+            sync(device)
+            first_s = time.perf_counter() - t0
+    sync(device)
+    warm_s = time.perf_counter() - t0
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+        events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(steps)]
+    per = []
+    t1 = time.perf_counter()
+    for i in range(steps):
+        if device.type == "cuda":
+            events[i][0].record()
+            out = fn()
+            events[i][1].record()
+        else:
+            s = time.perf_counter()
+            out = fn()
+            per.append((time.perf_counter() - s) * 1e3)
+    sync(device)
+    wall = time.perf_counter() - t1
+    if device.type == "cuda":
+        per = [a.elapsed_time(b) for a, b in events]
+        peak = torch.cuda.max_memory_allocated(device) / 2**30
+    else:
+        peak = None
+    last = round(float(out.detach().float().item()), 5) if isinstance(out, torch.Tensor) and out.numel() == 1 else None
+    return {"wall_s": wall, "ms_step": wall / steps * 1e3, "ms_step_median": statistics.median(per),
+            "warmup_s": warm_s, "first_s": first_s, "peak_gib": peak, "last_loss": last}
+
+
+def matmul_rate(device: torch.device, n: int | None = None) -> tuple[float, str]:
+    """Measured dense matmul rate in FLOP/s (bf16 on CUDA, fp32 on CPU), median of 20 after 3 warm-ups."""
+    if device.type == "cuda":
+        n = n or 8192
+        dtype = torch.bfloat16
+    else:
+        n = n or 256
+        dtype = torch.float32
+    g = torch.Generator(device=device).manual_seed(1)
+    a = torch.randn(n, n, device=device, dtype=dtype, generator=g)
+    b = torch.randn(n, n, device=device, dtype=dtype, generator=g)
+    r = measure(lambda: torch.matmul(a, b), 20, 3, device)  # a, b are freed when this returns
+    return 2 * n**3 / (r["ms_step_median"] / 1e3), f"{n}^3 {str(dtype).replace('torch.', '')} torch.matmul"
+
+
+def random_batches(batch: int, seq_len: int, device: torch.device, seed: int, n: int = 4):
+    """n batches of random bytes (x, y = next byte), made on the CPU with a fixed seed, kept on the device."""
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for _ in range(n):
+        t = torch.randint(0, 256, (batch, seq_len + 1), generator=g, dtype=torch.long)
+        out.append((t[:, :-1].contiguous().to(device), t[:, 1:].contiguous().to(device)))
+    return out
+
+
+# -------------------------------------------------------------------------------------------------
+# Steps
+# -------------------------------------------------------------------------------------------------
+def ours_step(model, opts, cfg: ModelConfig, train: dict, device, batches, counters: Counter,
+              firewall: bool = True, forward=None):
+    """One step of dormouse/stages/pretrain.py's loop (firewall=True: with its two host syncs); `forward`
+    replaces model.__call__ (a compiled model), and then the model gets counters=None: dynamo guards on the
+    Counter's int values, so counting inside a compiled forward recompiles it every step (seen on CPU,
+    torch 2.13: `dict.__getitem__(counters, ...) == 640` guard failures). Returns the step's loss."""
+    params = list(model.parameters())
+    model_counters = counters if forward is None else None
+    forward = model if forward is None else forward
+    state = {"i": 0}
+
+    def step():
+        i = state["i"]
+        state["i"] += 1
+        set_lr(opts, wsd_multiplier(i, train["steps"], train["warmup_steps"], train["decay_frac"], train["min_lr_frac"]))
+        x, y = batches[i % len(batches)]
+        with autocast(device, train):
+            _, loss = forward(x, y, counters=model_counters)
+            total = loss + train["moe_aux_coef"] * model.aux_loss if cfg.moe else loss
+        if firewall:
+            ok = bool(torch.isfinite(total))
+            if ok:
+                total.backward()
+                grad_norm = torch.nn.utils.clip_grad_norm_(params, train["grad_clip"])
+                ok = bool(torch.isfinite(grad_norm))
+            if ok:
+                for opt in opts:
+                    opt.step()
+            else:
+                counters["steps_skipped_nonfinite"] += 1
+        else:
+            total.backward()
+            torch.nn.utils.clip_grad_norm_(params, train["grad_clip"])
+            for opt in opts:
+                opt.step()
+        for opt in opts:
+            opt.zero_grad(set_to_none=True)
+        return loss
+
+    return step
+
+
+def peer_step(loss_fn, model, opts, train: dict, device, batches):
+    """The same step for a peer model: set_lr, autocast forward, backward, clip, optimizer steps, zero_grad."""
+    params = list(model.parameters())
+    state = {"i": 0}
+
+    def step():
+        i = state["i"]
+        state["i"] += 1
+        set_lr(opts, wsd_multiplier(i, train["steps"], train["warmup_steps"], train["decay_frac"], train["min_lr_frac"]))
+        x, y = batches[i % len(batches)]
+        with autocast(device, train):
+            loss = loss_fn(x, y)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, train["grad_clip"])
+        for opt in opts:
+            opt.step()
+        for opt in opts:
+            opt.zero_grad(set_to_none=True)
+        return loss
+
+    return step
+
+
+# -------------------------------------------------------------------------------------------------
+# Systems: each returns a partial row (metrics + note); the caller adds the common columns
+# -------------------------------------------------------------------------------------------------
+class Ctx:
+    """What every system of one preset shares."""
+
+    def __init__(self, args, preset: str, cfg: ModelConfig, train: dict, device: torch.device,
+                 batch: int, seq_len: int, matmul_flops: float, dry: bool):
+        self.args, self.preset, self.cfg, self.train, self.device = args, preset, cfg, train, device
+        self.batch, self.seq_len, self.matmul_flops, self.dry = batch, seq_len, matmul_flops, dry
+        self.tokens = batch * seq_len
+        self.results: dict[str, dict] = {}
+
+
+def _train_row(ctx: Ctx, r: dict, params: int, nonemb: int, flop_params: int, extra_flops: float,
+               steps: int, warmup: int, note: str) -> dict:
+    fpt = 6 * flop_params + extra_flops
+    tps = ctx.tokens / (r["ms_step"] / 1e3)
+    first = f"{r['first_s']:.1f}" if r["first_s"] is not None else "n/a"
+    return {
+        "status": "ok", "params": params, "params_nonemb": nonemb, "flop_params": flop_params,
+        "flops_per_token": round(fpt), "steps": steps, "warmup": warmup, "warmup_s": round(r["warmup_s"], 2),
+        "ms_step": round(r["ms_step"], 3), "ms_step_median": round(r["ms_step_median"], 3),
+        "tokens_per_s": round(tps), "peak_gib": None if r["peak_gib"] is None else round(r["peak_gib"], 3),
+        "mfu_pct": round(100 * tps * fpt / ctx.matmul_flops, 2),
+        "note": f"first step {first} s; loss at end {r['last_loss']}; 6N={6 * flop_params:.4g} "
+                f"mixer={extra_flops:.4g} FLOP/token" + (f"; {note}" if note else ""),
+    }
+
+
+def run_ours(ctx: Ctx, firewall: bool = True, compiled: bool = False) -> dict:
+    cfg, train, dev = ctx.cfg, ctx.train, ctx.device
+    torch.manual_seed(ctx.args.seed)
+    model = ByteLM(cfg).to(dev)
+    model.train()
+    opts = build_optimizers(model, train)
+    batches = random_batches(ctx.batch, ctx.seq_len, dev, ctx.args.seed)
+    counters = Counter()
+    forward = None
+    note = "firewall syncs" if firewall else "no host sync in the step"
+    if compiled:
+        forward = torch.compile(model, backend=ctx.args.compile_backend)
+        note += f"; torch.compile(model, backend={ctx.args.compile_backend}), model counters off"
+    step = ours_step(model, opts, cfg, train, dev, batches, counters, firewall=firewall, forward=forward)
+    r = measure(step, ctx.args.steps, ctx.args.warmup, dev)
+    cp = count_params(cfg)
+    paths = ",".join(f"{k}={v}" for k, v in sorted(counters.items()) if k.startswith("kda_path"))
+    note += f"; optimizers {'+'.join(type(o).__name__ for o in opts)}; {paths}"
+    return _train_row(ctx, r, cp["total"], cp["non_embedding"], cp["flop_params"],
+                      kda_flops_per_token(cfg.depth, cfg.n_heads, cfg.head_dim), ctx.args.steps, ctx.args.warmup, note)
+
+
+def run_sdpa(ctx: Ctx) -> dict:
+    cfg, train, dev = ctx.cfg, ctx.train, ctx.device
+    torch.manual_seed(ctx.args.seed)
+    lay = sdpa_layout(cfg)
+    model = build_sdpa(cfg).to(dev)
+    model.train()
+    attach_param_groups(model, [model.blocks])
+    opts = build_optimizers(model, train)
+    step = peer_step(lambda x, y: model(x, y)[1], model, opts, train, dev,
+                     random_batches(ctx.batch, ctx.seq_len, dev, ctx.args.seed))
+    r = measure(step, ctx.args.steps, ctx.args.warmup, dev)
+    total = sum(p.numel() for p in model.parameters())
+    nonemb = total - model.embed.weight.numel() - model.head.weight.numel()
+    assert nonemb == lay["non_embedding"], (nonemb, lay)
+    return _train_row(ctx, r, total, nonemb, linear_weight_params(model),
+                      attention_flops_per_token(lay["n_layers"], ctx.seq_len, lay["n_heads"] * lay["head_dim"]),
+                      ctx.args.steps, ctx.args.warmup,
+                      f"{lay['n_layers']} layers d {lay['d']} {lay['n_heads']}x{lay['head_dim']} heads SwiGLU "
+                      f"{lay['ffn_hidden']}; non-embedding {nonemb / lay['target']:.3f} x ours")
+
+
+def fla_config(cfg: ModelConfig):
+    from fla.models import KDAConfig
+
+    return KDAConfig(hidden_size=cfg.d_model, num_hidden_layers=cfg.depth, num_heads=cfg.n_heads,
+                     head_dim=cfg.head_dim, expand_v=1.0, intermediate_size=cfg.ffn_hidden,
+                     vocab_size=cfg.vocab_size, conv_size=cfg.kda_conv_size or 4,
+                     use_short_conv=cfg.kda_conv_size > 0, norm_eps=cfg.norm_eps,
+                     initializer_range=cfg.init_std, tie_word_embeddings=False, use_cache=False)
+
+
+def build_fla(cfg: ModelConfig):
+    from fla.models import KDAForCausalLM
+
+    model = KDAForCausalLM(fla_config(cfg))
+    attach_param_groups(model, [model.model.layers])
+    return model
+
+
+def run_fla(ctx: Ctx) -> dict:
+    cfg, train, dev = ctx.cfg, ctx.train, ctx.device
+    torch.manual_seed(ctx.args.seed)
+    model = build_fla(cfg).to(dev)
+    model.train()
+    opts = build_optimizers(model, train)
+
+    def loss_fn(x, y):
+        return model(input_ids=x, labels=x, use_cache=False).loss  # FLA shifts the labels itself
+
+    step = peer_step(loss_fn, model, opts, train, dev, random_batches(ctx.batch, ctx.seq_len, dev, ctx.args.seed))
+    r = measure(step, ctx.args.steps, ctx.args.warmup, dev)
+    total = sum(p.numel() for p in model.parameters())
+    nonemb = total - model.model.embeddings.weight.numel() - model.lm_head.weight.numel()
+    c = model.config
+    return _train_row(ctx, r, total, nonemb, linear_weight_params(model),
+                      kda_flops_per_token(cfg.depth, cfg.n_heads, cfg.head_dim), ctx.args.steps, ctx.args.warmup,
+                      f"KDAForCausalLM {c.num_hidden_layers} layers, fuse_norm={c.fuse_norm} "
+                      f"fuse_swiglu={c.fuse_swiglu} fuse_cross_entropy={c.fuse_cross_entropy}")
+
+
+def _kernel_row(ctx: Ctx, r: dict, reps: int, warmup: int, note: str) -> dict:
+    cfg = ctx.cfg
+    fl = kda_flops_per_token(1, cfg.n_heads, cfg.head_dim) * ctx.tokens  # one layer
+    return {"status": "ok", "steps": reps, "warmup": warmup, "warmup_s": round(r["warmup_s"], 2),
+            "flops_per_token": round(fl / ctx.tokens),
+            "ms_step": round(r["ms_step"], 4), "ms_step_median": round(r["ms_step_median"], 4),
+            "tokens_per_s": round(ctx.tokens / (r["ms_step"] / 1e3)),
+            "peak_gib": None if r["peak_gib"] is None else round(r["peak_gib"], 3),
+            "mfu_pct": round(100 * fl / (r["ms_step"] / 1e3) / ctx.matmul_flops, 2),
+            "note": f"one layer fwd+bwd, B {ctx.batch} T {ctx.seq_len} H {cfg.n_heads} K {cfg.head_dim}; "
+                    f"MFU = KDA state FLOPs only; {note}"}
+
+
+def kda_inputs(ctx: Ctx, dtype):
+    """Normalised q/k, v, log-space g <= 0 and beta in (0, 1) as our mixer hands them to the kernel."""
+    B, T, H, K = ctx.batch, ctx.seq_len, ctx.cfg.n_heads, ctx.cfg.head_dim
+    dev = ctx.device
+    g0 = torch.Generator(device="cpu").manual_seed(ctx.args.seed)
+
+    def rnd(*shape):
+        return torch.randn(*shape, generator=g0).to(dev)
+
+    q = l2norm(rnd(B, T, H, K)).to(dtype).requires_grad_()
+    k = l2norm(rnd(B, T, H, K)).to(dtype).requires_grad_()
+    v = rnd(B, T, H, K).to(dtype).requires_grad_()
+    a = torch.empty(H).uniform_(1, 16, generator=g0).to(dev)  # exp(A_log), as FLA's init
+    g = (-a[:, None] * F.softplus(rnd(B, T, H, K) * 0.5)).float().requires_grad_()
+    beta = torch.sigmoid(rnd(B, T, H)).to(dtype).requires_grad_()
+    do = rnd(B, T, H, K).to(dtype)
+    return q, k, v, g, beta, do
+
+
+def run_kda_kernel(ctx: Ctx, torch_standin: bool) -> dict:
+    if torch_standin:
+        op, dtype, name = chunk_kda_torch, torch.float32, "dormouse chunk_kda_torch (stand-in: no FLA on CPU)"
+    else:
+        from fla.ops.kda import chunk_kda as op  # noqa: N813
+
+        dtype, name = torch.bfloat16, "fla.ops.kda.chunk_kda(use_qk_l2norm_in_kernel=False, use_gate_in_kernel=False)"
+    q, k, v, g, beta, do = kda_inputs(ctx, dtype)
+    leaves = (q, k, v, g, beta)
+
+    def fn():
+        for t in leaves:
+            t.grad = None
+        if torch_standin:
+            o, _ = op(q, k, v, g, beta, output_final_state=True, chunk_size=ctx.cfg.kda_chunk_size)
+        else:
+            o, _ = op(q, k, v, g, beta, initial_state=None, output_final_state=True,
+                      use_qk_l2norm_in_kernel=False, use_gate_in_kernel=False)
+        o.backward(do)
+
+    r = measure(fn, ctx.args.kernel_reps, ctx.args.kernel_warmup, ctx.device)
+    return _kernel_row(ctx, r, ctx.args.kernel_reps, ctx.args.kernel_warmup, name)
+
+
+def _layer_fn(ctx: Ctx, layer: nn.Module, call):
+    B, T, D = ctx.batch, ctx.seq_len, ctx.cfg.d_model
+    g0 = torch.Generator(device="cpu").manual_seed(ctx.args.seed)
+    x = torch.randn(B, T, D, generator=g0).to(ctx.device).requires_grad_()
+    dy = None
+
+    def fn():
+        nonlocal dy
+        x.grad = None
+        layer.zero_grad(set_to_none=True)
+        with autocast(ctx.device, ctx.train):
+            y = call(x)
+        if dy is None:
+            dy = torch.randn(y.shape, generator=g0).to(device=ctx.device, dtype=y.dtype)
+        y.backward(dy)
+
+    return fn
+
+
+def run_layer_ours(ctx: Ctx) -> dict:
+    torch.manual_seed(ctx.args.seed)
+    mixer = KDAMixer(ctx.cfg).to(ctx.device)
+    counters = Counter()
+    fn = _layer_fn(ctx, mixer, lambda x: mixer(x, counters=counters)[0])
+    r = measure(fn, ctx.args.kernel_reps, ctx.args.kernel_warmup, ctx.device)
+    paths = ",".join(f"{k}={v}" for k, v in sorted(counters.items()))
+    return _kernel_row(ctx, r, ctx.args.kernel_reps, ctx.args.kernel_warmup, f"dormouse KDAMixer, bf16 autocast; {paths}")
+
+
+def run_layer_fla(ctx: Ctx) -> dict:
+    from fla.layers.kda import KimiDeltaAttention
+
+    cfg = ctx.cfg
+    torch.manual_seed(ctx.args.seed)
+    layer = KimiDeltaAttention(hidden_size=cfg.d_model, head_dim=cfg.head_dim, num_heads=cfg.n_heads, mode="chunk",
+                               use_short_conv=cfg.kda_conv_size > 0, conv_size=cfg.kda_conv_size or 4,
+                               norm_eps=cfg.norm_eps, layer_idx=0).to(ctx.device)
+    fn = _layer_fn(ctx, layer, lambda x: layer(hidden_states=x)[0])
+    r = measure(fn, ctx.args.kernel_reps, ctx.args.kernel_warmup, ctx.device)
+    return _kernel_row(ctx, r, ctx.args.kernel_reps, ctx.args.kernel_warmup,
+                       "fla.layers.kda.KimiDeltaAttention (gate, q/k norm, beta fused in the kernel), bf16 autocast")
+
+
+RUNNERS = {
+    "kda_kernel": lambda ctx: run_kda_kernel(ctx, torch_standin=ctx.dry),
+    "kda_layer_ours": run_layer_ours,
+    "kda_layer_fla": run_layer_fla,
+    "fla_kda": run_fla,
+    "ours": run_ours,
+    "sdpa": run_sdpa,
+    "ours_nosync": lambda ctx: run_ours(ctx, firewall=False),
+    "ours_compile": lambda ctx: run_ours(ctx, firewall=True, compiled=True),
+}
+assert list(RUNNERS) == [s for s in RUNNERS if s in ORDER] and set(RUNNERS) == set(ORDER)
+
+
+# -------------------------------------------------------------------------------------------------
+# Item 4: the optimised step gives the plain step's losses
+# -------------------------------------------------------------------------------------------------
+def check_equivalence(cfg: ModelConfig, train: dict, device: torch.device, batch: int, seq_len: int,
+                      steps: int = 3, backend: str = "inductor", seed: int = 0, tol: float | None = None) -> dict:
+    """Train two identical copies of (a) on the same batches, one plain, one through torch.compile(model,
+    backend=backend); return {"plain": [...], "compiled": [...], "max_rel": float, "tol": float, "ok": bool}."""
+    tol = tol if tol is not None else (2e-2 if device.type == "cuda" else 1e-4)
+    torch.manual_seed(seed)
+    plain = ByteLM(cfg).to(device)
+    twin = copy.deepcopy(plain)
+    batches = random_batches(batch, seq_len, device, seed)
+    losses = {}
+    for name, model, compiled in (("plain", plain, False), ("compiled", twin, True)):
+        model.train()
+        opts = build_optimizers(model, train)
+        fwd = torch.compile(model, backend=backend) if compiled else None
+        step = ours_step(model, opts, cfg, train, device, batches, Counter(), firewall=True, forward=fwd)
+        losses[name] = [float(step().detach().float().item()) for _ in range(steps)]
+    rel = [abs(a - b) / max(abs(a), 1e-12) for a, b in zip(losses["plain"], losses["compiled"])]
+    mx = max(rel) if rel else 0.0
+    return {**losses, "max_rel": mx, "tol": tol, "ok": all(math.isfinite(x) for x in losses["compiled"]) and mx <= tol}
+
+
+# -------------------------------------------------------------------------------------------------
+# Output
+# -------------------------------------------------------------------------------------------------
+def versions() -> str:
+    parts = [f"py {platform.python_version()}", f"torch {torch.__version__}"]
+    if torch.version.cuda:
+        parts.append(f"cuda {torch.version.cuda}")
+    for mod in ("triton", "fla", "transformers"):
+        try:
+            m = __import__(mod)
+            parts.append(f"{mod} {getattr(m, '__version__', '?')}")
+        except Exception:  # noqa: BLE001 - absent or broken: say so
+            parts.append(f"{mod} -")
+    parts.append(f"dormouse {_bench_env().git_rev() or '?'}")
+    return " ".join(parts)
+
+
+def device_name(device: torch.device) -> str:
+    if device.type == "cuda":
+        p = torch.cuda.get_device_properties(device)
+        return f"{p.name} ({p.multi_processor_count} SMs, {p.total_memory / 2**30:.0f} GiB)"
+    return f"CPU {_bench_env().cpu_model()} ({torch.get_num_threads()} threads)"
+
+
+def fmt(v) -> str:
+    if v is None:
+        return ""
+    if isinstance(v, float):
+        return f"{v:.6g}"
+    return str(v).replace("\t", " ").replace("\n", " ")
+
+
+class TsvWriter:
+    def __init__(self, path: Path):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if path.exists() and path.stat().st_size > 0:
+            head = path.read_text(encoding="utf-8").split("\n", 1)[0].split("\t")
+            if head != COLUMNS:
+                alt = path.with_name(path.stem + ".v2" + path.suffix)
+                log(f"WARNING: {path} has other columns; writing to {alt}")
+                path = alt
+        self.path = path
+
+    def write(self, row: dict) -> None:
+        new = not self.path.exists() or self.path.stat().st_size == 0
+        with open(self.path, "a", encoding="utf-8") as f:
+            if new:
+                f.write("\t".join(COLUMNS) + "\n")
+            f.write("\t".join(fmt(row.get(c)) for c in COLUMNS) + "\n")
+
+
+def table(rows: list[dict]) -> str:
+    def cell(r, key):
+        v = r.get(key)
+        if key == "tflops":  # achieved: tokens/s x FLOPs/token; the matmul row: the measured rate
+            if r.get("system") == "matmul":
+                v = r.get("matmul_tflops")
+            elif isinstance(r.get("tokens_per_s"), (int, float)) and isinstance(r.get("flops_per_token"), (int, float)):
+                v = r["tokens_per_s"] * r["flops_per_token"] / 1e12
+        if v is None or v == "":
+            return "n/a" if key not in ("ratio_of",) else ""
+        if key == "tokens_per_s" and isinstance(v, (int, float)):
+            return f"{v:,.0f}"
+        if key == "status":
+            return str(v)[:40]
+        if isinstance(v, float):
+            return f"{v:.3g}" if key in ("ratio",) else f"{v:.2f}"
+        return str(v)
+
+    body = [[h for h, _ in TABLE]] + [[cell(r, k) for _, k in TABLE] for r in rows]
+    widths = [max(len(line[i]) for line in body) for i in range(len(TABLE))]
+    lines = ["  ".join(c.ljust(w) if i < 3 or i == len(TABLE) - 1 else c.rjust(w) for i, (c, w) in
+                       enumerate(zip(line, widths))) for line in body]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+# -------------------------------------------------------------------------------------------------
+# Driver
+# -------------------------------------------------------------------------------------------------
+def preset_setup(name: str, args, dry: bool):
+    p = load_preset(name, root=ROOT)
+    cfg = ModelConfig.from_dict(p["model"])
+    train = dict(p["train"])
+    batch, seq_len = train["batch_size"], train["seq_len"]
+    if dry:
+        cfg = replace(cfg, **DRY_MODEL, engram_rows=min(cfg.engram_rows, 1024), engram_dim=min(cfg.engram_dim, 16),
+                      engram_layers=(0,))
+        batch, seq_len = 2, 64
+        train["device"] = "cpu"
+    batch = args.batch_size or batch
+    seq_len = args.seq_len or seq_len
+    return cfg, train, batch, seq_len
+
+
+def parse_args(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter, epilog="See the module docstring.")
+    ap.add_argument("--presets", nargs="+", default=["small", "medium"])
+    ap.add_argument("--systems", nargs="+", default=None, choices=ORDER,
+                    help=f"subset to run, always in the order {' '.join(ORDER)} (default: all but ours_compile)")
+    ap.add_argument("--steps", type=int, default=None, help="timed steps per system (default 30; dry run 2)")
+    ap.add_argument("--warmup", type=int, default=None, help="untimed warm-up steps per system (default 10; dry run 1)")
+    ap.add_argument("--kernel-reps", type=int, default=None, help="timed calls per kernel/layer row (default 20; dry run 2)")
+    ap.add_argument("--kernel-warmup", type=int, default=None, help="warm-up calls per kernel/layer row (default 5; dry run 1)")
+    ap.add_argument("--batch-size", type=int, default=None, help="override the preset's train.batch_size")
+    ap.add_argument("--seq-len", type=int, default=None, help="override the preset's train.seq_len")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--compile", action="store_true", help="add ours_compile (a2): torch.compile(model)")
+    ap.add_argument("--compile-backend", default="inductor")
+    ap.add_argument("--check-equivalence", action="store_true",
+                    help="only check that the compiled step gives the plain step's losses (item 4); exit 1 if not")
+    ap.add_argument("--equiv-steps", type=int, default=3)
+    ap.add_argument("--equiv-tol", type=float, default=None)
+    ap.add_argument("--budget-s", type=float, default=540.0, help="global deadline in seconds (0: none)")
+    ap.add_argument("--out", type=Path, default=None, help=f"TSV to append to (default {DEFAULT_OUT.relative_to(ROOT)})")
+    ap.add_argument("--matmul-n", type=int, default=None, help="side of the timed square matmul (default 8192; CPU 256)")
+    ap.add_argument("--dry-run-cpu", action="store_true", help="tiny shapes on CPU, FLA skipped (a test of the script)")
+    ap.add_argument("--note", default="", help="free text added to every row's note")
+    args = ap.parse_args(argv)
+    dry = args.dry_run_cpu
+    args.steps = args.steps or (2 if dry else 30)
+    args.warmup = args.warmup if args.warmup is not None else (1 if dry else 10)
+    args.kernel_reps = args.kernel_reps or (2 if dry else 20)
+    args.kernel_warmup = args.kernel_warmup if args.kernel_warmup is not None else (1 if dry else 5)
+    systems = list(args.systems or DEFAULT_SYSTEMS)
+    if args.compile and "ours_compile" not in systems:
+        systems.append("ours_compile")
+    args.systems = [s for s in ORDER if s in systems]
+    if args.out is None:
+        args.out = Path(tempfile.gettempdir()) / "pretrain_h200.dry.tsv" if dry else DEFAULT_OUT
+    return args
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    dry = args.dry_run_cpu
+    if dry:
+        device = torch.device("cpu")
+    elif torch.cuda.is_available():
+        device = torch.device("cuda")
+    else:
+        log("no CUDA device visible: use --dry-run-cpu to exercise the script on CPU")
+        return 2
+    command = shlex.join(["python3", os.path.relpath(__file__, ROOT) if __file__.startswith(str(ROOT)) else __file__,
+                          *(argv if argv is not None else sys.argv[1:])])
+
+    if args.check_equivalence:
+        bad = 0
+        for name in args.presets:
+            cfg, train, batch, seq_len = preset_setup(name, args, dry)
+            res = check_equivalence(cfg, train, device, batch, seq_len, args.equiv_steps, args.compile_backend,
+                                    args.seed, args.equiv_tol)
+            log(f"equivalence {name} (B {batch} T {seq_len}, backend {args.compile_backend}): plain {res['plain']} "
+                f"compiled {res['compiled']} max rel diff {res['max_rel']:.3g} tol {res['tol']:.3g} -> "
+                f"{'OK' if res['ok'] else 'MISMATCH'}")
+            bad += not res["ok"]
+        return 1 if bad else 0
+
+    setups = {name: preset_setup(name, args, dry) for name in args.presets}  # a bad preset fails here, first
+    writer = TsvWriter(args.out)
+    base = {"date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "device": device_name(device),
+            "versions": versions(), "command": command}
+    log(f"device {base['device']}; {base['versions']}; out {writer.path}")
+    log(f"systems {' '.join(args.systems)}; each warms up ({args.warmup} steps, kernel rows {args.kernel_warmup} "
+        f"calls: Triton autotune/compile happen there) before {args.steps} timed steps ({args.kernel_reps} calls)")
+    _SIGNALS.update(armed=False, pending=None)
+    old = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGALRM)}
+    signal.signal(signal.SIGTERM, _on_signal)
+    if args.budget_s > 0:
+        signal.signal(signal.SIGALRM, _on_signal)
+        signal.setitimer(signal.ITIMER_REAL, args.budget_s)
+    try:
+        out = run_all(args, device, dry, setups, writer, base)
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        for sig, handler in old.items():
+            signal.signal(sig, handler)
+    if out is None:
+        return 1
+    mm, mm_row, rows = out
+    log(f"rows appended to {writer.path}")
+    for r in rows:
+        if r["system"] == "kda_layer_ours" and r.get("ratio") is not None:
+            log(f"kernel ratio target {r['preset']}: our KDAMixer fwd+bwd / {r['ratio_of'].split(' / ')[1]} = {r['ratio']}")
+    log(f"bf16 matmul rate {mm / 1e12:.1f} TFLOP/s is the MFU denominator" if not dry else
+        f"CPU fp32 matmul rate {mm / 1e12:.3f} TFLOP/s is the MFU denominator (dry run)")
+    print(table([mm_row] + rows), flush=True)
+    return 0
+
+
+def run_all(args, device: torch.device, dry: bool, setups: dict, writer: TsvWriter, base: dict):
+    """The matmul rate, then every preset x system; None if stopped before the matmul rate."""
+    rows: list[dict] = []
+    OOM = getattr(torch, "OutOfMemoryError", torch.cuda.OutOfMemoryError)
+    try:
+        mm, mm_desc = armed(matmul_rate, device, args.matmul_n)
+        log(f"matmul rate {mm / 1e12:.1f} TFLOP/s ({mm_desc}){' [CPU: not a GPU figure]' if dry else ''}")
+    except BudgetExceeded as e:
+        log(f"stopped before the matmul rate: {e}")
+        return None
+    mm_tflops = float(f"{mm / 1e12:.4g}")
+    mm_row = {**base, "preset": "-", "system": "matmul", "status": "ok", "matmul_tflops": mm_tflops,
+              "note": mm_desc + (f"; {args.note}" if args.note else "")}
+    writer.write(mm_row)
+
+    for name, (cfg, train, batch, seq_len) in setups.items():
+        ctx = Ctx(args, name, cfg, train, device, batch, seq_len, mm, dry)
+        cp = count_params(cfg)
+        log(f"preset {name}: B {batch} T {seq_len} d {cfg.d_model} depth {cfg.depth} heads {cfg.n_heads}x"
+            f"{cfg.head_dim} ffn {cfg.ffn_hidden} engram {cfg.engram}; ours {cp['total']:,} params "
+            f"({cp['non_embedding']:,} non-embedding)")
+        for system in args.systems:
+            label = "kda_kernel_torch" if (system == "kda_kernel" and dry) else system
+            row = {**base, "preset": name, "system": label, "batch": batch, "seq_len": seq_len,
+                   "matmul_tflops": mm_tflops}
+            t0 = time.monotonic()
+            if _SIGNALS["pending"]:
+                row["status"] = f"skipped: {_SIGNALS['pending']}"
+            elif dry and system in FLA_SYSTEMS:
+                row["status"] = "skipped: FLA needs CUDA (dry run)"
+            else:
+                log(f"{name} {label}: start")
+                try:
+                    row.update(armed(RUNNERS[system], ctx))
+                except BudgetExceeded as e:
+                    row["status"] = f"timeout ({e})"
+                except OOM as e:
+                    row["status"] = "oom"
+                    row["note"] = str(e).split("\n")[0][:300]
+                except Exception as e:  # noqa: BLE001 - one system's failure is that row's result
+                    row["status"] = f"error: {type(e).__name__}"
+                    row["note"] = f"{type(e).__name__}: {str(e)[:300]}"
+                    traceback.print_exc()
+                    sys.stderr.flush()
+                finally:
+                    gc.collect()
+                    if device.type == "cuda":
+                        torch.cuda.empty_cache()
+                    if system == "ours_compile":
+                        torch._dynamo.reset()
+            ctx.results[label] = row
+            add_ratio(row, ctx.results)
+            if args.note:
+                row["note"] = f"{row.get('note', '')}; {args.note}".lstrip("; ")
+            rows.append(row)
+            writer.write(row)
+            log(f"{name} {label}: {row['status']} ({time.monotonic() - t0:.1f} s)" + (
+                f"; {row['ms_step']} ms/step, {row['tokens_per_s']:,} tok/s, peak {row.get('peak_gib')} GiB, "
+                f"MFU {row['mfu_pct']} %, warm-up {row['warmup_s']} s" if row["status"] == "ok" else
+                (f"; {row['note']}" if row.get("note") else "")))
+    return mm, mm_row, rows
+
+
+def add_ratio(row: dict, results: dict[str, dict]) -> None:
+    """ratio: kernel/layer rows vs the kernel row's ms; training rows vs fla_kda's tokens/s (same preset)."""
+    if row.get("status") != "ok":
+        return
+    sysname = row["system"]
+    if sysname.startswith("kda_layer"):
+        ref_name = "kda_kernel" if "kda_kernel" in results else "kda_kernel_torch"
+        ref = results.get(ref_name)
+        if ref and ref.get("status") == "ok":
+            row["ratio"] = round(row["ms_step"] / ref["ms_step"], 3)
+            row["ratio_of"] = f"ms / {ref_name} ms"
+    elif sysname.startswith("kda_kernel"):
+        row["ratio"], row["ratio_of"] = 1.0, "reference for kda_layer_*"
+    else:
+        ref = results.get("fla_kda")
+        if ref and ref.get("status") == "ok":
+            row["ratio"] = round(row["tokens_per_s"] / ref["tokens_per_s"], 3)
+            row["ratio_of"] = "tok/s / fla_kda tok/s"
+
+
+if __name__ == "__main__":
+    sys.exit(main())
