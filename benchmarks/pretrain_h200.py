@@ -25,7 +25,9 @@ its train section unless --batch-size / --seq-len) it measures, one after the ot
   ours            (a) our pretrain step, the same work as one step of dormouse/stages/pretrain.py's loop:
                   ByteLM (the preset's config, Engram included), build_optimizers (Muon for hidden
                   matrices + AdamW), set_lr (WSD), bf16 autocast, the NaN firewall's two host syncs
-                  (isfinite of the loss, of the grad norm), clip_grad_norm_, both optimizer steps, zero_grad
+                  (loss + non-finite flag through distributed.all_sum before backward, isfinite of the grad
+                  norm after clip_grad_norm_), both optimizer steps, zero_grad -- the loop at world size 1
+                  (mirrored here: a change to the loop's step must be copied into ours_step)
   sdpa            (c) a plain byte Transformer: RMSNorm, causal F.scaled_dot_product_attention with RoPE,
                   SwiGLU, fp32 head; same width, depth (cfg.depth) and head layout, its SwiGLU width chosen
                   so its non-embedding parameters match ours (within a few %; printed)
@@ -124,6 +126,7 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 from torch import nn  # noqa: E402
 
+from dormouse import distributed  # noqa: E402
 from dormouse.config import load_preset  # noqa: E402
 from dormouse.model.config import ModelConfig  # noqa: E402
 from dormouse.model.ffn import SwiGLU  # noqa: E402
@@ -133,6 +136,7 @@ from dormouse.optim import build_optimizers, set_lr, wsd_multiplier  # noqa: E40
 from dormouse.runtime import autocast  # noqa: E402
 
 DEFAULT_OUT = ROOT / "benchmarks" / "pretrain_h200.tsv"
+ONE_PROCESS = distributed.World()  # the benchmark is one process on one GPU (the loop's world size 1)
 FLA_CHUNK = 64  # FLA's chunk length (BT) in chunk_kda
 ORDER = ["kda_kernel", "kda_layer_ours", "fla_kda", "kda_layer_fla", "ours", "sdpa", "ours_nosync", "ours_compile"]
 DEFAULT_SYSTEMS = [s for s in ORDER if s != "ours_compile"]
@@ -414,8 +418,10 @@ def ours_step(model, opts, cfg: ModelConfig, train: dict, device, batches, count
         with autocast(device, train):
             _, loss = forward(x, y, counters=model_counters)
             total = loss + train["moe_aux_coef"] * model.aux_loss if cfg.moe else loss
-        if firewall:
-            ok = bool(torch.isfinite(total))
+        if firewall:  # as the loop at world size 1: loss and non-finite flag to the host in one sync
+            _, nonfinite = distributed.all_sum(torch.stack([loss.detach().float(), (~torch.isfinite(total.detach())).float()]),
+                                               ONE_PROCESS)
+            ok = nonfinite == 0
             if ok:
                 total.backward()
                 grad_norm = torch.nn.utils.clip_grad_norm_(params, train["grad_clip"])
