@@ -6,7 +6,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 export PATH := $(abspath $(BIN)):$(PATH)
 
-.PHONY: env run test lint dry-run clean-env
+.PHONY: env run test test-all lint dry-run clean-env
 
 $(VENV)/.installed: requirements.txt pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -26,6 +26,9 @@ run: env
 
 test: $(VENV)/.installed-test
 	$(BIN)/python -m pytest -q
+
+test-all: $(VENV)/.installed-test
+	DORMOUSE_SLOW_TESTS=1 $(BIN)/python -m pytest -q
 
 lint: env
 	$(BIN)/snakemake --lint

@@ -70,6 +70,24 @@ def check_arms_active(cfg: ModelConfig, counters: Counter, where: str, stage: st
         raise SystemExit(f"{stage}: {where}: {'; '.join(problems)} (counters: {dict(counters)})")
 
 
+def checked_counters(c, cfg: ModelConfig, train_counters: Counter, eval_counters: Counter, stage: str) -> None:
+    """Fail on an inert arm in training or eval, then file both counter sets into the manifest's."""
+    check_arms_active(cfg, train_counters, "training", stage)
+    check_arms_active(cfg, eval_counters, "eval", stage)
+    for prefix, counters in (("train", train_counters), ("eval", eval_counters)):
+        for k, v in counters.items():
+            c[f"{prefix}.{k}"] = v
+
+
+def save_model_artifact(art, model, config: dict, metrics: list[dict]) -> None:
+    """What a training stage leaves: weights (safetensors), config.json and metrics.jsonl."""
+    from safetensors.torch import save_file
+
+    save_file({k: v.detach().contiguous().cpu() for k, v in model.state_dict().items()}, str(art.path("model.safetensors")))
+    art.path("config.json").write_text(json.dumps(config, indent=1))
+    art.path("metrics.jsonl").write_text("".join(json.dumps(m) + "\n" for m in metrics))
+
+
 def model_config_of(art_dir: Path) -> ModelConfig:
     return ModelConfig.from_dict(json.loads((Path(art_dir) / "config.json").read_text())["model"])
 

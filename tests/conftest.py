@@ -9,6 +9,7 @@ Written in the three raw formats the readers must handle.
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import sysconfig
 from pathlib import Path
@@ -90,3 +91,14 @@ def workdir(tmp_path) -> Path:
             (shutil.copytree if src.is_dir() else shutil.copy)(src, tmp_path / name)
     (tmp_path / "corpus" / "demo").mkdir(parents=True)
     return tmp_path
+
+
+def pytest_collection_modifyitems(config, items):
+    """Slow tests (kills, SLURM submissions, multi-process DDP, experiments under Snakemake) keep the
+    default suite short; `make test-all` (DORMOUSE_SLOW_TESTS=1) runs them."""
+    if os.environ.get("DORMOUSE_SLOW_TESTS"):
+        return
+    skip = pytest.mark.skip(reason="slow; set DORMOUSE_SLOW_TESTS=1 (make test-all)")
+    for item in items:
+        if item.get_closest_marker("slow"):
+            item.add_marker(skip)

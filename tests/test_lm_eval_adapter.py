@@ -182,7 +182,6 @@ metric_list:
 """
 
 
-@pytest.mark.slow
 def test_simple_evaluate_end_to_end_on_a_local_task(artifact, tmp_path):
     """The harness's own pipeline (task yaml -> requests -> our model -> metrics) on the local jsonl."""
     from lm_eval.tasks import TaskManager

@@ -187,14 +187,15 @@ def chunk_kda_torch(
 # --------------------------------------------------------------------------------------------------
 # Dispatcher
 # --------------------------------------------------------------------------------------------------
-@functools.lru_cache(maxsize=1)
-def _fla_chunk_kda():
-    """FLA's Triton op, or None when fla is not importable (imported lazily: CPU runs never pay for it)."""
+@functools.lru_cache(maxsize=None)
+def _fla_op(name: str):
+    """FLA's Triton op `fla.ops.kda.<name>`, or None when fla is not importable (imported lazily: CPU
+    runs never pay for it)."""
     try:
-        from fla.ops.kda import chunk_kda
+        import fla.ops.kda as ops
     except Exception:  # noqa: BLE001 - any import failure means "use the torch path"
         return None
-    return chunk_kda
+    return getattr(ops, name)
 
 
 def kda(
@@ -214,7 +215,7 @@ def kda(
     CUDA + fla importable -> `fla.ops.kda.chunk_kda` (FLA picks its own chunking); otherwise the torch path.
     Counts `kda_path.fla` / `kda_path.torch` in `counters` (a Counter or dict) once per call.
     """
-    fla_op = _fla_chunk_kda() if q.is_cuda else None
+    fla_op = _fla_op("chunk_kda") if q.is_cuda else None
     path = "kda_path.fla" if fla_op is not None else "kda_path.torch"
     if counters is not None:
         counters[path] = counters.get(path, 0) + 1
@@ -262,16 +263,6 @@ def recurrent_kda_torch(
     return o.to(out_dtype), S
 
 
-@functools.lru_cache(maxsize=1)
-def _fla_recurrent_kda():
-    """FLA's fused recurrent Triton op, or None when fla is not importable."""
-    try:
-        from fla.ops.kda import fused_recurrent_kda
-    except Exception:  # noqa: BLE001 - any import failure means "use the torch path"
-        return None
-    return fused_recurrent_kda
-
-
 def kda_recurrent(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -288,7 +279,7 @@ def kda_recurrent(
     otherwise `recurrent_kda_torch`. Counts `kda_path.fla_recurrent` / `kda_path.torch_recurrent` once per call.
     """
     wants_grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v, g, beta))
-    fla_op = _fla_recurrent_kda() if q.is_cuda and not wants_grad else None
+    fla_op = _fla_op("fused_recurrent_kda") if q.is_cuda and not wants_grad else None
     path = "kda_path.fla_recurrent" if fla_op is not None else "kda_path.torch_recurrent"
     if counters is not None:
         counters[path] = counters.get(path, 0) + 1

@@ -23,13 +23,13 @@ from collections import Counter, deque
 
 import torch
 import torch.nn.functional as F
-from safetensors.torch import save_file
 
 from dormouse import chat, task_eval
 from dormouse.byte_stream import eval_window
 from dormouse.decode import generate
 from dormouse.optim import build_optimizers
-from dormouse.runtime import autocast, check_arms_active, deterministic_cpu, device_for, load_model, pad_width
+from dormouse.runtime import (autocast, checked_counters, deterministic_cpu, device_for, load_model, pad_width,
+                              save_model_artifact)
 from dormouse.stage import input_artifact, parse_job, summary, writer
 from dormouse.stages.sft import held_out
 
@@ -158,16 +158,9 @@ def main(argv=None) -> int:
             print(f"[rl] {json.dumps(row)}", flush=True)
         end = held_out(model, heldout, params, device, ex, ey, eval_counters)
         print(f"[rl] end: accuracy {end['accuracy']} corpus_bpb {end['corpus_bpb']}", flush=True)
-        check_arms_active(cfg, train_counters, "training", "rl")
-        check_arms_active(cfg, eval_counters, "eval", "rl")
-        for k, v in train_counters.items():
-            c[f"train.{k}"] = v
-        for k, v in eval_counters.items():
-            c[f"eval.{k}"] = v
+        checked_counters(c, cfg, train_counters, eval_counters, "rl")
         c["rl.steps"] = rl["steps"]
-        save_file({k: v.detach().contiguous().cpu() for k, v in model.state_dict().items()}, str(art.path("model.safetensors")))
-        art.path("config.json").write_text(json.dumps({"model": cfg.to_dict(), "rl": rl, "tasks": task_params}, indent=1))
-        art.path("metrics.jsonl").write_text("".join(json.dumps(m) + "\n" for m in metrics))
+        save_model_artifact(art, model, {"model": cfg.to_dict(), "rl": rl, "tasks": task_params}, metrics)
         art.extra["final"] = {"start": start, "end": end, "eval_bytes": eval_bytes, "heldout_items": len(heldout),
                               "curriculum_levels": dict(curriculum.level), "device": str(device)}
         summary("rl", c)

@@ -18,12 +18,12 @@ import time
 from collections import Counter
 
 import torch
-from safetensors.torch import save_file
 
 from dormouse import chat, task_eval
 from dormouse.byte_stream import TrainStream, eval_window
 from dormouse.optim import build_optimizers, set_lr, wsd_multiplier
-from dormouse.runtime import LN2, autocast, check_arms_active, deterministic_cpu, device_for, evaluate, load_model, pad_width
+from dormouse.runtime import (LN2, autocast, checked_counters, deterministic_cpu, device_for, evaluate, load_model, pad_width,
+                              save_model_artifact)
 from dormouse.stage import input_artifact, parse_job, summary, writer
 
 
@@ -107,16 +107,9 @@ def main(argv=None) -> int:
                 print(f"[sft] {json.dumps(row)}", flush=True)
         end = held_out(model, heldout, params, device, ex, ey, eval_counters)
         print(f"[sft] end: accuracy {end['accuracy']} corpus_bpb {end['corpus_bpb']}", flush=True)
-        check_arms_active(cfg, train_counters, "training", "sft")
-        check_arms_active(cfg, eval_counters, "eval", "sft")
-        for k, v in train_counters.items():
-            c[f"train.{k}"] = v
-        for k, v in eval_counters.items():
-            c[f"eval.{k}"] = v
+        checked_counters(c, cfg, train_counters, eval_counters, "sft")
         c["train.steps"] = sft["steps"]
-        save_file({k: v.detach().contiguous().cpu() for k, v in model.state_dict().items()}, str(art.path("model.safetensors")))
-        art.path("config.json").write_text(json.dumps({"model": cfg.to_dict(), "sft": sft, "tasks": task_params}, indent=1))
-        art.path("metrics.jsonl").write_text("".join(json.dumps(m) + "\n" for m in metrics))
+        save_model_artifact(art, model, {"model": cfg.to_dict(), "sft": sft, "tasks": task_params}, metrics)
         art.extra["final"] = {"start": start, "end": end, "eval_bytes": eval_bytes, "heldout_items": len(heldout),
                               "device": str(device)}
         summary("sft", c)
