@@ -19,6 +19,8 @@ from dormouse.model.config import ModelConfig
 from dormouse.model.engram import Engram
 from dormouse.model.gpt import ByteLM, LMState, cat_states
 from dormouse.model.kda import kda_recurrent, l2norm, recurrent_kda_torch
+import model_util
+from model_util import rand_bytes
 
 TINY = dict(d_model=32, n_heads=2, head_dim=16, ffn_hidden=48, n_core=2, kda_chunk_size=16,
             n_experts=4, moe_top_k=2, engram_rows=97, engram_dim=8)
@@ -45,16 +47,7 @@ def one_thread():
 
 
 def live_model(cfg_kw: dict, seed: int = 0, scale: float = 0.05) -> ByteLM:
-    torch.manual_seed(seed)
-    m = ByteLM(ModelConfig(**{**TINY, **cfg_kw}))
-    with torch.no_grad():
-        for p in m.parameters():
-            p.add_(torch.randn_like(p) * scale)
-    return m.eval()
-
-
-def rand_bytes(b: int, t: int, seed: int = 1) -> torch.Tensor:
-    return torch.randint(0, 256, (b, t), generator=torch.Generator().manual_seed(seed))
+    return model_util.live_model(ModelConfig(**{**TINY, **cfg_kw}), seed, scale)
 
 
 def full_logits(m: ByteLM, idx: torch.Tensor) -> torch.Tensor:

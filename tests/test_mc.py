@@ -14,7 +14,7 @@ from torch import nn
 
 from dormouse import mc
 from dormouse.model.config import ModelConfig
-from dormouse.model.gpt import ByteLM
+from model_util import live_model
 
 torch.set_num_threads(1)
 TASK = Path(__file__).parent / "data" / "bench_tiny_task.jsonl"
@@ -57,16 +57,6 @@ class FixedLM(nn.Module):
     def forward(self, idx, targets=None):
         self.calls += 1
         return self.row.expand(*idx.shape, 256).clone(), None
-
-
-def live_model(cfg: ModelConfig, seed: int = 0, scale: float = 0.05) -> ByteLM:
-    """init_weights zeroes the residual branches; perturb every parameter so the blocks do something."""
-    torch.manual_seed(seed)
-    m = ByteLM(cfg)
-    with torch.no_grad():
-        for p in m.parameters():
-            p.add_(torch.randn_like(p) * scale)
-    return m.eval()
 
 
 # ---- positions ----------------------------------------------------------------------------------

@@ -15,6 +15,7 @@ from dormouse.model.engram import Engram, _is_prime, engram_tables
 from dormouse.model.ffn import MoE
 from dormouse.model.gpt import ByteLM, active_params, count_params
 from dormouse.model.kda import KDAMixer
+from model_util import live_model, rand_bytes
 
 torch.set_num_threads(1)
 
@@ -26,21 +27,6 @@ ALL_ON = dict(n_prelude=1, n_core=1, n_loop=2, n_coda=1, moe=True, engram=True, 
 
 def tiny(**kw) -> ModelConfig:
     return ModelConfig(**{**TINY, **kw})
-
-
-def live_model(cfg: ModelConfig, seed: int = 0, scale: float = 0.05) -> ByteLM:
-    """A model whose every branch is live: init_weights zeroes the residual output projections (blocks
-    start as the identity), so add noise to every parameter before probing what the blocks do."""
-    torch.manual_seed(seed)
-    m = ByteLM(cfg)
-    with torch.no_grad():
-        for p in m.parameters():
-            p.add_(torch.randn_like(p) * scale)
-    return m.eval()
-
-
-def rand_bytes(b: int, t: int, seed: int = 1) -> torch.Tensor:
-    return torch.randint(0, 256, (b, t), generator=torch.Generator().manual_seed(seed))
 
 
 # --------------------------------------------------------------------------------------------------
