@@ -2,10 +2,12 @@
 the pieces of each stage that a wrong line would break (loss mask, GRPO advantage, curriculum)."""
 
 import json
+import math
 import os
 from pathlib import Path
 
 import pytest
+import torch
 import yaml
 
 from dormouse import chat, tasks
@@ -143,3 +145,33 @@ def test_bench_schema_rejects_a_missing_stage(chain, bench_view):
     del view["stages"]["sft"]
     with pytest.raises(ConfigError, match="sft"):
         validate(view, "bench.schema.yaml", "bench.json", work)
+
+
+def test_group_advantages_are_relative_and_zero_without_variance():
+    from dormouse.stages.rl import group_advantages
+
+    adv = group_advantages(torch.tensor([1.0, 0.0, 0.0, 0.0, 1.0, 1.0, 1.0, 1.0]), 4)
+    std = torch.tensor([1.0, 0.0, 0.0, 0.0]).std()  # unbiased: 0.5
+    assert torch.allclose(adv[:4], (torch.tensor([1.0, 0.0, 0.0, 0.0]) - 0.25) / (std + 1e-4))
+    assert torch.equal(adv[4:], torch.zeros(4))  # all correct: no signal
+
+
+def test_grpo_loss_clips_the_ratio_per_sign_of_the_advantage_and_adds_k3():
+    from dormouse.stages.rl import grpo_loss
+
+    old = torch.zeros(2, 3)
+    new = torch.full((2, 3), math.log(1.5)).requires_grad_()  # ratio 1.5 everywhere
+    adv = torch.tensor([[1.0], [-1.0]])
+    mask = torch.tensor([[True, True, False], [True, False, False]])  # padding never counts
+    loss = grpo_loss(new, old, None, adv, mask, 0.2, 0.0)
+    # A > 0: min(1.5 A, 1.2 A) = 1.2 (clipped, no gradient); A < 0: min(-1.5, -1.2) = -1.5
+    assert loss.item() == pytest.approx((-1.2 + 1.5) / 2)
+    loss.backward()
+    assert torch.equal(new.grad[0], torch.zeros(3)) and new.grad[1, 0] != 0 and new.grad[1, 1:].eq(0).all()
+    same = grpo_loss(torch.zeros(1, 2), torch.zeros(1, 2), torch.zeros(1, 2), torch.tensor([[2.0]]),
+                     torch.ones(1, 2, dtype=torch.bool), 0.2, 0.5)
+    assert same.item() == pytest.approx(-2.0)  # ratio 1, KL 0 at the reference
+    d = math.log(0.5)  # reference half as likely as the policy: k3 = e^d - d - 1 > 0
+    kl = grpo_loss(torch.zeros(1, 1), torch.zeros(1, 1), torch.full((1, 1), d), torch.zeros(1, 1),
+                   torch.ones(1, 1, dtype=torch.bool), 0.2, 1.0)
+    assert kl.item() == pytest.approx(math.exp(d) - d - 1) and kl.item() > 0

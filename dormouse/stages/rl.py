@@ -54,6 +54,26 @@ class Curriculum:
         return False
 
 
+def group_advantages(rewards: torch.Tensor, group_size: int) -> torch.Tensor:
+    """(r - group mean) / (group std + 1e-4) per group of `group_size` consecutive samples; a group whose
+    rewards are all equal gets zeros (no learning signal)."""
+    grouped = rewards.view(-1, group_size)
+    return ((grouped - grouped.mean(1, keepdim=True)) / (grouped.std(1, keepdim=True) + 1e-4)).view(-1)
+
+
+def grpo_loss(new_lp, old_lp, ref_lp, adv, mask, clip_eps: float, kl_coef: float) -> torch.Tensor:
+    """Clipped-ratio objective per reply byte, plus kl_coef x the k3 KL estimate to the reference
+    (unbiased, >= 0), averaged over each reply's bytes (`mask`), then over replies. [N, L] tensors,
+    adv [N, 1]; ref_lp None = no KL term."""
+    ratio = (new_lp - old_lp).exp()
+    per_byte = -torch.minimum(ratio * adv, ratio.clamp(1 - clip_eps, 1 + clip_eps) * adv)
+    if ref_lp is not None:
+        d = ref_lp - new_lp
+        per_byte = per_byte + kl_coef * (d.exp() - d - 1)
+    m = mask.float()
+    return ((per_byte * m).sum(1) / m.sum(1)).mean()
+
+
 def reply_logprobs(model, prompts: list[bytes], replies: list[bytes], temperature: float, device, counters=None):
     """Per reply byte, log p(byte | prompt + reply so far) at the sampling temperature: [N, L] and a mask."""
     seqs = [p + r for p, r in zip(prompts, replies)]
@@ -126,23 +146,14 @@ def main(argv=None) -> int:
             tally = Counter(grades)
             for k in ("correct", "wrong", "malformed"):
                 c[f"rl.samples_{k}"] += tally[k]
-            grouped = rewards.view(-1, G)
-            adv = ((grouped - grouped.mean(1, keepdim=True)) / (grouped.std(1, keepdim=True) + 1e-4)).view(-1)
-            adv = adv.to(device).unsqueeze(1)
+            adv = group_advantages(rewards, G).to(device).unsqueeze(1)
             if not bool((adv != 0).any()):
                 c["rl.steps_without_signal"] += 1
             model.train()
             for _ in range(rl["ppo_epochs"]):
                 with autocast(device, params):
                     new_lp, _ = reply_logprobs(model, prompts, replies, temp, device, train_counters)
-                ratio = (new_lp - old_lp).exp()
-                surrogate = torch.minimum(ratio * adv, ratio.clamp(1 - rl["clip_eps"], 1 + rl["clip_eps"]) * adv)
-                per_byte = -surrogate
-                if ref_lp is not None:
-                    d = ref_lp - new_lp
-                    per_byte = per_byte + rl["kl_coef"] * (d.exp() - d - 1)  # k3: unbiased, always >= 0
-                m = mask.float()
-                loss = ((per_byte * m).sum(1) / m.sum(1)).mean()
+                loss = grpo_loss(new_lp, old_lp, ref_lp, adv, mask, rl["clip_eps"], rl["kl_coef"])
                 if not torch.isfinite(loss):
                     raise SystemExit(f"rl: non-finite loss at step {step}")
                 loss.backward()
