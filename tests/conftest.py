@@ -93,6 +93,17 @@ def workdir(tmp_path) -> Path:
     return tmp_path
 
 
+@pytest.fixture(scope="module")
+def one_thread():
+    """Tiny ops: a second intra-op thread only adds OpenMP hand-offs (and on a shared 2-core box, stalls)."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 def pytest_collection_modifyitems(config, items):
     """Slow tests (kills, SLURM submissions, multi-process DDP, experiments under Snakemake) keep the
     default suite short; `make test-all` (DORMOUSE_SLOW_TESTS=1) runs them."""

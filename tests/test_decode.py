@@ -38,12 +38,7 @@ CONFIGS = {
 ATOL, RTOL = 5e-5, 1e-5
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def live_model(cfg_kw: dict, seed: int = 0, scale: float = 0.05) -> ByteLM:

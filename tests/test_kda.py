@@ -38,13 +38,7 @@ def _load_fla_naive():
 naive = _load_fla_naive()
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny ops: a second intra-op thread only adds OpenMP hand-offs (and on a shared 2-core box, stalls)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def rel(a: torch.Tensor, b: torch.Tensor) -> float:
