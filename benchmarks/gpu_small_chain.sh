@@ -7,7 +7,7 @@
 # skipped and a killed pretrain resumes from its scratch checkpoint, so a second call continues the
 # first. Everything stops before BUDGET_S; logs, manifests and bench.json come back in $OUT.
 set -uo pipefail
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site ${WHL:-.whl}/*.whl || exit 1
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 TRITON_CACHE_DIR=${TRITON_CACHE_DIR:-$PWD/.triton}
 deadline=$(( $(date +%s) + ${BUDGET_S:-560} ))
 for s in ${STAGES:-pretrain sft rl export bench}; do

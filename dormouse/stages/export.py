@@ -42,6 +42,12 @@ def eligible_for(rung: str, quantize_tables: bool, narrow: list[str]):
     return eligible
 
 
+def rung_source_state(model) -> dict[str, torch.Tensor]:
+    """The state dict the rungs quantize: floating tensors in fp32 on CPU; integer buffers (the Engram hash
+    multipliers reach 2^31, past float32's 24-bit mantissa) unchanged."""
+    return {k: (v.detach().float() if v.is_floating_point() else v.detach()).cpu() for k, v in model.state_dict().items()}
+
+
 def load_rung_model(path, cfg, device) -> ByteLM:
     """A runnable model from a rung file (dequantized to fp32, every key accounted for)."""
     model = ByteLM(cfg)
@@ -58,7 +64,7 @@ def main(argv=None) -> int:
     model, cfg = load_model(src, device)
     ex, ey, eval_bytes = eval_window(shards.file("eval/tail.bin"), params["eval"]["eval_bytes"], params["eval"]["seq_len"])
     batch = params["eval"]["batch_size"]
-    state = {k: v.detach().float().cpu() for k, v in model.state_dict().items()}
+    state = rung_source_state(model)
 
     with writer(job) as art:
         c = art.counters
