@@ -518,6 +518,30 @@ def run_ours(ctx: Ctx, firewall: bool = True, compiled: bool = False) -> dict:
                       kda_flops_per_token(cfg.depth, cfg.n_heads, cfg.head_dim), ctx.args.steps, ctx.args.warmup, note)
 
 
+def profile_ours(ctx: Ctx, steps: int = 5, rows: int = 30) -> str:
+    """torch.profiler over `steps` warm steps of our pretrain step (firewall on): where a step's time goes
+    (the kernel rows say the KDA op is a small share of it). Returns the tables to print."""
+    from torch.profiler import ProfilerActivity, profile
+
+    cfg, train, dev = ctx.cfg, ctx.train, ctx.device
+    torch.manual_seed(ctx.args.seed)
+    model = ByteLM(cfg).to(dev).train()
+    opts = build_optimizers(model, train)
+    step = ours_step(model, opts, cfg, train, dev, random_batches(ctx.batch, ctx.seq_len, dev, ctx.args.seed), Counter())
+    for _ in range(ctx.args.warmup):
+        step()
+    sync(dev)
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if dev.type == "cuda" else [])
+    with profile(activities=acts) as prof:
+        for _ in range(steps):
+            step()
+        sync(dev)
+    ka = prof.key_averages()
+    dev_key = "device_time_total" if dev.type == "cuda" else "cpu_time_total"
+    return (f"== {ctx.preset}: {steps} steps, by {dev_key}\n{ka.table(sort_by=dev_key, row_limit=rows)}\n"
+            f"== {ctx.preset}: by self_cpu_time_total (host overhead)\n{ka.table(sort_by='self_cpu_time_total', row_limit=rows)}")
+
+
 def run_sdpa(ctx: Ctx) -> dict:
     cfg, train, dev = ctx.cfg, ctx.train, ctx.device
     torch.manual_seed(ctx.args.seed)
@@ -824,6 +848,8 @@ def parse_args(argv=None):
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--compile", action="store_true", help="add ours_compile (a2): torch.compile(model)")
     ap.add_argument("--compile-backend", default="inductor")
+    ap.add_argument("--profile", action="store_true",
+                    help="only profile our step (torch.profiler, 5 warm steps per preset) and print where the time goes")
     ap.add_argument("--check-equivalence", action="store_true",
                     help="only check that the compiled step gives the plain step's losses (item 4); exit 1 if not")
     ap.add_argument("--equiv-steps", type=int, default=3)
@@ -872,6 +898,12 @@ def main(argv=None) -> int:
                 f"{'OK' if res['ok'] else 'MISMATCH'}")
             bad += not res["ok"]
         return 1 if bad else 0
+
+    if args.profile:
+        for name in args.presets:
+            cfg, train, batch, seq_len = preset_setup(name, args, dry)
+            print(profile_ours(Ctx(args, name, cfg, train, device, batch, seq_len, 0.0, dry)), flush=True)
+        return 0
 
     setups = {name: preset_setup(name, args, dry) for name in args.presets}  # a bad preset fails here, first
     writer = TsvWriter(args.out)
