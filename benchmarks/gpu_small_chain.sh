@@ -2,13 +2,20 @@
 # The small preset's chain after the data stages — pretrain, sft, rl, export, bench — on one H200
 # (device tool), run from the repo root there. Made here first:
 #   for s in pretrain sft rl export bench; do dormouse plan --preset small --stage $s > .job/small_$s.json; done
-# carried: .whl (fla-core, jsonschema + deps, zstandard, ml_dtypes for cp312), .job, and the small
-# shard and anchors artifacts under results/store. Stages already built on this (warm) machine are
-# skipped and a killed pretrain resumes from its scratch checkpoint, so a second call continues the
-# first. Everything stops before BUDGET_S; logs, manifests and bench.json come back in $OUT.
+# carried: $WHL (default .whl: fla-core, jsonschema + deps, zstandard, ml_dtypes for cp312; the
+# 64 MiB carry limit may need a smaller set), .job, and the input artifacts under results/store.
+# Stages already built on this (warm) machine are skipped and a killed pretrain resumes from its
+# scratch checkpoint, so a second call continues the first. Everything stops before BUDGET_S.
+# Back in $OUT: logs, art/small_chain.tar (manifests, metrics, bench.json), with WEIGHTS_BACK="sft"
+# (a list of stages) those stages' models in 15 MiB parts (art/<stage>_<digest>.part_*: `cat` them back into
+# results/store/<stage>/<digest>/model.safetensors), and Triton's autotune results
+# (triton_autotune.tgz, a few hundred KB; the whole cache is over $OUT's 16 MiB a file). Carry
+# that tgz in .cache_h200/ and the next lease skips most of the autotune (~150-400 s cold).
 set -uo pipefail
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site ${WHL:-.whl}/*.whl || exit 1
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 TRITON_CACHE_DIR=${TRITON_CACHE_DIR:-$PWD/.triton}
+mkdir -p "$TRITON_CACHE_DIR"
+[ -f .cache_h200/triton_autotune.tgz ] && tar -xzf .cache_h200/triton_autotune.tgz -C "$TRITON_CACHE_DIR"
 deadline=$(( $(date +%s) + ${BUDGET_S:-560} ))
 for s in ${STAGES:-pretrain sft rl export bench}; do
   out=$(python3 -c "import json; print(json.load(open('.job/small_$s.json'))['out'])")
@@ -28,7 +35,16 @@ for s in pretrain sft rl export bench; do
   tar -rf "$OUT/art/small_chain.tar" -C "$d/.." "$(basename "$d")/manifest.json" \
     $(cd "$d" && ls metrics.jsonl bench.json 2>/dev/null | sed "s|^|$(basename "$d")/|")
 done
-# Triton's autotune results live in its cache (fla caches them); bring them back for the next lease.
-if [ -n "${SAVE_TRITON:-}" ] && [ -d "$TRITON_CACHE_DIR" ]; then
-  tar -czf "$OUT/triton_cache.tgz" -C "$TRITON_CACHE_DIR" . && ls -la "$OUT/triton_cache.tgz"
+# $OUT returns at most 8 files: 3 parts per model, one tar, the autotune tgz and one log per stage run.
+if [ -n "${WEIGHTS_BACK:-}" ]; then
+  for s in $WEIGHTS_BACK; do
+    d=$(python3 -c "import json; print(json.load(open('.job/small_$s.json'))['out'])")
+    [ -f "$d/manifest.json" ] || continue
+    split -b 15M "$d/model.safetensors" "$OUT/art/${s}_$(basename "$d").part_"
+    tar -rf "$OUT/art/small_chain.tar" -C "$d/.." "$(basename "$d")/config.json"
+  done
+fi
+# Triton's autotune results (`<kernel>.autotune.json` in the cache; fla asks Triton to keep them).
+if [ -n "${SAVE_TRITON:-}" ]; then
+  (cd "$TRITON_CACHE_DIR" && find . -name "*.autotune.json" | tar -czf "$OUT/triton_autotune.tgz" -T -) && ls -la "$OUT/triton_autotune.tgz"
 fi
