@@ -59,6 +59,46 @@ def accuracy(model, items: list[tasks.Item], max_new_bytes: int, device, run: di
     }
 
 
+@torch.no_grad()
+def sampled_accuracy(model, items: list[tasks.Item], max_new_bytes: int, device, run: dict, samples: int,
+                     temperature: float, seed: int, batch_items: int = 64) -> dict:
+    """Mean exact match of `samples` replies per item drawn at `temperature` (a pass@1 estimate), from a
+    seeded CPU generator so a rerun draws the same bytes on the same device."""
+    was_training = model.training
+    model.eval()
+    gen = torch.Generator().manual_seed(seed)
+    grades: list[tuple[tasks.Item, str]] = []
+    for i in range(0, len(items), batch_items):
+        chunk = items[i : i + batch_items]
+        with autocast(device, run):
+            replies = generate(model, [chat.prompt_bytes(it.prompt) for it in chunk], max_new_bytes,
+                               temperature=temperature, generator=gen, samples_per_prompt=samples)
+        grades += [(chunk[j // samples], grade(chunk[j // samples], r)) for j, r in enumerate(replies)]
+    model.train(was_training)
+    total = Counter(g for _, g in grades)
+    cells: dict[str, Counter] = {}
+    for it, g in grades:
+        cells.setdefault(f"{it.family}@{it.difficulty}", Counter())[g] += 1
+    return {
+        "accuracy": round(total["correct"] / len(grades), 5),
+        "samples_per_item": samples,
+        "temperature": temperature,
+        "malformed": total["malformed"],
+        "by_cell": {k: round(v["correct"] / sum(v.values()), 5) for k, v in sorted(cells.items())},
+    }
+
+
+def heldout_accuracy(model, items: list[tasks.Item], task_params: dict, device, run: dict) -> dict:
+    """Greedy accuracy, with the sampled accuracy under "sampled" when tasks.sampled_eval.samples > 0:
+    what sft, rl and bench report for the held-out items."""
+    acc = accuracy(model, items, task_params["max_new_bytes"], device, run)
+    s = task_params["sampled_eval"]
+    if s["samples"] > 0:
+        acc["sampled"] = sampled_accuracy(model, items, task_params["max_new_bytes"], device, run, s["samples"],
+                                          s["temperature"], s["seed"])
+    return acc
+
+
 def item_stream(split: str, families: list[str], difficulty_of, seed: int) -> Iterator[tasks.Item]:
     """An endless seeded stream of `split` items: family drawn uniformly, difficulty from
     `difficulty_of(family)` (fixed list or a curriculum), each (family, difficulty) consuming its own

@@ -82,6 +82,7 @@ def test_sft_and_rl_report_accuracy_and_bpb_at_start_and_end(chain):
             r = final[when]
             assert r["n"] == 8 and 0 <= r["accuracy"] <= 1 and r["corpus_bpb"] > 0
             assert set(r["by_cell"]) == {"add@1", "reverse@1"}
+            assert r["sampled"]["samples_per_item"] == 4 and 0 <= r["sampled"]["accuracy"] <= 1
     sft_final = manifest(work, plan, "sft")["final"]
     rl_final = manifest(work, plan, "rl")["final"]
     assert rl_final["start"] == sft_final["end"]  # rl starts from exactly the sft model

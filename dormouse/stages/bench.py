@@ -45,7 +45,7 @@ def task_mc_items(items: list[tasks.Item], k: int) -> list[mc.McItem]:
 def score_model(model, suites: dict[str, list[mc.McItem]], heldout, params, device, counters) -> dict:
     window = params["eval"]["seq_len"]
     scores = {name: mc.evaluate_mc(model, items, window, device, counters) for name, items in suites.items()}
-    scores["tasks_gen"] = task_eval.accuracy(model, heldout, params["tasks"]["max_new_bytes"], device, params)
+    scores["tasks_gen"] = task_eval.heldout_accuracy(model, heldout, params["tasks"], device, params)
     return scores
 
 

@@ -31,7 +31,7 @@ from dormouse.optim import build_optimizers
 from dormouse.runtime import (autocast, checked_counters, deterministic_cpu, device_for, load_model, pad_width,
                               save_model_artifact)
 from dormouse.stage import input_artifact, parse_job, summary, writer
-from dormouse.stages.sft import held_out
+from dormouse.stages.sft import held_out, held_out_line
 
 
 class Curriculum:
@@ -119,7 +119,7 @@ def main(argv=None) -> int:
         c = art.counters
         train_counters, eval_counters = Counter(), Counter()
         start = held_out(model, heldout, params, device, ex, ey, eval_counters)
-        print(f"[rl] start: accuracy {start['accuracy']} corpus_bpb {start['corpus_bpb']}", flush=True)
+        print(f"[rl] start: {held_out_line(start)}", flush=True)
         metrics, t0 = [], time.time()
         for step in range(rl["steps"]):
             items = [next(stream) for _ in range(rl["prompts_per_step"])]
@@ -168,7 +168,7 @@ def main(argv=None) -> int:
             metrics.append(row)
             print(f"[rl] {json.dumps(row)}", flush=True)
         end = held_out(model, heldout, params, device, ex, ey, eval_counters)
-        print(f"[rl] end: accuracy {end['accuracy']} corpus_bpb {end['corpus_bpb']}", flush=True)
+        print(f"[rl] end: {held_out_line(end)}", flush=True)
         checked_counters(c, cfg, train_counters, eval_counters, "rl")
         c["rl.steps"] = rl["steps"]
         save_model_artifact(art, model, {"model": cfg.to_dict(), "rl": rl, "tasks": task_params}, metrics)

@@ -43,11 +43,17 @@ def sft_batch(items, device) -> tuple[torch.Tensor, torch.Tensor, int]:
 
 
 def held_out(model, items, params, device, ex, ey, counters) -> dict:
-    """Task accuracy and corpus BPB, the two numbers every post-training stage reports."""
+    """Task accuracy (greedy, and sampled when tasks.sampled_eval.samples > 0) and corpus BPB, the numbers
+    every post-training stage reports."""
     run = {"dtype": params["dtype"]}
-    acc = task_eval.accuracy(model, items, params["tasks"]["max_new_bytes"], device, run)
+    acc = task_eval.heldout_accuracy(model, items, params["tasks"], device, run)
     bpb = evaluate(model, ex, ey, params["eval"]["batch_size"], device, run, counters)
     return {**acc, "corpus_bpb": round(bpb, 5)}
+
+
+def held_out_line(r: dict) -> str:
+    sampled = f" sampled {r['sampled']['accuracy']} (T {r['sampled']['temperature']})" if "sampled" in r else ""
+    return f"accuracy {r['accuracy']}{sampled} corpus_bpb {r['corpus_bpb']}"
 
 
 def main(argv=None) -> int:
@@ -74,7 +80,7 @@ def main(argv=None) -> int:
         c = art.counters
         train_counters, eval_counters = Counter(), Counter()
         start = held_out(model, heldout, params, device, ex, ey, eval_counters)
-        print(f"[sft] start: accuracy {start['accuracy']} corpus_bpb {start['corpus_bpb']}", flush=True)
+        print(f"[sft] start: {held_out_line(start)}", flush=True)
         metrics, t0 = [], time.time()
         model.train()
         for step in range(sft["steps"]):
@@ -106,7 +112,7 @@ def main(argv=None) -> int:
                 metrics.append(row)
                 print(f"[sft] {json.dumps(row)}", flush=True)
         end = held_out(model, heldout, params, device, ex, ey, eval_counters)
-        print(f"[sft] end: accuracy {end['accuracy']} corpus_bpb {end['corpus_bpb']}", flush=True)
+        print(f"[sft] end: {held_out_line(end)}", flush=True)
         checked_counters(c, cfg, train_counters, eval_counters, "sft")
         c["train.steps"] = sft["steps"]
         save_model_artifact(art, model, {"model": cfg.to_dict(), "sft": sft, "tasks": task_params}, metrics)

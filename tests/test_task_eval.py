@@ -1,0 +1,63 @@
+"""Held-out task accuracy: greedy and sampled replies graded by the same verifiers."""
+
+from __future__ import annotations
+
+import torch
+
+from dormouse import chat, task_eval
+from dormouse.model.config import ModelConfig
+from model_util import live_model
+
+CFG = ModelConfig(d_model=32, n_heads=2, head_dim=16, ffn_hidden=48, n_core=2, kda_chunk_size=16)
+TASKS = {"families": ["count", "reverse"], "difficulties": [1, 2], "heldout_items": 5, "max_new_bytes": 8}
+RUN = {"dtype": "float32"}
+CPU = torch.device("cpu")
+
+
+def test_sampled_accuracy_at_vanishing_temperature_is_the_greedy_accuracy(one_thread):
+    model = live_model(CFG, scale=0.5)
+    items = task_eval.heldout_items(TASKS)
+    greedy = task_eval.accuracy(model, items, TASKS["max_new_bytes"], CPU, RUN)
+    cold = task_eval.sampled_accuracy(model, items, TASKS["max_new_bytes"], CPU, RUN, samples=3,
+                                      temperature=1e-6, seed=0, batch_items=7)
+    assert cold["accuracy"] == greedy["accuracy"] and cold["by_cell"] == greedy["by_cell"]
+    assert cold["malformed"] == 3 * greedy["malformed"] > 0
+
+
+def test_sampled_accuracy_grades_each_sample_against_its_own_item(monkeypatch):
+    """Sample s of an item answers it correctly when s < item's index mod 3 (so items differ), else
+    with a well-formed wrong answer for count and a malformed reply for reverse."""
+    items = task_eval.heldout_items(TASKS)
+    index = {chat.prompt_bytes(it.prompt): i for i, it in enumerate(items)}
+
+    def fake_generate(model, prompts, max_new, *, temperature, generator, samples_per_prompt):
+        out = []
+        for p in prompts:
+            it = items[index[p]]
+            for s in range(samples_per_prompt):
+                if s < index[p] % 3:
+                    out.append(it.answer.encode() + bytes([chat.END]))
+                else:
+                    out.append(b"99\x03" if it.family == "count" else b"no end")
+        return out
+
+    monkeypatch.setattr(task_eval, "generate", fake_generate)
+    r = task_eval.sampled_accuracy(live_model(CFG), items, 8, CPU, RUN, samples=4, temperature=1.0, seed=0, batch_items=3)
+    right = [min(i % 3, 4) for i in range(len(items))]
+    assert r["accuracy"] == round(sum(right) / (4 * len(items)), 5)
+    for cell in r["by_cell"]:
+        fam, d = cell.split("@")
+        idx = [i for i, it in enumerate(items) if it.family == fam and it.difficulty == int(d)]
+        assert r["by_cell"][cell] == round(sum(right[i] for i in idx) / (4 * len(idx)), 5)
+    reverse = [i for i, it in enumerate(items) if it.family == "reverse"]
+    assert r["malformed"] == sum(4 - right[i] for i in reverse)
+
+
+def test_sampled_accuracy_is_seeded(one_thread):
+    model = live_model(CFG, scale=0.5)
+    items = task_eval.heldout_items(TASKS)
+    draw = lambda seed: task_eval.sampled_accuracy(model, items, TASKS["max_new_bytes"], CPU, RUN, samples=4,
+                                                   temperature=1.0, seed=seed)
+    a = draw(0)
+    assert a == draw(0)
+    assert a["samples_per_item"] == 4 and 0 <= a["malformed"] <= 4 * len(items)
