@@ -198,3 +198,14 @@ def test_compiled_step_gives_the_plain_losses():
         torch._dynamo.reset()
     assert res["ok"], res
     assert len(res["plain"]) == 2 and res["max_rel"] <= 1e-4
+
+
+def test_profile_dry_run_names_the_optimizer_and_the_mixer(one_thread):
+    """--profile: torch.profiler tables of our warm step, device time first, then host time."""
+    args = bench.parse_args(["--dry-run-cpu", "--profile", "--presets", "tiny"])
+    cfg, train, batch, seq_len = bench.preset_setup("tiny", args, True)
+    text = bench.profile_ours(bench.Ctx(args, "tiny", cfg, train, torch.device("cpu"), batch, seq_len, 0.0, True),
+                              steps=2)
+    first, second = text.split("== tiny: by self_cpu_time_total")
+    assert first.startswith("== tiny: 2 steps, by cpu_time_total")
+    assert "Optimizer.step#" in first and "aten::" in second
