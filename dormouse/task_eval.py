@@ -43,20 +43,23 @@ def answer(model, items: list[tasks.Item], max_new_bytes: int, device, run: dict
     return out
 
 
-def accuracy(model, items: list[tasks.Item], max_new_bytes: int, device, run: dict) -> dict:
-    """Exact-match accuracy by greedy decode, overall and per family / difficulty."""
-    grades = [grade(it, g) for it, g in zip(items, answer(model, items, max_new_bytes, device, run))]
-    total = Counter(grades)
+def tally(graded: list[tuple[tasks.Item, str]]) -> dict:
+    """(item, grade) pairs -> accuracy, correct and malformed counts, and accuracy per family@difficulty."""
+    total = Counter(g for _, g in graded)
     cells: dict[str, Counter] = {}
-    for it, g in zip(items, grades):
+    for it, g in graded:
         cells.setdefault(f"{it.family}@{it.difficulty}", Counter())[g] += 1
     return {
-        "accuracy": round(total["correct"] / len(items), 5),
-        "n": len(items),
+        "accuracy": round(total["correct"] / len(graded), 5),
         "correct": total["correct"],
         "malformed": total["malformed"],
         "by_cell": {k: round(v["correct"] / sum(v.values()), 5) for k, v in sorted(cells.items())},
     }
+
+
+def accuracy(model, items: list[tasks.Item], max_new_bytes: int, device, run: dict) -> dict:
+    """Exact-match accuracy by greedy decode, overall and per family / difficulty."""
+    return {"n": len(items), **tally([(it, grade(it, g)) for it, g in zip(items, answer(model, items, max_new_bytes, device, run))])}
 
 
 @torch.no_grad()
@@ -75,17 +78,9 @@ def sampled_accuracy(model, items: list[tasks.Item], max_new_bytes: int, device,
                                temperature=temperature, generator=gen, samples_per_prompt=samples)
         grades += [(chunk[j // samples], grade(chunk[j // samples], r)) for j, r in enumerate(replies)]
     model.train(was_training)
-    total = Counter(g for _, g in grades)
-    cells: dict[str, Counter] = {}
-    for it, g in grades:
-        cells.setdefault(f"{it.family}@{it.difficulty}", Counter())[g] += 1
-    return {
-        "accuracy": round(total["correct"] / len(grades), 5),
-        "samples_per_item": samples,
-        "temperature": temperature,
-        "malformed": total["malformed"],
-        "by_cell": {k: round(v["correct"] / sum(v.values()), 5) for k, v in sorted(cells.items())},
-    }
+    t = tally(grades)
+    return {"accuracy": t["accuracy"], "samples_per_item": samples, "temperature": temperature,
+            "malformed": t["malformed"], "by_cell": t["by_cell"]}
 
 
 def heldout_accuracy(model, items: list[tasks.Item], task_params: dict, device, run: dict) -> dict:
