@@ -70,9 +70,12 @@ def check_arms_active(cfg: ModelConfig, counters: Counter, where: str, stage: st
         raise SystemExit(f"{stage}: {where}: {'; '.join(problems)} (counters: {dict(counters)})")
 
 
-def checked_counters(c, cfg: ModelConfig, train_counters: Counter, eval_counters: Counter, stage: str) -> None:
-    """Fail on an inert arm in training or eval, then file both counter sets into the manifest's."""
-    check_arms_active(cfg, train_counters, "training", stage)
+def checked_counters(c, cfg: ModelConfig, train_counters: Counter, eval_counters: Counter, stage: str,
+                     trained: bool = True) -> None:
+    """Fail on an inert arm in training (when any training step ran) or eval, then file both counter sets
+    into the manifest's."""
+    if trained:
+        check_arms_active(cfg, train_counters, "training", stage)
     check_arms_active(cfg, eval_counters, "eval", stage)
     for prefix, counters in (("train", train_counters), ("eval", eval_counters)):
         for k, v in counters.items():

@@ -91,11 +91,12 @@ def test_sft_and_rl_report_accuracy_and_bpb_at_start_and_end(chain):
 def test_rl_counts_groups_samples_and_signal(chain):
     work, plan = chain
     c = manifest(work, plan, "rl")["counters"]
-    assert c["rl.groups"] == 3 * 2
-    assert sum(c.get(f"rl.samples_{k}", 0) for k in ("correct", "wrong", "malformed")) == 3 * 2 * 3
-    assert 0 <= c.get("rl.groups_zero_variance", 0) <= c["rl.groups"]
-    assert c["rl.updates"] == 3 * 2  # ppo_epochs (2) per step
-    assert c["train.engram.rows_read"] > 0 and c["eval.engram.rows_read"] > 0
+    assert c["rl.groups"] == 3 * 2 * 2  # steps x prompts_per_step x oversample
+    assert sum(c.get(f"rl.samples_{k}", 0) for k in ("correct", "wrong", "malformed")) == 3 * 2 * 2 * 3
+    zero = c.get("rl.groups_zero_variance", 0)
+    assert c.get("rl.groups_trained", 0) <= min(c["rl.groups"] - zero, 3 * 2)
+    assert c.get("rl.updates", 0) == 2 * (3 - c.get("rl.steps_without_signal", 0))  # ppo_epochs (2) per step with signal
+    assert c["eval.engram.rows_read"] > 0
     # promote_at 0 promotes a family as soon as its window (2 groups) fills; 6 groups fill at least one
     levels = manifest(work, plan, "rl")["final"]["curriculum_levels"]
     assert all(levels[f] == 1 + c.get(f"rl.promotions.{f}", 0) for f in ("add", "reverse"))
@@ -176,3 +177,63 @@ def test_grpo_loss_clips_the_ratio_per_sign_of_the_advantage_and_adds_k3():
     kl = grpo_loss(torch.zeros(1, 1), torch.zeros(1, 1), torch.full((1, 1), d), torch.zeros(1, 1),
                    torch.ones(1, 1, dtype=torch.bool), 0.2, 1.0)
     assert kl.item() == pytest.approx(math.exp(d) - d - 1) and kl.item() > 0
+
+
+def test_rl_trains_on_signal_groups_and_ships_the_selected_checkpoint(chain, monkeypatch):
+    """The tiny chain model earns no reward, so a stand-in verifier (correct iff the reply's first byte
+    is even) gives groups mixed rewards: rl must train on them, and the artifact must hold the weights of
+    the checkpoint its dev curve selected."""
+    from safetensors.torch import load_file
+
+    from dormouse import task_eval
+    from dormouse.cli import main as dormouse_main
+    from dormouse.store import artifact_digest
+
+    work, plan = chain
+    job = json.loads(plan.job_json("rl", plan.chain["tiny"]["rl"]))
+    rl = job["params"]["rl"]
+    rl.update({"steps": 4, "prompts_per_step": 3, "group_size": 4, "warmup_steps": 1, "lr": 0.01,
+               "select": {"every": 2, "items_per_cell": 4}})
+    digest = artifact_digest("rl", job["format_version"], job["params"],
+                             {k: v["digest"] for k, v in job["inputs"].items()}, job["retractions"])
+    out = Path(job["out"]).parent / digest
+    job.update(digest=digest, out=str(out))
+    monkeypatch.setattr(task_eval, "grade", lambda item, g: "correct" if g and g[0] % 2 == 0 else "wrong")
+    monkeypatch.chdir(work)
+    assert dormouse_main(["rl", "--job", json.dumps(job)]) == 0
+    m = json.loads((work / out / "manifest.json").read_text())
+    c = m["counters"]
+    trained_steps = 4 - c.get("rl.steps_without_signal", 0)
+    assert trained_steps > 0 and c["rl.updates"] == 2 * trained_steps
+    assert 0 < c["rl.groups_trained"] <= 3 * trained_steps  # at most prompts_per_step of the 6 drawn groups
+    assert c["rl.groups_trained"] <= c["rl.groups"] - c.get("rl.groups_zero_variance", 0)
+    assert c["train.engram.rows_read"] > 0 and c["train.kda_path.torch"] > 0
+    sel = m["final"]["selection"]
+    assert [s for s, _ in sel["curve"]] == [0, 2, 4] and sel["dev_items"] == 2 * 1 * 4
+    best = max(acc for _, acc in sel["curve"])
+    assert sel["selected_step"] == min(s for s, acc in sel["curve"] if acc == best)  # earliest best
+    sft_dir = work / plan.artifact_dir("sft", plan.chain["tiny"]["sft"])
+    shipped, sft_w = load_file(work / out / "model.safetensors"), load_file(sft_dir / "model.safetensors")
+    same = all(torch.equal(shipped[k], sft_w[k]) for k in sft_w)
+    assert same == (sel["selected_step"] == 0)  # step 0 ships the sft weights; a later step does not
+
+
+def test_selection_restores_the_earliest_best_checkpoint(monkeypatch):
+    from dormouse import task_eval
+    from dormouse.stages.rl import Selection
+
+    scores = iter([0.1, 0.3, 0.2, 0.3])  # steps 0, 2, 4, 6: the best (0.3) first at step 2
+    monkeypatch.setattr(task_eval, "accuracy", lambda *a: {"accuracy": next(scores)})
+    model = torch.nn.Linear(2, 2)
+    sel = Selection(model, ["dev item"], {"max_new_bytes": 4}, "cpu", {"dtype": "float32"})
+    rl = {"steps": 6, "select": {"every": 2}}
+    weights = {}
+    for step in range(1, 7):
+        with torch.no_grad():
+            model.weight.add_(1.0)
+        weights[step] = model.weight.detach().clone()
+        if sel.due(step, rl):
+            sel.check(step)
+    sel.restore()
+    assert torch.equal(model.weight, weights[2])
+    assert sel.report() == {"dev_items": 1, "curve": [(0, 0.1), (2, 0.3), (4, 0.2), (6, 0.3)], "selected_step": 2}

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from dormouse import chat, task_eval
+from dormouse import chat, task_eval, tasks
 from dormouse.model.config import ModelConfig
 from model_util import live_model
 
@@ -61,3 +61,12 @@ def test_sampled_accuracy_is_seeded(one_thread):
     a = draw(0)
     assert a == draw(0)
     assert a["samples_per_item"] == 4 and 0 <= a["malformed"] <= 4 * len(items)
+
+
+def test_dev_items_are_rl_items_beyond_the_stream_and_never_held_out():
+    params = {"families": ["add", "sort"], "difficulties": [1, 2], "heldout_items": 16}
+    dev = task_eval.dev_items(params, 16)
+    assert len(dev) == 2 * 2 * 16
+    assert all(tasks.split_of_seed(it.seed) == "rl" and it.seed >= tasks.SPLITS["rl"][task_eval.DEV_SEED_OFFSET]
+               for it in dev)
+    assert not {it.prompt for it in dev} & {it.prompt for it in task_eval.heldout_items(params)}

@@ -2,15 +2,22 @@
 
     dormouse rl --job "$(dormouse plan --preset tiny --stage rl)"
 
-Per step: `prompts_per_step` prompts from the rl seed split, `group_size` samples each (temperature,
-optional top-k); reward 1 for a verified answer, else 0 (malformed replies are counted apart from
-wrong ones); advantage = (r - group mean) / (group std + 1e-4), zero for a group whose rewards are all
-equal (no learning signal: counted); `ppo_epochs` gradient steps on the clipped-ratio objective
-against the sampling policy, plus `kl_coef` x the k3 estimate of KL to the frozen SFT model. Loss is
-averaged over each reply's bytes (the END that stops it included), then over replies.
+Per step: `prompts_per_step` x `oversample` prompts from the rl seed split, `group_size` samples each
+(temperature, optional top-k); reward 1 for a verified answer, else 0 (malformed replies are counted
+apart from wrong ones); advantage = (r - group mean) / (group std + 1e-4). A group whose rewards are
+all equal carries no learning signal (counted): the step trains on the first `prompts_per_step` groups
+that do (DAPO's dynamic sampling), so most of a batch is signal even when most groups are all-wrong.
+`ppo_epochs` gradient steps on the clipped-ratio objective against the sampling policy, plus
+`kl_coef` x the k3 estimate of KL to the frozen SFT model. Loss is averaged over each reply's bytes
+(the END that stops it included), then over replies. The lr warms up linearly over `warmup_steps`:
+a fresh AdamW's first steps are sign steps of the full lr on every parameter, and on small they moved
+the policy so far that the second PPO epoch's loss was 3.6 instead of ~0.
 Curriculum: each family starts at `curriculum.start` and moves up one difficulty when its mean reward
 over the last `window` groups reaches `promote_at` (so the reward is not all zero at the start).
-Reports held-out task accuracy and corpus BPB at start and end, as sft does.
+Model selection: every `select.every` steps (and at step 0, the SFT model) greedy exact match on a dev
+set of rl-split items (task_eval.dev_items, never the held-out bench items); the stage keeps the best
+of those checkpoints, the earliest on a tie, so an update that hurts greedy decoding is not shipped.
+Reports held-out task accuracy and corpus BPB at start and end (of the selected model), as sft does.
 """
 
 from __future__ import annotations
@@ -27,7 +34,7 @@ import torch.nn.functional as F
 from dormouse import chat, task_eval
 from dormouse.byte_stream import eval_window
 from dormouse.decode import generate
-from dormouse.optim import build_optimizers
+from dormouse.optim import build_optimizers, set_lr, wsd_multiplier
 from dormouse.runtime import (autocast, checked_counters, deterministic_cpu, device_for, load_model, pad_width,
                               save_model_artifact)
 from dormouse.stage import input_artifact, parse_job, summary, writer
@@ -52,6 +59,38 @@ class Curriculum:
             q.clear()
             return True
         return False
+
+
+class Selection:
+    """Greedy dev accuracy at step 0 and every `select.every` steps; keeps a CPU copy of the best weights
+    (the earliest on a tie). With `every` 0 it does nothing and the last step's model is kept."""
+
+    def __init__(self, model, dev: list, task_params: dict, device, params: dict):
+        self.model, self.dev, self.device = model, dev, device
+        self.max_new, self.run = task_params["max_new_bytes"], {"dtype": params["dtype"]}
+        self.curve: list[tuple[int, float]] = []
+        self.best, self.best_step, self.state = -1.0, 0, None
+        if dev:
+            self.check(0)
+
+    def due(self, step: int, rl: dict) -> bool:
+        every = rl["select"]["every"]
+        return bool(self.dev) and (step % every == 0 or step == rl["steps"])
+
+    def check(self, step: int) -> float:
+        acc = task_eval.accuracy(self.model, self.dev, self.max_new, self.device, self.run)["accuracy"]
+        self.curve.append((step, acc))
+        if acc > self.best:
+            self.best, self.best_step = acc, step
+            self.state = {k: v.detach().to("cpu", copy=True) for k, v in self.model.state_dict().items()}
+        return acc
+
+    def restore(self) -> None:
+        if self.state is not None:
+            self.model.load_state_dict(self.state)
+
+    def report(self) -> dict:
+        return {"dev_items": len(self.dev), "curve": self.curve, "selected_step": self.best_step if self.dev else None}
 
 
 def group_advantages(rewards: torch.Tensor, group_size: int) -> torch.Tensor:
@@ -114,65 +153,78 @@ def main(argv=None) -> int:
     stream = task_eval.item_stream("rl", families, curriculum, rl["seed"])
     gen = torch.Generator().manual_seed(rl["seed"])  # a CPU generator: the same draws on any device
     G, temp, max_new = rl["group_size"], rl["temperature"], task_params["max_new_bytes"]
+    dev = task_eval.dev_items(task_params, rl["select"]["items_per_cell"]) if rl["select"]["every"] else []
 
     with writer(job) as art:
         c = art.counters
         train_counters, eval_counters = Counter(), Counter()
         start = held_out(model, heldout, params, device, ex, ey, eval_counters)
         print(f"[rl] start: {held_out_line(start)}", flush=True)
+        select = Selection(model, dev, task_params, device, params)
         metrics, t0 = [], time.time()
         for step in range(rl["steps"]):
-            items = [next(stream) for _ in range(rl["prompts_per_step"])]
+            set_lr(opts, wsd_multiplier(step, rl["steps"], rl["warmup_steps"], 0.0, 1.0))
+            items = [next(stream) for _ in range(rl["prompts_per_step"] * rl["oversample"])]
             unique = [chat.prompt_bytes(it.prompt) for it in items]
-            prompts = [p for p in unique for _ in range(G)]
             model.eval()
             with torch.no_grad(), autocast(device, params):
                 replies = generate(model, unique, max_new, temperature=temp, top_k=rl["top_k"], generator=gen,
                                    samples_per_prompt=G)
-                old_lp, mask = reply_logprobs(model, prompts, replies, temp, device)
-                ref_lp = reply_logprobs(ref, prompts, replies, temp, device)[0] if ref is not None else None
-            rewards = torch.zeros(len(prompts))
-            grades = []
+            grades = [task_eval.grade(items[j // G], r) for j, r in enumerate(replies)]
+            rewards = torch.tensor([float(g == "correct") for g in grades]).view(-1, G)
+            signal = []  # groups with a learning signal, in draw order
             for i, it in enumerate(items):
-                g = [task_eval.grade(it, r) for r in replies[i * G : (i + 1) * G]]
-                grades += g
-                r = torch.tensor([float(x == "correct") for x in g])
-                rewards[i * G : (i + 1) * G] = r
                 c["rl.groups"] += 1
-                if float(r.std()) == 0.0:
+                if float(rewards[i].std()) == 0.0:
                     c["rl.groups_zero_variance"] += 1
-                if curriculum.record(it.family, float(r.mean())):
+                else:
+                    signal.append(i)
+                if curriculum.record(it.family, float(rewards[i].mean())):
                     c[f"rl.promotions.{it.family}"] += 1
             tally = Counter(grades)
             for k in ("correct", "wrong", "malformed"):
                 c[f"rl.samples_{k}"] += tally[k]
-            adv = group_advantages(rewards, G).to(device).unsqueeze(1)
-            if not bool((adv != 0).any()):
+            keep = signal[: rl["prompts_per_step"]]
+            c["rl.groups_trained"] += len(keep)
+            loss = None
+            if not keep:
                 c["rl.steps_without_signal"] += 1
-            model.train()
-            for _ in range(rl["ppo_epochs"]):
-                with autocast(device, params):
-                    new_lp, _ = reply_logprobs(model, prompts, replies, temp, device, train_counters)
-                loss = grpo_loss(new_lp, old_lp, ref_lp, adv, mask, rl["clip_eps"], rl["kl_coef"])
-                if not torch.isfinite(loss):
-                    raise SystemExit(f"rl: non-finite loss at step {step}")
-                loss.backward()
-                torch.nn.utils.clip_grad_norm_(params_list, rl["grad_clip"])
-                for opt in opts:
-                    opt.step()
-                    opt.zero_grad(set_to_none=True)
-                c["rl.updates"] += 1
-            row = {"step": step + 1, "reward": round(float(rewards.mean()), 4), "loss": round(loss.item(), 5),
-                   "malformed": tally["malformed"], "levels": dict(curriculum.level),
-                   "elapsed_s": round(time.time() - t0, 2)}
+            else:
+                rows = [i * G + j for i in keep for j in range(G)]
+                prompts, kept = [unique[i // G] for i in rows], [replies[i] for i in rows]
+                adv = group_advantages(rewards[keep].reshape(-1), G).to(device).unsqueeze(1)
+                with torch.no_grad(), autocast(device, params):
+                    old_lp, mask = reply_logprobs(model, prompts, kept, temp, device)
+                    ref_lp = reply_logprobs(ref, prompts, kept, temp, device)[0] if ref is not None else None
+                model.train()
+                for _ in range(rl["ppo_epochs"]):
+                    with autocast(device, params):
+                        new_lp, _ = reply_logprobs(model, prompts, kept, temp, device, train_counters)
+                    loss = grpo_loss(new_lp, old_lp, ref_lp, adv, mask, rl["clip_eps"], rl["kl_coef"])
+                    if not torch.isfinite(loss):
+                        raise SystemExit(f"rl: non-finite loss at step {step}")
+                    loss.backward()
+                    torch.nn.utils.clip_grad_norm_(params_list, rl["grad_clip"])
+                    for opt in opts:
+                        opt.step()
+                        opt.zero_grad(set_to_none=True)
+                    c["rl.updates"] += 1
+            row = {"step": step + 1, "reward": round(float(rewards.mean()), 4), "groups_trained": len(keep),
+                   "loss": None if loss is None else round(loss.item(), 5), "malformed": tally["malformed"],
+                   "levels": dict(curriculum.level), "elapsed_s": round(time.time() - t0, 2)}
+            if select.due(step + 1, rl):
+                row["dev_accuracy"] = select.check(step + 1)
             metrics.append(row)
             print(f"[rl] {json.dumps(row)}", flush=True)
+        select.restore()
+        print(f"[rl] selected step {select.best_step} of {rl['steps']} (dev greedy {select.best})", flush=True)
         end = held_out(model, heldout, params, device, ex, ey, eval_counters)
         print(f"[rl] end: {held_out_line(end)}", flush=True)
-        checked_counters(c, cfg, train_counters, eval_counters, "rl")
+        checked_counters(c, cfg, train_counters, eval_counters, "rl", trained=c["rl.updates"] > 0)
         c["rl.steps"] = rl["steps"]
         save_model_artifact(art, model, {"model": cfg.to_dict(), "rl": rl, "tasks": task_params}, metrics)
         art.extra["final"] = {"start": start, "end": end, "eval_bytes": eval_bytes, "heldout_items": len(heldout),
-                              "curriculum_levels": dict(curriculum.level), "device": str(device)}
+                              "curriculum_levels": dict(curriculum.level), "device": str(device),
+                              "selection": select.report()}
         summary("rl", c)
     return 0
