@@ -4,6 +4,7 @@
 #   for s in pretrain sft rl export bench; do dormouse plan --preset small --stage $s > .job/small_$s.json; done
 # carried: $WHL (default .whl: fla-core, jsonschema + deps, zstandard, ml_dtypes for cp312; the
 # 64 MiB carry limit may need a smaller set), .job, and the input artifacts under results/store.
+# JOBDIR (default .job) holds the jobs, so an rl arm's chain (benchmarks/gpu_small_rl_arms.sh) runs the same way.
 # Stages already built on this (warm) machine are skipped and a killed pretrain resumes from its
 # scratch checkpoint, so a second call continues the first. Everything stops before BUDGET_S.
 # Back in $OUT: logs, art/small_chain.tar (manifests, metrics, bench.json), with WEIGHTS_BACK="sft"
@@ -12,25 +13,23 @@
 # (triton_autotune.tgz, a few hundred KB; the whole cache is over $OUT's 16 MiB a file). Carry
 # that tgz in .cache_h200/ and the next lease skips most of the autotune (~150-400 s cold).
 set -uo pipefail
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site ${WHL:-.whl}/*.whl || exit 1
-export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 TRITON_CACHE_DIR=${TRITON_CACHE_DIR:-$PWD/.triton}
-mkdir -p "$TRITON_CACHE_DIR"
-[ -f .cache_h200/triton_autotune.tgz ] && tar -xzf .cache_h200/triton_autotune.tgz -C "$TRITON_CACHE_DIR"
+source benchmarks/gpu_env.sh
+J=${JOBDIR:-.job}
 deadline=$(( $(date +%s) + ${BUDGET_S:-560} ))
 for s in ${STAGES:-pretrain sft rl export bench}; do
-  out=$(python3 -c "import json; print(json.load(open('.job/small_$s.json'))['out'])")
+  out=$(python3 -c "import json; print(json.load(open('$J/small_$s.json'))['out'])")
   if [ -f "$out/manifest.json" ]; then echo "$s: already built ($out)"; continue; fi
   left=$(( deadline - $(date +%s) ))
   if [ "$left" -lt 30 ]; then echo "$s: no time left in this call; call again"; break; fi
   echo "$s: running (at most ${left}s)"
-  timeout "$left" python3 -m dormouse.cli "$s" --job @.job/small_$s.json > "$OUT/$s.log" 2>&1
+  timeout "$left" python3 -m dormouse.cli "$s" --job @$J/small_$s.json > "$OUT/$s.log" 2>&1
   rc=$?
   grep -E "^\[$s\] (start|end|step:|[a-z0-9@]+: |rl@)" "$OUT/$s.log" | tail -20
   if [ "$rc" -ne 0 ]; then echo "$s: exit $rc (see $s.log)"; tail -5 "$OUT/$s.log"; break; fi
 done
 mkdir -p "$OUT/art"
 for s in pretrain sft rl export bench; do
-  d=$(python3 -c "import json; print(json.load(open('.job/small_$s.json'))['out'])")
+  d=$(python3 -c "import json; print(json.load(open('$J/small_$s.json'))['out'])")
   [ -f "$d/manifest.json" ] || continue
   tar -rf "$OUT/art/small_chain.tar" -C "$d/.." "$(basename "$d")/manifest.json" \
     $(cd "$d" && ls metrics.jsonl bench.json 2>/dev/null | sed "s|^|$(basename "$d")/|")
@@ -38,7 +37,7 @@ done
 # $OUT returns at most 8 files: 3 parts per model, one tar, the autotune tgz and one log per stage run.
 if [ -n "${WEIGHTS_BACK:-}" ]; then
   for s in $WEIGHTS_BACK; do
-    d=$(python3 -c "import json; print(json.load(open('.job/small_$s.json'))['out'])")
+    d=$(python3 -c "import json; print(json.load(open('$J/small_$s.json'))['out'])")
     [ -f "$d/manifest.json" ] || continue
     split -b 15M "$d/model.safetensors" "$OUT/art/${s}_$(basename "$d").part_"
     tar -rf "$OUT/art/small_chain.tar" -C "$d/.." "$(basename "$d")/config.json"
