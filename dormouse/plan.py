@@ -39,7 +39,7 @@ STAGES = {
         StageSpec("anchors", 1, ("shard",)),
         StageSpec("pretrain", 3, ("shard",)),  # 2: batch rows from B lanes; 3: epochs exclude lane tails
         StageSpec("sft", 1, ("pretrain", "shard")),
-        StageSpec("rl", 1, ("sft", "shard")),
+        StageSpec("rl", 2, ("sft", "shard")),  # 2: trains on no dev-split prompt (its selection set)
         StageSpec("export", 1, ("rl", "shard")),
         StageSpec("bench", 1, ("pretrain", "sft", "rl", "export", "anchors", "shard")),
     )

@@ -21,16 +21,11 @@ def heldout_items(task_params: dict) -> list[tasks.Item]:
             for it in tasks.items("bench", fam, d, task_params["heldout_items"])]
 
 
-# rl's dev set (model selection) is rl-split items from this seed on; item_stream stops short of it. Small
-# cells (one-digit sums) have few rl-owned prompts, so there dev shares prompts with rl's training items,
-# never with the held-out bench items.
-DEV_SEED_OFFSET = 900_000
-
-
 def dev_items(task_params: dict, per_cell: int) -> list[tasks.Item]:
-    """`per_cell` rl-split items of every (family, difficulty), from DEV_SEED_OFFSET on."""
+    """`per_cell` dev-split items of every (family, difficulty): rl's model-selection set, whose prompts
+    rl never trains on and the held-out set never asks."""
     return [it for fam in task_params["families"] for d in task_params["difficulties"]
-            for it in tasks.items("rl", fam, d, per_cell, start=DEV_SEED_OFFSET)]
+            for it in tasks.items("dev", fam, d, per_cell)]
 
 
 def grade(item: tasks.Item, generated: bytes) -> str:
@@ -116,7 +111,5 @@ def item_stream(split: str, families: list[str], difficulty_of, seed: int) -> It
         fam = rng.choice(families)
         diff = difficulty_of(fam, rng)
         idx = next_index[(fam, diff)]
-        if split == "rl" and idx >= DEV_SEED_OFFSET:
-            raise RuntimeError(f"item_stream: cell {fam}@{diff} of split rl reached the dev seeds ({DEV_SEED_OFFSET})")
         next_index[(fam, diff)] += 1
         yield tasks.make_item(fam, diff, tasks.SPLITS[split][idx])

@@ -13,7 +13,9 @@ Splits are disjoint by construction, on prompt text. A prompt belongs to the spl
 sha256 of its text; an item made from a seed in split S redraws until its prompt belongs to S.
 Disjoint seed ranges alone would not do: 1-digit addition has only 100 prompts, so every large
 sample of any two ranges shares some. The price is that each split sees only its share of a small
-prompt space (SFT never trains on the 1-digit sums the benchmark asks).
+prompt space (SFT never trains on the 1-digit sums the benchmark asks). The dev split (rl's model
+selection) is a quarter of rl's prompts, by a second slice of the same hash, so rl neither trains on
+the prompts it selects its checkpoint by nor ever sees the benchmark's.
 """
 
 from __future__ import annotations
@@ -26,8 +28,10 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 DIFFICULTIES = range(1, 6)
-SPLITS = {"sft": range(0, 10**6), "rl": range(10**6, 2 * 10**6), "bench": range(2 * 10**6, 3 * 10**6)}
-# A prompt's owner: its sha256 picks one of these slots (sft gets half of every prompt space).
+SPLITS = {"sft": range(0, 10**6), "rl": range(10**6, 2 * 10**6), "bench": range(2 * 10**6, 3 * 10**6),
+          "dev": range(3 * 10**6, 4 * 10**6)}
+# A prompt's owner: its sha256 picks one of these slots (sft gets half of every prompt space); a second
+# slice of the hash gives a quarter of the rl slot to dev.
 PROMPT_SLOTS = ("sft", "sft", "rl", "bench")
 # Redraws before giving up on landing in a split; a slot holds 1/4 of prompts, so 0.75**1000 ~ 1e-125.
 _MAX_DRAWS = 1000
@@ -185,7 +189,10 @@ def split_of_prompt(prompt: str) -> str:
     # sha256, not FNV-1a: FNV's low bits depend only on the input bytes' low bits, so "mod 4" would
     # split additions by the parity of their digits.
     digest = hashlib.sha256(prompt.encode("utf-8")).digest()
-    return PROMPT_SLOTS[int.from_bytes(digest[:8], "big") % len(PROMPT_SLOTS)]
+    slot = PROMPT_SLOTS[int.from_bytes(digest[:8], "big") % len(PROMPT_SLOTS)]
+    if slot == "rl" and int.from_bytes(digest[8:16], "big") % 4 == 0:
+        return "dev"
+    return slot
 
 
 def _family(name: str) -> Family:

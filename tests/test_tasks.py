@@ -84,7 +84,7 @@ def test_unknown_family_and_difficulty_are_errors():
     with pytest.raises(ValueError, match="difficulty 6"):
         make_item("add", 6, 0)
     with pytest.raises(ValueError, match="in no split"):
-        make_item("add", 1, 3 * 10**6)
+        make_item("add", 1, 4 * 10**6)
     with pytest.raises(ValueError, match="outside"):
         list(items("bench", "add", 1, 2, start=10**6 - 1))
 
@@ -140,7 +140,7 @@ def test_small_prompt_spaces_are_shared_out_without_bias():
     prompts = {s: {it.prompt: int(it.answer) for it in items(s, "add", 1, 2000)} for s in SPLITS}
     assert sum(len(p) for p in prompts.values()) == 100
     for split, answers in prompts.items():
-        assert len(answers) >= 10, split
+        assert len(answers) >= (4 if split == "dev" else 10), (split, len(answers))  # dev: 1/16 of the space
         assert {a % 2 for a in answers.values()} == {0, 1}, split
 
 

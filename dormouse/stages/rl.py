@@ -14,9 +14,10 @@ a fresh AdamW's first steps are sign steps of the full lr on every parameter, an
 the policy so far that the second PPO epoch's loss was 3.6 instead of ~0.
 Curriculum: each family starts at `curriculum.start` and moves up one difficulty when its mean reward
 over the last `window` groups reaches `promote_at` (so the reward is not all zero at the start).
-Model selection: every `select.every` steps (and at step 0, the SFT model) greedy exact match on a dev
-set of rl-split items (task_eval.dev_items, never the held-out bench items); the stage keeps the best
-of those checkpoints, the earliest on a tie, so an update that hurts greedy decoding is not shipped.
+Model selection: every `select.every` steps (and at step 0, the SFT model) greedy exact match on the
+dev split (task_eval.dev_items: prompts rl never trains on and the held-out set never asks); the stage
+keeps the best of those checkpoints, the earliest on a tie, so an update that hurts greedy decoding is
+not shipped.
 Reports held-out task accuracy and corpus BPB at start and end (of the selected model), as sft does.
 """
 
