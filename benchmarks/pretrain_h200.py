@@ -24,21 +24,20 @@ its train section unless --batch-size / --seq-len) it measures, one after the ot
                   sigmoid fused into its kernel) -- what our layer could be
   ours            (a) our pretrain step, the same work as one step of dormouse/stages/pretrain.py's loop:
                   ByteLM (the preset's config, Engram included), build_optimizers (Muon for hidden
-                  matrices + AdamW), set_lr (WSD), bf16 autocast, the NaN firewall's two host syncs
-                  (loss + non-finite flag through distributed.all_sum before backward, isfinite of the grad
-                  norm after clip_grad_norm_), both optimizer steps, zero_grad -- the loop at world size 1
-                  (mirrored here: a change to the loop's step must be copied into ours_step)
+                  matrices + AdamW), set_lr (WSD), bf16 autocast, the stage's NaN firewall
+                  (dormouse/firewall.py: on CUDA it decides on the device, no host sync; on CPU two host
+                  syncs), both optimizer steps, zero_grad -- the loop at world size 1
   sdpa            (c) a plain byte Transformer: RMSNorm, causal F.scaled_dot_product_attention with RoPE,
                   SwiGLU, fp32 head; same width, depth (cfg.depth) and head layout, its SwiGLU width chosen
                   so its non-embedding parameters match ours (within a few %; printed)
-  ours_nosync     (a) without the firewall's two host syncs: the same step as fla_kda and sdpa get
+  ours_nosync     (a) without the firewall: the same step as fla_kda and sdpa get
   ours_compile    (a2, opt-in with --compile) (a) with torch.compile(model) (FLA's kernels are
                   torch.compiler.disable'd: graph breaks around them)
 
 Every training system uses the same optimizer split (Muon for the 2-D weights of nn.Linear layers inside
 blocks, AdamW for embeddings, head, norms, biases, convs and 1-D parameters: `build_optimizers` itself,
 through a `param_groups()` given to the peer models), bf16 autocast, fp32 master weights,
-clip_grad_norm_(grad_clip). fla_kda, sdpa and ours_nosync do no host sync inside a step.
+clip_grad_norm_(grad_clip). fla_kda, sdpa, ours_nosync and (on CUDA) ours do no host sync inside a step.
 
 Timing. Triton autotunes (and compiles) every kernel on its first call at each shape: each system first
 runs --warmup steps (default 10; kernel rows: --kernel-warmup calls) outside the timed region -- their
@@ -127,6 +126,7 @@ import torch.nn.functional as F  # noqa: E402
 from torch import nn  # noqa: E402
 
 from dormouse import distributed  # noqa: E402
+from dormouse.firewall import Firewall  # noqa: E402
 from dormouse.config import load_preset  # noqa: E402
 from dormouse.model.config import ModelConfig  # noqa: E402
 from dormouse.model.ffn import SwiGLU  # noqa: E402
@@ -401,13 +401,16 @@ def random_batches(batch: int, seq_len: int, device: torch.device, seed: int, n:
 # -------------------------------------------------------------------------------------------------
 def ours_step(model, opts, cfg: ModelConfig, train: dict, device, batches, counters: Counter,
               firewall: bool = True, forward=None):
-    """One step of dormouse/stages/pretrain.py's loop (firewall=True: with its two host syncs); `forward`
-    replaces model.__call__ (a compiled model), and then the model gets counters=None: dynamo guards on the
-    Counter's int values, so counting inside a compiled forward recompiles it every step (seen on CPU,
-    torch 2.13: `dict.__getitem__(counters, ...) == 640` guard failures). Returns the step's loss."""
+    """One step of dormouse/stages/pretrain.py's loop (firewall=True: its Firewall, deciding on the device
+    on CUDA as the stage does, on the host elsewhere); `forward` replaces model.__call__ (a compiled
+    model), and then the model gets counters=None: dynamo guards on the Counter's int values, so counting
+    inside a compiled forward recompiles it every step (seen on CPU, torch 2.13: `dict.__getitem__(counters,
+    ...) == 640` guard failures). Returns the step's loss."""
     params = list(model.parameters())
     model_counters = counters if forward is None else None
     forward = model if forward is None else forward
+    fw = Firewall(opts, params, train["grad_clip"], train["max_bad_steps"], ONE_PROCESS,
+                  on_device=device.type == "cuda") if firewall else None
     state = {"i": 0}
 
     def step():
@@ -418,24 +421,13 @@ def ours_step(model, opts, cfg: ModelConfig, train: dict, device, batches, count
         with autocast(device, train):
             _, loss = forward(x, y, counters=model_counters)
             total = loss + train["moe_aux_coef"] * model.aux_loss if cfg.moe else loss
-        if firewall:  # as the loop at world size 1: loss and non-finite flag to the host in one sync
-            _, nonfinite = distributed.all_sum(torch.stack([loss.detach().float(), (~torch.isfinite(total.detach())).float()]),
-                                               ONE_PROCESS)
-            ok = nonfinite == 0
-            if ok:
-                total.backward()
-                grad_norm = torch.nn.utils.clip_grad_norm_(params, train["grad_clip"])
-                ok = bool(torch.isfinite(grad_norm))
-            if ok:
-                for opt in opts:
-                    opt.step()
-            else:
-                counters["steps_skipped_nonfinite"] += 1
-        else:
-            total.backward()
-            torch.nn.utils.clip_grad_norm_(params, train["grad_clip"])
-            for opt in opts:
-                opt.step()
+        if fw is not None:  # the stage's step: backward, clip, guarded optimizer steps, zero_grad
+            fw.step(loss, total, f"step {i}")
+            return loss
+        total.backward()
+        torch.nn.utils.clip_grad_norm_(params, train["grad_clip"])
+        for opt in opts:
+            opt.step()
         for opt in opts:
             opt.zero_grad(set_to_none=True)
         return loss
@@ -505,7 +497,7 @@ def run_ours(ctx: Ctx, firewall: bool = True, compiled: bool = False) -> dict:
     batches = random_batches(ctx.batch, ctx.seq_len, dev, ctx.args.seed)
     counters = Counter()
     forward = None
-    note = "firewall syncs" if firewall else "no host sync in the step"
+    note = (f"firewall on the {'device' if dev.type == 'cuda' else 'host'}" if firewall else "no firewall")
     if compiled:
         forward = torch.compile(model, backend=ctx.args.compile_backend)
         note += f"; torch.compile(model, backend={ctx.args.compile_backend}), model counters off"

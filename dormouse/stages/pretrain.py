@@ -14,6 +14,9 @@ train.batch_size rows (a multiple of the world size), each rank trains on its co
 every batch and DistributedDataParallel averages the gradients, so the run differs from one process
 only by floating-point reduction order; the world size is no param and not in the digest. Rank 0
 writes the checkpoints, the artifact and the history entry; a checkpoint resumes under any world size.
+
+A non-finite step is skipped whole (dormouse/firewall.py); on CUDA that decision stays on the device,
+so no step waits for the GPU: the loss and the counts reach the host at log and checkpoint steps.
 """
 
 from __future__ import annotations
@@ -31,16 +34,13 @@ from torch.nn.parallel import DistributedDataParallel
 
 from dormouse import checkpoint, distributed, history
 from dormouse.byte_stream import StreamState, TrainStream, eval_window
+from dormouse.firewall import BadStepsError, Firewall  # noqa: F401 (BadStepsError: the stage's abort)
 from dormouse.model.config import ModelConfig
 from dormouse.model.gpt import ByteLM, count_params
 from dormouse.optim import build_optimizers, set_lr, wsd_multiplier
 from dormouse.runtime import LN2, autocast, check_arms_active, deterministic_cpu, device_for, evaluate
 from dormouse.stage import input_artifact, parse_job, summary, writer
 from dormouse.store import scratch_dir
-
-
-class BadStepsError(RuntimeError):
-    pass
 
 
 def main(argv=None) -> int:
@@ -97,7 +97,9 @@ def run(job: dict, cfg: ModelConfig, train: dict, shards, world: distributed.Wor
         # Muon and AdamW then step on identical full gradients on every rank.
         net = model if world.size == 1 else DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
 
-        params = [p for p in model.parameters()]
+        firewall = Firewall(opts, model.parameters(), train["grad_clip"], train["max_bad_steps"], world,
+                            on_device=device.type == "cuda")
+        firewall.resume(bad_in_row)
         t_last, bytes_last = time.time(), 0
         net.train()
         for step in range(start, train["steps"]):
@@ -108,33 +110,14 @@ def run(job: dict, cfg: ModelConfig, train: dict, shards, world: distributed.Wor
             with autocast(device, train):
                 _, loss = net(x, y, counters=train_counters)
                 total = loss + train["moe_aux_coef"] * model.aux_loss if cfg.moe else loss
-            # Every rank takes the firewall's decision together, before backward: DDP's all-reduce in
-            # backward needs all of them or it hangs. Summed with it: the loss, for the global mean.
-            loss_sum, nonfinite = distributed.all_sum(torch.stack([loss.detach().float(), (~torch.isfinite(total.detach())).float()]), world)
-            ok = nonfinite == 0
-            if ok:
-                total.backward()
-                grad_norm = torch.nn.utils.clip_grad_norm_(params, train["grad_clip"])
-                ok = bool(torch.isfinite(grad_norm))  # the same on every rank: the gradients were all-reduced
-            if ok:
-                for opt in opts:
-                    opt.step()
-                bad_in_row = 0
-            else:  # the NaN firewall: skip the whole step (no update at all), count it (once, not once per rank)
-                if world.is_main:
-                    train_counters["steps_skipped_nonfinite"] += 1
-                bad_in_row += 1
-                if bad_in_row > train["max_bad_steps"]:
-                    raise BadStepsError(f"pretrain: {bad_in_row} non-finite steps in a row at step {step}; aborting")
-            for opt in opts:
-                opt.zero_grad(set_to_none=True)
+            firewall.step(loss, total, f"step {step}")
             c["train.steps_run_this_process"] += 1
             bytes_last += x.numel() * world.size
-            mean_loss = loss_sum / world.size  # every rank holds the same number of rows
 
             done = step + 1
             row = None
             if done % train["log_every"] == 0 or done == train["steps"]:
+                mean_loss = read_firewall(firewall, train_counters, world, f"step {done}")
                 now = time.time()
                 row = {"step": done, "loss": round(mean_loss, 5), "bpb": round(mean_loss / LN2, 5),
                        "lr": opts[-1].param_groups[0]["lr"], "tokens_per_s": round(bytes_last / max(now - t_last, 1e-9), 1),
@@ -149,6 +132,8 @@ def run(job: dict, cfg: ModelConfig, train: dict, shards, world: distributed.Wor
                 metrics.append(row)
                 say(f"[pretrain] {json.dumps(row)}", flush=True)
             if done % train["ckpt_every"] == 0 and done < train["steps"]:
+                read_firewall(firewall, train_counters, world, f"step {done}")
+                bad_in_row = firewall.bad_in_row
                 if world.is_main:
                     train_counters["checkpoints_written"] += 1  # before the save, so a resumed run counts it too
                 snap_train, snap_eval = totals(resumed_train, train_counters, world), totals(resumed_eval, eval_counters, world)
@@ -161,6 +146,7 @@ def run(job: dict, cfg: ModelConfig, train: dict, shards, world: distributed.Wor
                     })
                 distributed.barrier(world)
 
+        read_firewall(firewall, train_counters, world, "the end")
         train_total, eval_total = totals(resumed_train, train_counters, world), totals(resumed_eval, eval_counters, world)
         if distributed.check_replicas(model, world):
             c["ddp.replica_checks"] += 1
@@ -190,6 +176,15 @@ def run(job: dict, cfg: ModelConfig, train: dict, shards, world: distributed.Wor
     if world.is_main:
         record_history(Path(job["out"]))
     distributed.barrier(world)  # the other ranks wait until the artifact is in place
+
+
+def read_firewall(firewall: Firewall, train_counters: Counter, world: distributed.World, where: str) -> float:
+    """The last step's loss; skipped steps into the counters (once, not once per rank)."""
+    loss = firewall.read(where)
+    skipped = firewall.take_skipped()
+    if world.is_main and skipped:
+        train_counters["steps_skipped_nonfinite"] += skipped
+    return loss
 
 
 def totals(resumed: Counter, local: Counter, world: distributed.World) -> Counter:

@@ -1,0 +1,142 @@
+"""The NaN firewall of a training step: a step whose loss or gradient norm is not finite changes
+nothing (no weight, no optimizer state) and is counted; more than `max_bad_steps` in a row abort.
+
+Two ways to decide, with the same result:
+- host: the loss's finiteness reaches the host before backward and the gradient norm's after it (two
+  syncs a step). CPU runs use it: there a sync costs nothing.
+- device (CUDA): the decision stays a tensor, so the step never waits for the GPU. Backward and every
+  optimizer step always run; fused AdamW skips its own update from `found_inf` (as under GradScaler),
+  and any other optimizer (Muon) gets its parameters and state put back with torch.where. The counts
+  stay on the device until `read()` (log and checkpoint steps), so an abort for too many bad steps in a
+  row comes at the next read, at most log_every steps late.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+from dormouse import distributed
+
+
+class BadStepsError(RuntimeError):
+    pass
+
+
+def _fused_adam(opt: torch.optim.Optimizer) -> bool:
+    return isinstance(opt, (torch.optim.Adam, torch.optim.AdamW)) and bool(opt.defaults.get("fused"))
+
+
+def _state_tensors(opt: torch.optim.Optimizer) -> dict[tuple[int, str], torch.Tensor]:
+    return {(id(p), k): v for p, st in opt.state.items() for k, v in st.items() if isinstance(v, torch.Tensor)}
+
+
+def guarded_step(opt: torch.optim.Optimizer, ok: torch.Tensor) -> None:
+    """opt.step(), undone on the device where `ok` (a bool scalar tensor) is False."""
+    if _fused_adam(opt):
+        opt.found_inf = (~ok).float()
+        try:
+            opt.step()
+        finally:
+            del opt.found_inf
+        return
+    params = [p for g in opt.param_groups for p in g["params"] if p.grad is not None]
+    old_params = [p.detach().clone() for p in params]
+    old_state = {k: v.clone() for k, v in _state_tensors(opt).items()}
+    opt.step()
+    with torch.no_grad():
+        for p, old in zip(params, old_params):
+            p.copy_(torch.where(ok, p, old))
+        # State the step created (Muon's momentum, a first step's moments) starts at zero when made.
+        for key, v in _state_tensors(opt).items():
+            v.copy_(torch.where(ok, v, old_state[key] if key in old_state else torch.zeros_like(v)))
+
+
+class Firewall:
+    """backward, gradient clipping, the optimizer steps (or none of them) and zero_grad, for one step."""
+
+    def __init__(self, opts, params, grad_clip: float, max_bad_steps: int, world: distributed.World,
+                 on_device: bool):
+        self.opts, self.params, self.grad_clip, self.max_bad = opts, list(params), grad_clip, max_bad_steps
+        self.world, self.on_device = world, on_device
+        self.bad_in_row = 0  # host path; the device path keeps tensors until read()
+        self.skipped = 0  # skipped steps not yet handed out by take_skipped()
+        self.last_loss: float | torch.Tensor | None = None
+        if on_device:
+            dev = self.params[0].device
+            if any(st.get("step") is not None and st["step"].device != dev for o in opts for st in o.state.values()):
+                raise ValueError("firewall on the device: an optimizer keeps its step count on the host (use fused AdamW)")
+            self._skipped = torch.zeros((), dtype=torch.int64, device=dev)
+            self._bad = torch.zeros((), dtype=torch.int64, device=dev)
+            self._bad_max = torch.zeros((), dtype=torch.int64, device=dev)
+
+    def resume(self, bad_in_row: int) -> None:
+        """Carry a resumed run's count of bad steps in a row."""
+        self.bad_in_row = bad_in_row
+        if self.on_device:
+            self._bad.fill_(bad_in_row)
+
+    def step(self, loss: torch.Tensor, total: torch.Tensor, where: str) -> None:
+        """`loss` is what is logged, `total` what is minimised (loss + auxiliary terms)."""
+        if self.on_device:
+            self._step_device(loss, total)
+        else:
+            self._step_host(loss, total, where)
+        for opt in self.opts:
+            opt.zero_grad(set_to_none=True)
+
+    def _step_host(self, loss, total, where: str) -> None:
+        # Every rank takes the decision together, before backward: DDP's all-reduce in backward needs
+        # all of them or it hangs. Summed with it: the loss, for the global mean.
+        loss_sum, nonfinite = distributed.all_sum(torch.stack([loss.detach().float(), (~torch.isfinite(total.detach())).float()]), self.world)
+        self.last_loss = loss_sum / self.world.size  # every rank holds the same number of rows
+        ok = nonfinite == 0
+        if ok:
+            total.backward()
+            grad_norm = torch.nn.utils.clip_grad_norm_(self.params, self.grad_clip)
+            ok = bool(torch.isfinite(grad_norm))  # the same on every rank: the gradients were all-reduced
+        if ok:
+            for opt in self.opts:
+                opt.step()
+            self.bad_in_row = 0
+            return
+        self.skipped += 1
+        self.bad_in_row += 1
+        if self.bad_in_row > self.max_bad:
+            raise BadStepsError(f"pretrain: {self.bad_in_row} non-finite steps in a row at {where}; aborting")
+
+    def _step_device(self, loss, total) -> None:
+        nonfinite = (~torch.isfinite(total.detach())).float()
+        if self.world.size > 1:  # a collective on the device: no host wait
+            dist.all_reduce(nonfinite, op=dist.ReduceOp.SUM)
+        total.backward()  # always: DDP's gradient all-reduce needs every rank, finite or not
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.params, self.grad_clip, foreach=True)
+        ok = torch.isfinite(grad_norm) & (nonfinite == 0)
+        for opt in self.opts:
+            guarded_step(opt, ok)
+        bad = ~ok
+        self._skipped += bad
+        self._bad = (self._bad + 1) * bad
+        torch.maximum(self._bad_max, self._bad, out=self._bad_max)
+        self.last_loss = loss.detach()
+
+    def read(self, where: str) -> float:
+        """The last step's loss (mean over ranks) as a float; on the device path, also the counts (one
+        sync) and the abort check."""
+        if not self.on_device:
+            return self.last_loss
+        loss_sum, skipped, bad, bad_max = distributed.all_sum(
+            torch.stack([self.last_loss.float(), self._skipped.float(), self._bad.float(), self._bad_max.float()]), self.world)
+        w = self.world.size  # the counts are the same on every rank: summed, they are w times one rank's
+        self.skipped += int(skipped / w) - getattr(self, "_skipped_read", 0)
+        self._skipped_read = int(skipped / w)
+        self.bad_in_row = int(bad / w)
+        if bad_max / w > self.max_bad:
+            raise BadStepsError(f"pretrain: {int(bad_max / w)} non-finite steps in a row by {where} "
+                                f"(more than max_bad_steps {self.max_bad}); aborting")
+        return loss_sum / w
+
+    def take_skipped(self) -> int:
+        """Skipped steps counted since the last call (after a read on the device path)."""
+        n, self.skipped = self.skipped, 0
+        return n

@@ -1,0 +1,65 @@
+"""The NaN firewall decides on the host (CPU runs) or on the device (CUDA, no sync in the step): both
+must skip exactly the same steps and leave bit-identical weights and optimizer state."""
+
+import pytest
+import torch
+
+from dormouse.distributed import World
+from dormouse.firewall import BadStepsError, Firewall
+
+ONE = World(rank=0, size=1, local_rank=0)
+
+
+def setup(fused: bool):
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 4))
+    mats = [p for p in model.parameters() if p.ndim == 2]
+    vecs = [p for p in model.parameters() if p.ndim == 1]
+    opts = [torch.optim.Muon(mats, lr=0.02, momentum=0.95, nesterov=True),
+            torch.optim.AdamW(vecs, lr=0.01, betas=(0.9, 0.95), fused=fused)]
+    return model, opts
+
+
+def run(on_device: bool, fused: bool, bad: set[int], steps: int = 6, max_bad: int = 3):
+    model, opts = setup(fused)
+    fw = Firewall(opts, model.parameters(), 1.0, max_bad, ONE, on_device=on_device)
+    gen = torch.Generator().manual_seed(1)
+    losses = []
+    for i in range(steps):
+        x, y = torch.randn(32, 8, generator=gen), torch.randn(32, 4, generator=gen)
+        loss = torch.nn.functional.mse_loss(model(x), y)
+        if i in bad:
+            loss = loss * float("nan")
+        fw.step(loss, loss, f"step {i}")
+        losses.append(fw.read(f"step {i}"))
+    state = {f"{j}.{id_}.{k}": v.clone() for j, o in enumerate(opts)
+             for id_, (p, st) in enumerate(o.state.items()) for k, v in st.items()}
+    return {k: v.detach().clone() for k, v in model.state_dict().items()}, state, fw.take_skipped(), losses
+
+
+@pytest.mark.parametrize("fused", [False, True])
+def test_device_decision_skips_the_same_steps_bit_for_bit(fused):
+    w_host, s_host, n_host, l_host = run(False, fused, bad={0, 3})
+    w_dev, s_dev, n_dev, l_dev = run(True, fused, bad={0, 3})
+    assert n_host == n_dev == 2
+    assert s_host.keys() == s_dev.keys()
+    for k in w_host:
+        assert torch.equal(w_host[k], w_dev[k]), k
+    for k in s_host:
+        assert torch.equal(s_host[k], s_dev[k]), k
+    w_clean, *_ = run(True, fused, bad=set())
+    assert not all(torch.equal(w_clean[k], w_dev[k]) for k in w_dev)  # the skips did change the run
+    assert [x != x for x in l_dev] == [x != x for x in l_host]  # NaN exactly at the skipped steps
+
+
+def test_a_skipped_first_step_leaves_no_optimizer_state_behind():
+    w_dev, s_dev, *_ = run(True, False, bad={0}, steps=1)
+    model, _ = setup(False)
+    assert all(torch.equal(w_dev[k], v) for k, v in model.state_dict().items())
+    assert all(not v.any() for v in s_dev.values())  # lazily made state is back at zero
+
+
+@pytest.mark.parametrize("on_device", [False, True])
+def test_too_many_bad_steps_in_a_row_abort(on_device):
+    with pytest.raises(BadStepsError, match="3 non-finite steps in a row"):
+        run(on_device, False, bad={1, 2, 3}, max_bad=2)
