@@ -1,0 +1,172 @@
+"""Held-out BPB at equal wall-clock: our pretrain model against a plain SDPA Transformer of equal
+non-embedding parameters (issue: H200 throughput, item 3). One system per call, so each fits a device
+call of 10 minutes:
+
+    python3 benchmarks/quality_h200.py --job .job/small_pretrain.json --systems ours --budget-s 480 --out $OUT/q_ours.tsv
+    python3 benchmarks/quality_h200.py --job .job/small_pretrain.json --systems sdpa --budget-s 480 --out $OUT/q_sdpa.tsv
+    .venv/bin/python benchmarks/quality_h200.py --job <a tiny pretrain job> --budget-s 5 --eval-every-s 2   # CPU
+
+Both systems read the pretrain job's data the same way (TrainStream over the shard artifact's train
+shards, the job's batch, sequence length and seed) and are scored on the job's eval window (the eval
+tail from its start, eval_bytes). Same optimizer split (build_optimizers: Muon for the hidden matrices,
+AdamW for the rest), lr, warmup-stable-decay shape and grad clip; ours runs the stage's NaN firewall.
+The schedule runs on the clock: its progress is training seconds / budget, so both systems decay to
+the end of their budget whatever their step rate. Warm-up (Triton autotune, first-call compiles) runs on
+a throwaway copy before the clock starts; evaluation pauses the clock. The SDPA model is
+pretrain_h200.py's (c), with its parameter matching.
+
+Rows (one per eval): system, train_s, step, bytes, eval_bpb; the table (final BPB per system) prints last.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import torch  # noqa: E402
+
+from dormouse import distributed  # noqa: E402
+from dormouse.byte_stream import TrainStream, eval_window  # noqa: E402
+from dormouse.firewall import Firewall  # noqa: E402
+from dormouse.model.config import ModelConfig  # noqa: E402
+from dormouse.model.gpt import ByteLM, count_params  # noqa: E402
+from dormouse.optim import build_optimizers, set_lr, wsd_multiplier  # noqa: E402
+from dormouse.runtime import autocast, evaluate  # noqa: E402
+from dormouse.stage import input_artifact  # noqa: E402
+from pretrain_h200 import attach_param_groups, build_sdpa, sdpa_layout, versions  # noqa: E402
+
+SYSTEMS = ("ours", "sdpa")
+PROGRESS_STEPS = 10_000  # the clock's progress in these units drives wsd_multiplier
+
+
+class CounterFree(torch.nn.Module):
+    """The SDPA model under runtime.evaluate's call (it passes counters)."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.model = model
+
+    def forward(self, idx, targets=None, counters=None):
+        return self.model(idx, targets)
+
+
+def build(system: str, cfg: ModelConfig, train: dict, device: torch.device):
+    """(model to train, model to evaluate, optimizers, parameter note)."""
+    if system == "ours":
+        model = ByteLM(cfg).to(device)
+        return model, model, build_optimizers(model, train), f"{count_params(cfg)['non_embedding']:,} non-embedding"
+    lay = sdpa_layout(cfg)
+    model = build_sdpa(cfg).to(device)
+    attach_param_groups(model, [model.blocks])
+    return model, CounterFree(model), build_optimizers(model, train), f"{lay['non_embedding']:,} non-embedding (target {lay['target']:,})"
+
+
+def train_for(system: str, cfg: ModelConfig, train: dict, shards, device, budget_s: float, eval_every_s: float,
+              warmup_steps: int, log) -> list[dict]:
+    torch.manual_seed(train["seed"])
+    model, scored, opts, note = build(system, cfg, train, device)
+    bins = [shards.file(n) for n in shards.files("train/") if n.endswith(".bin")]
+    ex, ey, eval_bytes = eval_window(shards.file("eval/tail.bin"), train["eval_bytes"], train["seq_len"])
+    counters = Counter()
+
+    def loss_of(m, x, y):
+        with autocast(device, train):
+            _, loss = m(x, y, counters=counters) if system == "ours" else m(x, y)
+            if system == "ours" and cfg.moe:
+                loss = loss + train["moe_aux_coef"] * m.aux_loss
+        return loss
+
+    if warmup_steps:  # autotune and compile on a copy: the timed model starts from its init
+        w_model = copy.deepcopy(model)
+        w_opts = build_optimizers(w_model, train) if system == "ours" else None
+        if w_opts is None:
+            attach_param_groups(w_model, [w_model.blocks])
+            w_opts = build_optimizers(w_model, train)
+        w_stream = TrainStream(bins, train["batch_size"], train["seq_len"], train["seed"] + 1)
+        t = time.time()
+        for _ in range(warmup_steps):
+            x, y = (a.to(device) for a in w_stream.next_batch())
+            loss_of(w_model, x, y).backward()
+            for o in w_opts:
+                o.step()
+                o.zero_grad(set_to_none=True)
+        evaluate(CounterFree(w_model) if system == "sdpa" else w_model, ex[: train["batch_size"]], ey[: train["batch_size"]],
+                 train["batch_size"], device, train, Counter())
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        log(f"{system}: warm-up {warmup_steps} steps + one eval batch on a copy: {time.time() - t:.1f} s")
+        del w_model, w_opts
+
+    stream = TrainStream(bins, train["batch_size"], train["seq_len"], train["seed"])
+    fw = Firewall(opts, model.parameters(), train["grad_clip"], train["max_bad_steps"], distributed.World(),
+                  on_device=device.type == "cuda")
+    rows, spent, step, next_eval = [], 0.0, 0, 0.0
+    warm = max(1, int(PROGRESS_STEPS * train["warmup_steps"] / train["steps"]))  # the preset's warmup share
+    model.train()
+    while True:
+        if spent >= next_eval or spent >= budget_s:
+            bpb = evaluate(scored, ex, ey, train["batch_size"], device, train, counters)
+            rows.append({"system": system, "train_s": round(spent, 1), "step": step,
+                         "bytes": step * train["batch_size"] * train["seq_len"], "eval_bpb": round(bpb, 5),
+                         "eval_bytes": eval_bytes, "note": note})
+            log(f"{system}: {json.dumps(rows[-1])}")
+            next_eval += eval_every_s
+            if spent >= budget_s:
+                return rows
+        t = time.time()
+        progress = min(int(PROGRESS_STEPS * spent / budget_s), PROGRESS_STEPS - 1)
+        set_lr(opts, wsd_multiplier(progress, PROGRESS_STEPS, warm, train["decay_frac"], train["min_lr_frac"]))
+        for _ in range(10):  # ten steps between clock reads: the read syncs the device
+            x, y = stream.next_batch()
+            x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
+            loss = loss_of(model, x, y)
+            fw.step(loss, loss, f"step {step}")
+            step += 1
+        fw.read(f"step {step}")  # the sync that makes the clock honest, and the firewall's abort check
+        spent += time.time() - t
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--job", required=True, help="a pretrain job JSON (dormouse plan --stage pretrain), file or @file")
+    ap.add_argument("--systems", nargs="+", default=list(SYSTEMS), choices=SYSTEMS)
+    ap.add_argument("--budget-s", type=float, default=600.0, help="training seconds per system (eval excluded)")
+    ap.add_argument("--eval-every-s", type=float, default=60.0)
+    ap.add_argument("--warmup-steps", type=int, default=5, help="steps on a throwaway copy before the clock starts")
+    ap.add_argument("--out", type=Path, default=None, help="TSV of the curve rows")
+    args = ap.parse_args(argv)
+    text = args.job[1:] if args.job.startswith("@") else args.job
+    job = json.loads(Path(text).read_text() if not text.lstrip().startswith("{") else text)
+    cfg, train = ModelConfig.from_dict(job["params"]["model"]), dict(job["params"]["train"])
+    if train["device"] == "cuda" and not torch.cuda.is_available():
+        train["device"] = "cpu"
+        print("[quality] no CUDA device: running on CPU (numbers are not H200 numbers)", flush=True)
+    device = torch.device(train["device"])
+    shards = input_artifact(job, "shard")
+    print(f"[quality] {versions()}; {torch.cuda.get_device_name(device) if device.type == 'cuda' else 'cpu'}", flush=True)
+    rows = []
+    for system in args.systems:
+        rows += train_for(system, cfg, train, shards, device, args.budget_s, args.eval_every_s, args.warmup_steps,
+                          lambda m: print(f"[quality] {m}", flush=True))
+    keys = ["system", "train_s", "step", "bytes", "eval_bpb", "eval_bytes", "note"]
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text("\t".join(keys) + "\n" + "".join("\t".join(str(r[k]) for k in keys) + "\n" for r in rows))
+    print(f"\n{'system':<8} {'train_s':>8} {'steps':>7} {'bytes':>13} {'eval_bpb':>9}")
+    for system in args.systems:
+        last = [r for r in rows if r["system"] == system][-1]
+        print(f"{system:<8} {last['train_s']:>8} {last['step']:>7} {last['bytes']:>13,} {last['eval_bpb']:>9}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
