@@ -82,6 +82,18 @@ def checked_counters(c, cfg: ModelConfig, train_counters: Counter, eval_counters
             c[f"{prefix}.{k}"] = v
 
 
+def update(loss: torch.Tensor, params: list, opts: list, grad_clip: float, stage: str, step: int) -> None:
+    """One post-training update: a non-finite loss is a defect there (no firewall budget), then backward,
+    clip, every optimizer's step and zero_grad."""
+    if not torch.isfinite(loss):
+        raise SystemExit(f"{stage}: non-finite loss at step {step}")
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(params, grad_clip)
+    for opt in opts:
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+
 def save_model_artifact(art, model, config: dict, metrics: list[dict]) -> None:
     """What a training stage leaves: weights (safetensors), config.json and metrics.jsonl."""
     from safetensors.torch import save_file

@@ -23,7 +23,7 @@ from dormouse import chat, task_eval
 from dormouse.byte_stream import TrainStream, eval_window
 from dormouse.optim import build_optimizers, set_lr, wsd_multiplier
 from dormouse.runtime import (LN2, autocast, checked_counters, deterministic_cpu, device_for, evaluate, load_model, pad_width,
-                              save_model_artifact)
+                              save_model_artifact, update)
 from dormouse.stage import input_artifact, parse_job, summary, writer
 
 
@@ -95,13 +95,7 @@ def main(argv=None) -> int:
             if replay is not None:
                 task_loss = loss
                 loss = loss + sft["replay_weight"] * replay_loss
-            if not torch.isfinite(loss):  # no firewall budget here: a non-finite SFT loss is a defect
-                raise SystemExit(f"sft: non-finite loss at step {step}")
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(params_list, sft["grad_clip"])
-            for opt in opts:
-                opt.step()
-                opt.zero_grad(set_to_none=True)
+            update(loss, params_list, opts, sft["grad_clip"], "sft", step)
             c["train.assistant_bytes"] += n_bytes
             c["train.examples"] += len(x)
             if (step + 1) % sft["log_every"] == 0 or step + 1 == sft["steps"]:
