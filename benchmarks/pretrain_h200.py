@@ -132,7 +132,7 @@ from dormouse.model.config import ModelConfig  # noqa: E402
 from dormouse.model.ffn import SwiGLU  # noqa: E402
 from dormouse.model.gpt import ByteLM, count_params  # noqa: E402
 from dormouse.model.kda import KDAMixer, chunk_kda_torch, l2norm  # noqa: E402
-from dormouse.optim import build_optimizers, set_lr, wsd_multiplier  # noqa: E402
+from dormouse.optim import StackedMuon, build_optimizers, set_lr, wsd_multiplier  # noqa: E402
 from dormouse.runtime import autocast  # noqa: E402
 
 DEFAULT_OUT = ROOT / "benchmarks" / "pretrain_h200.tsv"
@@ -493,7 +493,7 @@ def run_ours(ctx: Ctx, firewall: bool = True, compiled: bool = False) -> dict:
     torch.manual_seed(ctx.args.seed)
     model = ByteLM(cfg).to(dev)
     model.train()
-    opts = build_optimizers(model, train)
+    opts = build_optimizers(model, train, muon_cls=StackedMuon if ctx.args.muon == "stacked" else None)
     batches = random_batches(ctx.batch, ctx.seq_len, dev, ctx.args.seed)
     counters = Counter()
     forward = None
@@ -838,6 +838,8 @@ def parse_args(argv=None):
     ap.add_argument("--batch-size", type=int, default=None, help="override the preset's train.batch_size")
     ap.add_argument("--seq-len", type=int, default=None, help="override the preset's train.seq_len")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--muon", choices=["torch", "stacked"], default="torch",
+                    help="the Muon of ours / ours_nosync / ours_compile: torch.optim.Muon or dormouse.optim.StackedMuon")
     ap.add_argument("--compile", action="store_true", help="add ours_compile (a2): torch.compile(model)")
     ap.add_argument("--compile-backend", default="inductor")
     ap.add_argument("--profile", action="store_true",

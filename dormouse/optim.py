@@ -20,7 +20,8 @@ def wsd_multiplier(step: int, total: int, warmup: int, decay_frac: float, min_lr
     return 1.0 - (1.0 - min_lr_frac) * min(progress, 1.0)
 
 
-def build_optimizers(model, train: dict) -> list[torch.optim.Optimizer]:
+def build_optimizers(model, train: dict, muon_cls=None) -> list[torch.optim.Optimizer]:
+    """muon_cls: torch.optim.Muon unless given (benchmarks/pretrain_h200.py --muon stacked passes StackedMuon)."""
     hidden, other = model.param_groups()
     ids = [id(p) for p in hidden + other]
     assert len(ids) == len(set(ids)) == len(list(model.parameters())), "every parameter in exactly one optimizer"
@@ -31,7 +32,7 @@ def build_optimizers(model, train: dict) -> list[torch.optim.Optimizer]:
         raise SystemExit(f"optimizer: muon requested but torch {torch.__version__} has no torch.optim.Muon (no silent AdamW fallback)")
     if hidden:
         if train["optimizer"] == "muon":
-            opts.append(torch.optim.Muon(hidden, lr=train["muon_lr"], momentum=0.95, nesterov=True,
+            opts.append((muon_cls or torch.optim.Muon)(hidden, lr=train["muon_lr"], momentum=0.95, nesterov=True,
                                          weight_decay=train["weight_decay"], adjust_lr_fn="match_rms_adamw"))
         else:  # optimizer: adamw for every parameter; hidden matrices keep the configured decay
             opts.append(torch.optim.AdamW(hidden, lr=train["lr"], betas=(0.9, 0.95), weight_decay=train["weight_decay"],
@@ -47,3 +48,53 @@ def set_lr(opts: list[torch.optim.Optimizer], multiplier: float) -> None:
     for opt in opts:
         for group in opt.param_groups:
             group["lr"] = group["initial_lr"] * multiplier
+
+
+class StackedMuon(torch.optim.Muon):
+    """torch.optim.Muon with the Newton–Schulz iterations run on a stack of every same-shape matrix
+    (baddbmm), not one matrix at a time: ~15 launches per shape a step instead of per matrix. Written
+    here because torch's Muon (2.13) has no batched path; the state (momentum_buffer per parameter),
+    the math and the lr adjustment are torch's, so checkpoints load either way. Equal to torch's up to
+    bf16 rounding (tests/test_optim.py); a candidate for pretrain, measured in benchmarks/pretrain_h200.py."""
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        from torch.optim._muon import _adjust_lr
+
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        for group in self.param_groups:
+            params, grads, bufs = [], [], []
+            self._init_group(group, params, grads, bufs)
+            if not params:
+                continue
+            momentum, lr, wd = group["momentum"], group["lr"], group["weight_decay"]
+            torch._foreach_lerp_(bufs, grads, 1 - momentum)
+            updates = torch._foreach_lerp(grads, bufs, momentum) if group["nesterov"] else bufs
+            by_shape: dict[tuple, list[int]] = {}
+            for i, p in enumerate(params):
+                by_shape.setdefault((tuple(p.shape), p.device), []).append(i)
+            for (shape, _), idx in by_shape.items():
+                ortho = _newton_schulz_stack(torch.stack([updates[i] for i in idx]), group["ns_coefficients"],
+                                             group["ns_steps"], group["eps"])
+                ps = [params[i] for i in idx]
+                if wd:
+                    torch._foreach_mul_(ps, 1 - lr * wd)
+                torch._foreach_add_(ps, list(ortho.unbind(0)), alpha=-_adjust_lr(lr, group["adjust_lr_fn"], shape))
+        return loss
+
+
+def _newton_schulz_stack(g: torch.Tensor, coefficients, steps: int, eps: float) -> torch.Tensor:
+    """torch.optim._muon._zeropower_via_newtonschulz over a stack [n, A, B] of matrices."""
+    a, b, c = coefficients
+    x = g.bfloat16()
+    tall = g.size(1) > g.size(2)
+    if tall:
+        x = x.transpose(1, 2)
+    x = x / x.flatten(1).norm(dim=1).clamp(min=eps)[:, None, None]
+    for _ in range(steps):
+        gram = torch.bmm(x, x.transpose(1, 2))
+        x = torch.baddbmm(x, torch.baddbmm(gram, gram, gram, beta=b, alpha=c), x, beta=a)
+    return x.transpose(1, 2) if tall else x

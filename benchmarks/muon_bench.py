@@ -1,0 +1,67 @@
+"""Optimizer step time: torch.optim.Muon against StackedMuon (batched Newton–Schulz) on a preset's
+hidden matrices, in the same run. On the H200 this is the lever the pretrain step needs (Muon ranked
+first in the CPU profile of our step); on CPU it shows the host-side share.
+
+    .venv/bin/python benchmarks/muon_bench.py --preset small            # CPU
+    python3 benchmarks/muon_bench.py --preset small --device cuda       # device tool
+"""
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import torch  # noqa: E402
+
+from dormouse.config import load_preset  # noqa: E402
+from dormouse.model.config import ModelConfig  # noqa: E402
+from dormouse.model.gpt import ByteLM  # noqa: E402
+from dormouse.optim import StackedMuon  # noqa: E402
+
+
+def time_steps(opt, params, device, steps: int, warmup: int) -> float:
+    gen = torch.Generator(device=device).manual_seed(0)
+    for p in params:
+        p.grad = torch.randn(p.shape, generator=gen, device=device)
+    times = []
+    for i in range(warmup + steps):
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        t = time.perf_counter()
+        opt.step()
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        if i >= warmup:
+            times.append(time.perf_counter() - t)
+    return statistics.median(times)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--preset", default="small")
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--steps", type=int, default=10)
+    ap.add_argument("--warmup", type=int, default=3)
+    args = ap.parse_args(argv)
+    device = torch.device(args.device)
+    cfg = ModelConfig.from_dict(load_preset(args.preset)["model"])
+    kw = dict(lr=0.02, momentum=0.95, nesterov=True, weight_decay=0.0, adjust_lr_fn="match_rms_adamw")
+    res = {}
+    for name, cls in (("torch.optim.Muon", torch.optim.Muon), ("StackedMuon", StackedMuon)):
+        torch.manual_seed(0)
+        hidden, _ = ByteLM(cfg).to(device).param_groups()
+        res[name] = time_steps(cls(hidden, **kw), hidden, device, args.steps, args.warmup)
+    shapes = sorted({tuple(p.shape) for p in hidden})
+    print(f"preset {args.preset}: {len(hidden)} hidden matrices in {len(shapes)} shapes {shapes}; device {device}; "
+          f"torch {torch.__version__}; threads {torch.get_num_threads()}")
+    base = res["torch.optim.Muon"]
+    for name, t in res.items():
+        print(f"{name:<18} {t * 1000:9.2f} ms/step   {base / t:5.2f} x torch.optim.Muon")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
