@@ -34,7 +34,7 @@ lint: env
 	$(BIN)/snakemake --lint
 
 dry-run: env
-	for p in tiny small medium b1; do $(BIN)/snakemake -n -q results/$$p/bench.json || exit 1; done
+	for p in tiny small medium b1; do $(BIN)/snakemake -n --quiet rules -- results/$$p/bench.json || exit 1; done
 
 clean-env:
 	rm -rf $(VENV)
