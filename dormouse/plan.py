@@ -38,10 +38,10 @@ STAGES = {
         StageSpec("shard", 2, ("filter",)),  # 2: documents in hash order
         StageSpec("anchors", 1, ("shard",)),
         StageSpec("pretrain", 3, ("shard",)),  # 2: batch rows from B lanes; 3: epochs exclude lane tails
-        StageSpec("sft", 1, ("pretrain", "shard")),
-        StageSpec("rl", 2, ("sft", "shard")),  # 2: trains on no dev-split prompt (its selection set)
+        StageSpec("sft", 2, ("pretrain", "shard")),  # 2: held-out accuracy with the constant-reply baseline
+        StageSpec("rl", 3, ("sft", "shard")),  # 2: trains on no dev-split prompt (its selection set); 3: as sft 2
         StageSpec("export", 1, ("rl", "shard")),
-        StageSpec("bench", 1, ("pretrain", "sft", "rl", "export", "anchors", "shard")),
+        StageSpec("bench", 2, ("pretrain", "sft", "rl", "export", "anchors", "shard")),  # 2: as sft 2
     )
 }
 

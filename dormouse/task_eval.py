@@ -64,9 +64,22 @@ def tally(graded: list[tuple[tasks.Item, str]]) -> dict:
     }
 
 
+def constant_baseline(items: list[tasks.Item]) -> float:
+    """The accuracy of the best constant reply per (family, difficulty): what a model that ignores the
+    operands scores (one-digit products are often 0, a letter count is often 1)."""
+    cells: dict[tuple, Counter] = {}
+    for it in items:
+        cells.setdefault((it.family, it.difficulty), Counter())[it.answer] += 1
+    return round(sum(c.most_common(1)[0][1] for c in cells.values()) / len(items), 5)
+
+
 def accuracy(model, items: list[tasks.Item], max_new_bytes: int, device, run: dict) -> dict:
-    """Exact-match accuracy by greedy decode, overall and per family / difficulty."""
-    return {"n": len(items), **tally([(it, grade(it, g)) for it, g in zip(items, answer(model, items, max_new_bytes, device, run))])}
+    """Exact-match accuracy by greedy decode, overall and per family / difficulty, beside the constant-reply
+    baseline and the number of distinct replies (a model that collapsed to one answer shows 1 or 2)."""
+    replies = answer(model, items, max_new_bytes, device, run)
+    return {"n": len(items), **tally([(it, grade(it, g)) for it, g in zip(items, replies)]),
+            "distinct_replies": len({chat.parse_assistant(g) for g in replies}),
+            "constant_baseline": constant_baseline(items)}
 
 
 @torch.no_grad()

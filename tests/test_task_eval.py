@@ -72,3 +72,13 @@ def test_dev_items_share_no_prompt_with_rl_training_or_the_held_out_set():
     dev_prompts = {it.prompt for it in dev}
     assert not dev_prompts & trained
     assert not dev_prompts & {it.prompt for it in task_eval.heldout_items(params)}
+
+
+def test_constant_baseline_is_the_best_fixed_reply_per_cell():
+    def item(fam, d, ans):
+        return tasks.Item(fam, d, 0, "p", ans)
+
+    items = [item("count", 1, "1"), item("count", 1, "1"), item("count", 1, "2"),
+             item("mul", 1, "0"), item("mul", 1, "6"), item("mul", 2, "12")]
+    # count@1: "1" hits 2 of 3; mul@1: any one of 2 hits 1; mul@2: 1 of 1
+    assert task_eval.constant_baseline(items) == round((2 + 1 + 1) / 6, 5)

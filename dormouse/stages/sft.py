@@ -53,7 +53,8 @@ def held_out(model, items, params, device, ex, ey, counters) -> dict:
 
 def held_out_line(r: dict) -> str:
     sampled = f" sampled {r['sampled']['accuracy']} (T {r['sampled']['temperature']})" if "sampled" in r else ""
-    return f"accuracy {r['accuracy']}{sampled} corpus_bpb {r['corpus_bpb']}"
+    return (f"accuracy {r['accuracy']} (constant-reply baseline {r['constant_baseline']}, {r['distinct_replies']} distinct "
+            f"replies){sampled} corpus_bpb {r['corpus_bpb']}")
 
 
 def main(argv=None) -> int:
