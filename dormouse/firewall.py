@@ -64,8 +64,10 @@ class Firewall:
         self.last_loss: float | torch.Tensor | None = None
         if on_device:
             dev = self.params[0].device
-            if any(st.get("step") is not None and st["step"].device != dev for o in opts for st in o.state.values()):
-                raise ValueError("firewall on the device: an optimizer keeps its step count on the host (use fused AdamW)")
+            if dev.type != "cpu" and any(isinstance(o, (torch.optim.Adam, torch.optim.AdamW)) and not _fused_adam(o)
+                                         for o in opts):
+                raise ValueError("firewall on the device: a non-fused Adam keeps its step count on the host (use fused=True)")
+            self._skipped_read = 0
             self._skipped = torch.zeros((), dtype=torch.int64, device=dev)
             self._bad = torch.zeros((), dtype=torch.int64, device=dev)
             self._bad_max = torch.zeros((), dtype=torch.int64, device=dev)
@@ -128,7 +130,7 @@ class Firewall:
         loss_sum, skipped, bad, bad_max = distributed.all_sum(
             torch.stack([self.last_loss.float(), self._skipped.float(), self._bad.float(), self._bad_max.float()]), self.world)
         w = self.world.size  # the counts are the same on every rank: summed, they are w times one rank's
-        self.skipped += int(skipped / w) - getattr(self, "_skipped_read", 0)
+        self.skipped += int(skipped / w) - self._skipped_read
         self._skipped_read = int(skipped / w)
         self.bad_in_row = int(bad / w)
         if bad_max / w > self.max_bad:

@@ -212,7 +212,8 @@ def main(argv=None) -> int:
             metrics.append(row)
             print(f"[rl] {json.dumps(row)}", flush=True)
         select.restore()
-        print(f"[rl] selected step {select.best_step} of {rl['steps']} (dev greedy {select.best})", flush=True)
+        if dev:
+            print(f"[rl] selected step {select.best_step} of {rl['steps']} (dev greedy {select.best})", flush=True)
         end = held_out(model, heldout, params, device, ex, ey, eval_counters)
         print(f"[rl] end: {held_out_line(end)}", flush=True)
         checked_counters(c, cfg, train_counters, eval_counters, "rl", trained=c["rl.updates"] > 0)
