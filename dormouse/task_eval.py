@@ -79,6 +79,7 @@ def accuracy(model, items: list[tasks.Item], max_new_bytes: int, device, run: di
     replies = answer(model, items, max_new_bytes, device, run)
     return {"n": len(items), **tally([(it, grade(it, g)) for it, g in zip(items, replies)]),
             "distinct_replies": len({chat.parse_assistant(g) for g in replies}),
+            "distinct_prompts": len({it.prompt for it in items}),  # small cells repeat prompts: the independent count
             "constant_baseline": constant_baseline(items)}
 
 
