@@ -81,10 +81,10 @@ rest "skipped: budget", and the table is still printed. Progress goes to stdout 
 appended to --out (TSV; header written when the file is new) as soon as its system finishes, and the
 table is printed LAST.
 
-Item 4 (CPU half): --check-equivalence [--equiv-steps N] trains two identical copies of (a) on the same
-batches, one plain, one through torch.compile (--compile-backend, default inductor), and compares the
-losses step by step (rel tol --equiv-tol, default 1e-4 on CPU fp32, 2e-2 on CUDA bf16); exit 1 on a
-mismatch. The only optimised path so far is --compile, opt-in. The compiled model is called with
+Item 4: --check-equivalence [--equiv-steps N] trains two identical copies of (a) on the same batches:
+plain (host firewall, torch's Muon, eager) and fast (the firewall deciding on the device, --muon, and
+torch.compile with --compile-backend, default inductor; "none" = no compile), and compares the losses
+step by step (rel tol --equiv-tol, default 1e-4 on CPU fp32, 2e-2 on CUDA bf16); exit 1 on a mismatch. The compiled model is called with
 counters=None: dynamo guards on the Counter's int values, so counting inside a compiled forward recompiles
 it every step (seen on CPU). Seen on CPU, torch 2.13, dry-run shapes: inductor passes (max rel diff 8e-7
 over 3 steps, but compiling the torch KDA path takes ~9 min on 2 cores); aot_eager fails in the backward
@@ -400,7 +400,7 @@ def random_batches(batch: int, seq_len: int, device: torch.device, seed: int, n:
 # Steps
 # -------------------------------------------------------------------------------------------------
 def ours_step(model, opts, cfg: ModelConfig, train: dict, device, batches, counters: Counter,
-              firewall: bool = True, forward=None):
+              firewall: bool = True, forward=None, firewall_on_device: bool | None = None):
     """One step of dormouse/stages/pretrain.py's loop (firewall=True: its Firewall, deciding on the device
     on CUDA as the stage does, on the host elsewhere); `forward` replaces model.__call__ (a compiled
     model), and then the model gets counters=None: dynamo guards on the Counter's int values, so counting
@@ -409,8 +409,8 @@ def ours_step(model, opts, cfg: ModelConfig, train: dict, device, batches, count
     params = list(model.parameters())
     model_counters = counters if forward is None else None
     forward = model if forward is None else forward
-    fw = Firewall(opts, params, train["grad_clip"], train["max_bad_steps"], ONE_PROCESS,
-                  on_device=device.type == "cuda") if firewall else None
+    on_device = device.type == "cuda" if firewall_on_device is None else firewall_on_device
+    fw = Firewall(opts, params, train["grad_clip"], train["max_bad_steps"], ONE_PROCESS, on_device=on_device) if firewall else None
     state = {"i": 0}
 
     def step():
@@ -710,24 +710,28 @@ assert list(RUNNERS) == [s for s in RUNNERS if s in ORDER] and set(RUNNERS) == s
 # Item 4: the optimised step gives the plain step's losses
 # -------------------------------------------------------------------------------------------------
 def check_equivalence(cfg: ModelConfig, train: dict, device: torch.device, batch: int, seq_len: int,
-                      steps: int = 3, backend: str = "inductor", seed: int = 0, tol: float | None = None) -> dict:
-    """Train two identical copies of (a) on the same batches, one plain, one through torch.compile(model,
-    backend=backend); return {"plain": [...], "compiled": [...], "max_rel": float, "tol": float, "ok": bool}."""
+                      steps: int = 3, backend: str = "inductor", seed: int = 0, tol: float | None = None,
+                      muon: str = "torch") -> dict:
+    """Train two identical copies of (a) on the same batches: plain (the firewall deciding on the host,
+    torch's Muon, no compile) and fast (the firewall deciding on the device, `muon`, torch.compile(model,
+    backend=backend) unless backend is "none"); return {"plain": [...], "fast": [...], "max_rel": float,
+    "tol": float, "ok": bool}."""
     tol = tol if tol is not None else (2e-2 if device.type == "cuda" else 1e-4)
     torch.manual_seed(seed)
     plain = ByteLM(cfg).to(device)
     twin = copy.deepcopy(plain)
     batches = random_batches(batch, seq_len, device, seed)
     losses = {}
-    for name, model, compiled in (("plain", plain, False), ("compiled", twin, True)):
+    for name, model, fast in (("plain", plain, False), ("fast", twin, True)):
         model.train()
-        opts = build_optimizers(model, train)
-        fwd = torch.compile(model, backend=backend) if compiled else None
-        step = ours_step(model, opts, cfg, train, device, batches, Counter(), firewall=True, forward=fwd)
+        opts = build_optimizers(model, train, muon_cls=StackedMuon if fast and muon == "stacked" else None)
+        fwd = torch.compile(model, backend=backend) if fast and backend != "none" else None
+        step = ours_step(model, opts, cfg, train, device, batches, Counter(), firewall=True, forward=fwd,
+                         firewall_on_device=fast)
         losses[name] = [float(step().detach().float().item()) for _ in range(steps)]
-    rel = [abs(a - b) / max(abs(a), 1e-12) for a, b in zip(losses["plain"], losses["compiled"])]
+    rel = [abs(a - b) / max(abs(a), 1e-12) for a, b in zip(losses["plain"], losses["fast"])]
     mx = max(rel) if rel else 0.0
-    return {**losses, "max_rel": mx, "tol": tol, "ok": all(math.isfinite(x) for x in losses["compiled"]) and mx <= tol}
+    return {**losses, "max_rel": mx, "tol": tol, "ok": all(math.isfinite(x) for x in losses["fast"]) and mx <= tol}
 
 
 # -------------------------------------------------------------------------------------------------
@@ -886,9 +890,10 @@ def main(argv=None) -> int:
         for name in args.presets:
             cfg, train, batch, seq_len = preset_setup(name, args, dry)
             res = check_equivalence(cfg, train, device, batch, seq_len, args.equiv_steps, args.compile_backend,
-                                    args.seed, args.equiv_tol)
-            log(f"equivalence {name} (B {batch} T {seq_len}, backend {args.compile_backend}): plain {res['plain']} "
-                f"compiled {res['compiled']} max rel diff {res['max_rel']:.3g} tol {res['tol']:.3g} -> "
+                                    args.seed, args.equiv_tol, args.muon)
+            log(f"equivalence {name} (B {batch} T {seq_len}, compile backend {args.compile_backend}, muon {args.muon}, "
+                f"firewall on the device): plain {res['plain']} "
+                f"fast {res['fast']} max rel diff {res['max_rel']:.3g} tol {res['tol']:.3g} -> "
                 f"{'OK' if res['ok'] else 'MISMATCH'}")
             bad += not res["ok"]
         return 1 if bad else 0

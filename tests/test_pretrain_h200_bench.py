@@ -198,6 +198,10 @@ def test_compiled_step_gives_the_plain_losses():
         torch._dynamo.reset()
     assert res["ok"], res
     assert len(res["plain"]) == 2 and res["max_rel"] <= 1e-4
+    # the stacked Muon, no compile: the same losses to bf16 Newton–Schulz rounding
+    res = bench.check_equivalence(cfg, train, torch.device("cpu"), batch=2, seq_len=16, steps=3, backend="none",
+                                  muon="stacked", tol=1e-2)
+    assert res["ok"] and len(res["fast"]) == 3, res
 
 
 def test_profile_dry_run_names_the_optimizer_and_the_mixer(one_thread):
