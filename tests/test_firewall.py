@@ -10,9 +10,9 @@ from dormouse.firewall import BadStepsError, Firewall
 ONE = World(rank=0, size=1, local_rank=0)
 
 
-def setup(fused: bool):
+def setup(fused: bool, device: str = "cpu"):
     torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 4))
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 4)).to(device)
     mats = [p for p in model.parameters() if p.ndim == 2]
     vecs = [p for p in model.parameters() if p.ndim == 1]
     opts = [torch.optim.Muon(mats, lr=0.02, momentum=0.95, nesterov=True),
@@ -20,13 +20,13 @@ def setup(fused: bool):
     return model, opts
 
 
-def run(on_device: bool, fused: bool, bad: set[int], steps: int = 6, max_bad: int = 3):
-    model, opts = setup(fused)
+def run(on_device: bool, fused: bool, bad: set[int], steps: int = 6, max_bad: int = 3, device: str = "cpu"):
+    model, opts = setup(fused, device)
     fw = Firewall(opts, model.parameters(), 1.0, max_bad, ONE, on_device=on_device)
     gen = torch.Generator().manual_seed(1)
     losses = []
     for i in range(steps):
-        x, y = torch.randn(32, 8, generator=gen), torch.randn(32, 4, generator=gen)
+        x, y = (torch.randn(32, n, generator=gen).to(device) for n in (8, 4))
         loss = torch.nn.functional.mse_loss(model(x), y)
         if i in bad:
             loss = loss * float("nan")
@@ -63,3 +63,17 @@ def test_a_skipped_first_step_leaves_no_optimizer_state_behind():
 def test_too_many_bad_steps_in_a_row_abort(on_device):
     with pytest.raises(BadStepsError, match="3 non-finite steps in a row"):
         run(on_device, False, bad={1, 2, 3}, max_bad=2)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_on_cuda_the_device_decision_matches_the_host_one():
+    """As the pretrain stage runs on CUDA (fused AdamW + Muon, the decision on the device) against the host
+    decision on the same GPU."""
+    w_host, s_host, n_host, _ = run(False, True, bad={1, 4}, device="cuda")
+    w_dev, s_dev, n_dev, _ = run(True, True, bad={1, 4}, device="cuda")
+    assert n_host == n_dev == 2
+    for k in w_host:
+        torch.testing.assert_close(w_host[k], w_dev[k], rtol=0, atol=1e-6)
+    for k in s_host:
+        torch.testing.assert_close(s_host[k], s_dev[k], rtol=0, atol=1e-6)
