@@ -12,7 +12,7 @@ tail from its start, eval_bytes). Same optimizer split (build_optimizers: Muon f
 AdamW for the rest), lr, warmup-stable-decay shape and grad clip; ours runs the stage's NaN firewall.
 The schedule runs on the clock: its progress is training seconds / budget, so both systems decay to
 the end of their budget whatever their step rate. Warm-up (Triton autotune, first-call compiles) runs on
-a throwaway copy before the clock starts; evaluation pauses the clock. The SDPA model is
+a throwaway model before the clock starts; evaluation pauses the clock. The SDPA model is
 pretrain_h200.py's (c), with its parameter matching.
 
 Rows (one per eval): system, train_s, step, bytes, eval_bpb; the table (final BPB per system) prints last.
@@ -21,7 +21,6 @@ Rows (one per eval): system, train_s, step, bytes, eval_bpb; the table (final BP
 from __future__ import annotations
 
 import argparse
-import copy
 import json
 import sys
 import time
@@ -72,8 +71,6 @@ def build(system: str, cfg: ModelConfig, train: dict, device: torch.device):
 
 def train_for(system: str, cfg: ModelConfig, train: dict, shards, device, budget_s: float, eval_every_s: float,
               warmup_steps: int, log) -> list[dict]:
-    torch.manual_seed(train["seed"])
-    model, scored, opts, note = build(system, cfg, train, device)
     bins = [shards.file(n) for n in shards.files("train/") if n.endswith(".bin")]
     ex, ey, eval_bytes = eval_window(shards.file("eval/tail.bin"), train["eval_bytes"], train["seq_len"])
     counters = Counter()
@@ -85,12 +82,8 @@ def train_for(system: str, cfg: ModelConfig, train: dict, shards, device, budget
                 loss = loss + train["moe_aux_coef"] * m.aux_loss
         return loss
 
-    if warmup_steps:  # autotune and compile on a copy: the timed model starts from its init
-        w_model = copy.deepcopy(model)
-        w_opts = build_optimizers(w_model, train) if system == "ours" else None
-        if w_opts is None:
-            attach_param_groups(w_model, [w_model.blocks])
-            w_opts = build_optimizers(w_model, train)
+    if warmup_steps:  # autotune and compile on a throwaway model of the same shapes: the timed one starts at its init
+        w_model, w_scored, w_opts, _ = build(system, cfg, train, device)
         w_stream = TrainStream(bins, train["batch_size"], train["seq_len"], train["seed"] + 1)
         t = time.time()
         for _ in range(warmup_steps):
@@ -99,13 +92,14 @@ def train_for(system: str, cfg: ModelConfig, train: dict, shards, device, budget
             for o in w_opts:
                 o.step()
                 o.zero_grad(set_to_none=True)
-        evaluate(CounterFree(w_model) if system == "sdpa" else w_model, ex[: train["batch_size"]], ey[: train["batch_size"]],
-                 train["batch_size"], device, train, Counter())
+        evaluate(w_scored, ex[: train["batch_size"]], ey[: train["batch_size"]], train["batch_size"], device, train, Counter())
         if device.type == "cuda":
             torch.cuda.synchronize(device)
-        log(f"{system}: warm-up {warmup_steps} steps + one eval batch on a copy: {time.time() - t:.1f} s")
-        del w_model, w_opts
+        log(f"{system}: warm-up {warmup_steps} steps + one eval batch on a throwaway model: {time.time() - t:.1f} s")
+        del w_model, w_scored, w_opts
 
+    torch.manual_seed(train["seed"])
+    model, scored, opts, note = build(system, cfg, train, device)
     stream = TrainStream(bins, train["batch_size"], train["seq_len"], train["seed"])
     fw = Firewall(opts, model.parameters(), train["grad_clip"], train["max_bad_steps"], distributed.World(),
                   on_device=device.type == "cuda")
@@ -141,7 +135,7 @@ def main(argv=None) -> int:
     ap.add_argument("--systems", nargs="+", default=list(SYSTEMS), choices=SYSTEMS)
     ap.add_argument("--budget-s", type=float, default=600.0, help="training seconds per system (eval excluded)")
     ap.add_argument("--eval-every-s", type=float, default=60.0)
-    ap.add_argument("--warmup-steps", type=int, default=5, help="steps on a throwaway copy before the clock starts")
+    ap.add_argument("--warmup-steps", type=int, default=5, help="steps on a throwaway model before the clock starts")
     ap.add_argument("--out", type=Path, default=None, help="TSV of the curve rows")
     args = ap.parse_args(argv)
     text = args.job[1:] if args.job.startswith("@") else args.job

@@ -133,7 +133,6 @@ def run(job: dict, cfg: ModelConfig, train: dict, shards, world: distributed.Wor
                 say(f"[pretrain] {json.dumps(row)}", flush=True)
             if done % train["ckpt_every"] == 0 and done < train["steps"]:
                 read_firewall(firewall, train_counters, world, f"step {done}")
-                bad_in_row = firewall.bad_in_row
                 if world.is_main:
                     train_counters["checkpoints_written"] += 1  # before the save, so a resumed run counts it too
                 snap_train, snap_eval = totals(resumed_train, train_counters, world), totals(resumed_eval, eval_counters, world)
@@ -141,7 +140,7 @@ def run(job: dict, cfg: ModelConfig, train: dict, shards, world: distributed.Wor
                     c["ddp.replica_checks"] += 1
                 if world.is_main:
                     checkpoint.save(ckpt_root, done, model, opts, {
-                        "stream": stream.state.to_dict(), "metrics": metrics, "bad_in_row": bad_in_row,
+                        "stream": stream.state.to_dict(), "metrics": metrics, "bad_in_row": firewall.bad_in_row,
                         "train_counters": dict(snap_train), "eval_counters": dict(snap_eval),
                     })
                 distributed.barrier(world)
