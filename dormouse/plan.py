@@ -39,7 +39,7 @@ STAGES = {
         StageSpec("anchors", 1, ("shard",)),
         StageSpec("pretrain", 3, ("shard",)),  # 2: batch rows from B lanes; 3: epochs exclude lane tails
         StageSpec("sft", 2, ("pretrain", "shard")),  # 2: held-out accuracy with the constant-reply baseline
-        StageSpec("rl", 3, ("sft", "shard")),  # 2: trains on no dev-split prompt (its selection set); 3: as sft 2
+        StageSpec("rl", 4, ("sft", "shard")),  # 2: no dev-split prompt in training; 3: as sft 2; 4: paired selection
         StageSpec("export", 1, ("rl", "shard")),
         StageSpec("bench", 2, ("pretrain", "sft", "rl", "export", "anchors", "shard")),  # 2: as sft 2
     )

@@ -50,6 +50,11 @@ def answer(model, items: list[tasks.Item], max_new_bytes: int, device, run: dict
     return out
 
 
+def correct(model, items: list[tasks.Item], max_new_bytes: int, device, run: dict) -> list[bool]:
+    """Per item, whether the greedy reply is verified correct (for paired comparisons of two models)."""
+    return [grade(it, g) == "correct" for it, g in zip(items, answer(model, items, max_new_bytes, device, run))]
+
+
 def tally(graded: list[tuple[tasks.Item, str]]) -> dict:
     """(item, grade) pairs -> accuracy, correct and malformed counts, and accuracy per family@difficulty."""
     total = Counter(g for _, g in graded)

@@ -193,7 +193,7 @@ def test_rl_trains_on_signal_groups_and_ships_the_selected_checkpoint(chain, mon
     job = json.loads(plan.job_json("rl", plan.chain["tiny"]["rl"]))
     rl = job["params"]["rl"]
     rl.update({"steps": 4, "prompts_per_step": 3, "group_size": 4, "warmup_steps": 1, "lr": 0.01,
-               "select": {"every": 2, "items_per_cell": 4}})
+               "select": {"every": 2, "items_per_cell": 4, "min_z": 2.0}})
     digest = artifact_digest("rl", job["format_version"], job["params"],
                              {k: v["digest"] for k, v in job["inputs"].items()}, job["retractions"])
     out = Path(job["out"]).parent / digest
@@ -210,30 +210,55 @@ def test_rl_trains_on_signal_groups_and_ships_the_selected_checkpoint(chain, mon
     assert c["train.engram.rows_read"] > 0 and c["train.kda_path.torch"] > 0
     sel = m["final"]["selection"]
     assert [s for s, _ in sel["curve"]] == [0, 2, 4] and sel["dev_items"] == 2 * 1 * 4
-    best = max(acc for _, acc in sel["curve"])
-    assert sel["selected_step"] == min(s for s, acc in sel["curve"] if acc == best)  # earliest best
+    assert [p["step"] for p in sel["vs_step0"]] == [2, 4] and sel["min_z"] == 2.0
+    eligible = {0} | {p["step"] for p in sel["vs_step0"] if p["z"] >= sel["min_z"]}
+    best = max(acc for s, acc in sel["curve"] if s in eligible)
+    assert sel["selected_step"] == min(s for s, acc in sel["curve"] if s in eligible and acc == best)
     sft_dir = work / plan.artifact_dir("sft", plan.chain["tiny"]["sft"])
     shipped, sft_w = load_file(work / out / "model.safetensors"), load_file(sft_dir / "model.safetensors")
     same = all(torch.equal(shipped[k], sft_w[k]) for k in sft_w)
     assert same == (sel["selected_step"] == 0)  # step 0 ships the sft weights; a later step does not
 
 
-def test_selection_restores_the_earliest_best_checkpoint(monkeypatch):
+def run_selection(monkeypatch, rows: list[list[bool]], min_z: float):
+    """Selection over steps 0, 2, 4, ... whose dev correctness is `rows`; the weights move every step.
+    Returns the selection and the weights of each step."""
     from dormouse import task_eval
     from dormouse.stages.rl import Selection
 
-    scores = iter([0.1, 0.3, 0.2, 0.3])  # steps 0, 2, 4, 6: the best (0.3) first at step 2
-    monkeypatch.setattr(task_eval, "accuracy", lambda *a: {"accuracy": next(scores)})
+    it = iter(rows)
+    monkeypatch.setattr(task_eval, "correct", lambda *a: next(it))
     model = torch.nn.Linear(2, 2)
-    sel = Selection(model, ["dev item"], {"max_new_bytes": 4}, "cpu", {"dtype": "float32"})
-    rl = {"steps": 6, "select": {"every": 2}}
-    weights = {}
-    for step in range(1, 7):
+    weights = {0: model.weight.detach().clone()}
+    sel = Selection(model, ["dev item"] * len(rows[0]), {"max_new_bytes": 4}, "cpu", {"dtype": "float32"}, min_z)
+    steps = 2 * (len(rows) - 1)
+    for step in range(1, steps + 1):
         with torch.no_grad():
             model.weight.add_(1.0)
         weights[step] = model.weight.detach().clone()
-        if sel.due(step, rl):
+        if sel.due(step, {"steps": steps, "select": {"every": 2}}):
             sel.check(step)
     sel.restore()
-    assert torch.equal(model.weight, weights[2])
-    assert sel.report() == {"dev_items": 1, "curve": [(0, 0.1), (2, 0.3), (4, 0.2), (6, 0.3)], "selected_step": 2}
+    return sel, model, weights
+
+
+def test_selection_keeps_the_earliest_best_that_beats_step0(monkeypatch):
+    base = [True] * 2 + [False] * 18
+    rows = [base, [True] * 9 + [False] * 11, [True] * 7 + [False] * 13, [True] * 9 + [False] * 11]
+    sel, model, weights = run_selection(monkeypatch, rows, min_z=2.0)
+    assert torch.equal(model.weight, weights[2])  # 9/20 first at step 2: gained 7, lost 0, z 2.65
+    r = sel.report()
+    assert r["curve"] == [(0, 0.1), (2, 0.45), (4, 0.35), (6, 0.45)] and r["selected_step"] == 2
+    assert r["vs_step0"][0] == {"step": 2, "gained": 7, "lost": 0, "z": 2.646}
+
+
+def test_selection_ships_step0_when_no_gain_is_significant(monkeypatch):
+    # step 2 is more accurate (6 vs 4 of 20) but swaps answers: gained 4, lost 2, z 0.82 -> not shipped
+    base = [True] * 4 + [False] * 16
+    noisy = [False] * 2 + [True] * 2 + [True] * 4 + [False] * 12
+    sel, model, weights = run_selection(monkeypatch, [base, noisy, [False] * 20], min_z=2.0)
+    assert sel.report()["selected_step"] == 0 and torch.equal(model.weight, weights[0])
+    assert sel.report()["vs_step0"][0] == {"step": 2, "gained": 4, "lost": 2, "z": 0.816}
+    # min_z 0 is the raw best: the same curve ships step 2
+    sel, model, weights = run_selection(monkeypatch, [base, noisy, [False] * 20], min_z=0.0)
+    assert sel.report()["selected_step"] == 2 and torch.equal(model.weight, weights[2])
