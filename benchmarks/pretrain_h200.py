@@ -488,12 +488,17 @@ def _train_row(ctx: Ctx, r: dict, params: int, nonemb: int, flop_params: int, ex
     }
 
 
+def muon_of(name: str):
+    """--muon's class: the stages' StackedMuon or torch.optim.Muon (the same math, one matrix at a time)."""
+    return StackedMuon if name == "stacked" else torch.optim.Muon
+
+
 def run_ours(ctx: Ctx, firewall: bool = True, compiled: bool = False) -> dict:
     cfg, train, dev = ctx.cfg, ctx.train, ctx.device
     torch.manual_seed(ctx.args.seed)
     model = ByteLM(cfg).to(dev)
     model.train()
-    opts = build_optimizers(model, train, muon_cls=StackedMuon if ctx.args.muon == "stacked" else None)
+    opts = build_optimizers(model, train, muon_cls=muon_of(ctx.args.muon))
     batches = random_batches(ctx.batch, ctx.seq_len, dev, ctx.args.seed)
     counters = Counter()
     forward = None
@@ -518,7 +523,7 @@ def profile_ours(ctx: Ctx, steps: int = 5, rows: int = 30) -> str:
     cfg, train, dev = ctx.cfg, ctx.train, ctx.device
     torch.manual_seed(ctx.args.seed)
     model = ByteLM(cfg).to(dev).train()
-    opts = build_optimizers(model, train)
+    opts = build_optimizers(model, train, muon_cls=muon_of(ctx.args.muon))
     step = ours_step(model, opts, cfg, train, dev, random_batches(ctx.batch, ctx.seq_len, dev, ctx.args.seed), Counter())
     for _ in range(ctx.args.warmup):
         step()
@@ -541,7 +546,7 @@ def run_sdpa(ctx: Ctx) -> dict:
     model = build_sdpa(cfg).to(dev)
     model.train()
     attach_param_groups(model, [model.blocks])
-    opts = build_optimizers(model, train)
+    opts = build_optimizers(model, train, muon_cls=muon_of(ctx.args.muon))
     step = peer_step(lambda x, y: model(x, y)[1], model, opts, train, dev,
                      random_batches(ctx.batch, ctx.seq_len, dev, ctx.args.seed))
     r = measure(step, ctx.args.steps, ctx.args.warmup, dev)
@@ -578,7 +583,7 @@ def run_fla(ctx: Ctx) -> dict:
     torch.manual_seed(ctx.args.seed)
     model = build_fla(cfg).to(dev)
     model.train()
-    opts = build_optimizers(model, train)
+    opts = build_optimizers(model, train, muon_cls=muon_of(ctx.args.muon))
 
     def loss_fn(x, y):
         return model(input_ids=x, labels=x, use_cache=False).loss  # FLA shifts the labels itself
@@ -711,7 +716,7 @@ assert list(RUNNERS) == [s for s in RUNNERS if s in ORDER] and set(RUNNERS) == s
 # -------------------------------------------------------------------------------------------------
 def check_equivalence(cfg: ModelConfig, train: dict, device: torch.device, batch: int, seq_len: int,
                       steps: int = 3, backend: str = "inductor", seed: int = 0, tol: float | None = None,
-                      muon: str = "torch") -> dict:
+                      muon: str = "stacked") -> dict:
     """Train two identical copies of (a) on the same batches: plain (the firewall deciding on the host,
     torch's Muon, no compile) and fast (the firewall deciding on the device, `muon`, torch.compile(model,
     backend=backend) unless backend is "none"); return {"plain": [...], "fast": [...], "max_rel": float,
@@ -724,7 +729,7 @@ def check_equivalence(cfg: ModelConfig, train: dict, device: torch.device, batch
     losses = {}
     for name, model, fast in (("plain", plain, False), ("fast", twin, True)):
         model.train()
-        opts = build_optimizers(model, train, muon_cls=StackedMuon if fast and muon == "stacked" else None)
+        opts = build_optimizers(model, train, muon_cls=muon_of(muon if fast else "torch"))
         fwd = torch.compile(model, backend=backend) if fast and backend != "none" else None
         step = ours_step(model, opts, cfg, train, device, batches, Counter(), firewall=True, forward=fwd,
                          firewall_on_device=fast)
@@ -842,8 +847,8 @@ def parse_args(argv=None):
     ap.add_argument("--batch-size", type=int, default=None, help="override the preset's train.batch_size")
     ap.add_argument("--seq-len", type=int, default=None, help="override the preset's train.seq_len")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--muon", choices=["torch", "stacked"], default="torch",
-                    help="the Muon of ours / ours_nosync / ours_compile: torch.optim.Muon or dormouse.optim.StackedMuon")
+    ap.add_argument("--muon", choices=["torch", "stacked"], default="stacked",
+                    help="every row's Muon: dormouse.optim.StackedMuon (the stages') or torch.optim.Muon")
     ap.add_argument("--compile", action="store_true", help="add ours_compile (a2): torch.compile(model)")
     ap.add_argument("--compile-backend", default="inductor")
     ap.add_argument("--profile", action="store_true",

@@ -1,6 +1,6 @@
 """Optimizers and the learning-rate schedule of pretraining.
 
-Muon (torch.optim.Muon) for the 2-D weight matrices inside blocks; AdamW for everything else
+Muon (StackedMuon below: torch.optim.Muon's math, batched) for the 2-D weight matrices inside blocks; AdamW for everything else
 (embeddings, head, norms, gains, Engram tables, gates). Warmup-stable-decay: linear warmup, flat,
 then linear decay to `min_lr_frac` of the peak over the last `decay_frac` of the steps.
 """
@@ -21,7 +21,7 @@ def wsd_multiplier(step: int, total: int, warmup: int, decay_frac: float, min_lr
 
 
 def build_optimizers(model, train: dict, muon_cls=None) -> list[torch.optim.Optimizer]:
-    """muon_cls: torch.optim.Muon unless given (benchmarks/pretrain_h200.py --muon stacked passes StackedMuon)."""
+    """muon_cls: StackedMuon unless given (benchmarks/pretrain_h200.py --muon torch passes torch.optim.Muon)."""
     hidden, other = model.param_groups()
     ids = [id(p) for p in hidden + other]
     assert len(ids) == len(set(ids)) == len(list(model.parameters())), "every parameter in exactly one optimizer"
@@ -32,7 +32,7 @@ def build_optimizers(model, train: dict, muon_cls=None) -> list[torch.optim.Opti
         raise SystemExit(f"optimizer: muon requested but torch {torch.__version__} has no torch.optim.Muon (no silent AdamW fallback)")
     if hidden:
         if train["optimizer"] == "muon":
-            opts.append((muon_cls or torch.optim.Muon)(hidden, lr=train["muon_lr"], momentum=0.95, nesterov=True,
+            opts.append((muon_cls or StackedMuon)(hidden, lr=train["muon_lr"], momentum=0.95, nesterov=True,
                                          weight_decay=train["weight_decay"], adjust_lr_fn="match_rms_adamw"))
         else:  # optimizer: adamw for every parameter; hidden matrices keep the configured decay
             opts.append(torch.optim.AdamW(hidden, lr=train["lr"], betas=(0.9, 0.95), weight_decay=train["weight_decay"],
@@ -55,7 +55,8 @@ class StackedMuon(torch.optim.Muon):
     (baddbmm), not one matrix at a time: ~15 launches per shape a step instead of per matrix. Written
     here because torch's Muon (2.13) has no batched path; the state (momentum_buffer per parameter),
     the math and the lr adjustment are torch's, so checkpoints load either way. Equal to torch's up to
-    bf16 rounding (tests/test_optim.py); a candidate for pretrain, measured in benchmarks/pretrain_h200.py."""
+    bf16 rounding (tests/test_optim.py). On small (H200) its step is 9.1x torch's and the whole train step
+    1.42x (benchmarks/README.md, "Run 2")."""
 
     @torch.no_grad()
     def step(self, closure=None):
