@@ -13,8 +13,11 @@ its train section unless --batch-size / --seq-len) it measures, one after the ot
 
   kda_kernel      raw `fla.ops.kda.chunk_kda` fwd+bwd at the mixer's shape (B, T, H, K), called exactly as
                   our dispatcher calls it (normalised q/k, activated g/beta, output_final_state=True)
-  kda_layer_ours  our `KDAMixer` fwd+bwd at the same (B, T, D, H, K) under bf16 autocast. The KERNEL RATIO
-                  TARGET is kda_layer_ours ms / kda_kernel ms (everything our layer adds around the kernel)
+  kda_layer_ours  our `KDAMixer` fwd+bwd at the same (B, T, D, H, K) under bf16 autocast, its regions
+                  compiled as the pretrain stage compiles them on a GPU (dormouse.model.regions; backend
+                  --compile-backend, "none" = eager). The KERNEL RATIO TARGET is kda_layer_ours ms / kda_kernel
+                  ms (everything our layer adds around the kernel)
+  kda_layer_eager the same layer with no compile (the baseline of the regions)
   fla_kda         (b) FLA's own `KDAForCausalLM` (fla.models; needs the flash-linear-attention wheel and
                   transformers): hidden_size=d_model, num_hidden_layers=the APPLIED blocks (cfg.depth),
                   num_heads/head_dim as ours, intermediate_size=ffn_hidden, vocab 256, conv 4, no Engram,
@@ -26,13 +29,13 @@ its train section unless --batch-size / --seq-len) it measures, one after the ot
                   ByteLM (the preset's config, Engram included), build_optimizers (Muon for hidden
                   matrices + AdamW), set_lr (WSD), bf16 autocast, the stage's NaN firewall
                   (dormouse/firewall.py: on CUDA it decides on the device, no host sync; on CPU two host
-                  syncs), both optimizer steps, zero_grad -- the loop at world size 1
+                  syncs), both optimizer steps, zero_grad -- the loop at world size 1; on CUDA with the
+                  model's regions compiled, as the stage does (train.compile: cuda)
+  ours_eager      (a) with no compile: the stage's step before the regions
   sdpa            (c) a plain byte Transformer: RMSNorm, causal F.scaled_dot_product_attention with RoPE,
                   SwiGLU, fp32 head; same width, depth (cfg.depth) and head layout, its SwiGLU width chosen
                   so its non-embedding parameters match ours (within a few %; printed)
   ours_nosync     (a) without the firewall: the same step as fla_kda and sdpa get
-  ours_compile    (a2, opt-in with --compile) (a) with torch.compile(model) (FLA's kernels are
-                  torch.compiler.disable'd: graph breaks around them)
 
 Every training system uses the same optimizer split (Muon for the 2-D weights of nn.Linear layers inside
 blocks, AdamW for embeddings, head, norms, biases, convs and 1-D parameters: `build_optimizers` itself,
@@ -83,13 +86,9 @@ table is printed LAST.
 
 Item 4: --check-equivalence [--equiv-steps N] trains two identical copies of (a) on the same batches:
 plain (host firewall, torch's Muon, eager) and fast (the firewall deciding on the device, --muon, and
-torch.compile with --compile-backend, default inductor; "none" = no compile), and compares the losses
-step by step (rel tol --equiv-tol, default 1e-4 on CPU fp32, 2e-2 on CUDA bf16); exit 1 on a mismatch. The compiled model is called with
-counters=None: dynamo guards on the Counter's int values, so counting inside a compiled forward recompiles
-it every step (seen on CPU). Seen on CPU, torch 2.13, dry-run shapes: inductor passes (max rel diff 8e-7
-over 3 steps, but compiling the torch KDA path takes ~9 min on 2 cores); aot_eager fails in the backward
-(`view` of softplus's gradient: "view size is not compatible with input tensor's size and stride");
-eager (dynamo capture only) passes, ~10-30 s -- the test uses it.
+the model's regions compiled with --compile-backend, default inductor; "none" = no compile), and
+compares the losses step by step (rel tol --equiv-tol, default 1e-4 on CPU fp32, 2e-2 on CUDA bf16);
+exit 1 on a mismatch. The regions leave the KDA core and the counters eager (dormouse/model/regions.py).
 
 --dry-run-cpu: tiny shapes (d 64, 2 heads x 32, 2 blocks, B 2, T 64, 2 + 1 steps) derived from each
 preset, on CPU: ours (torch KDA path), ours_nosync, sdpa, kda_layer_ours against the torch chunked core
@@ -132,14 +131,15 @@ from dormouse.model.config import ModelConfig  # noqa: E402
 from dormouse.model.ffn import SwiGLU  # noqa: E402
 from dormouse.model.gpt import ByteLM, count_params  # noqa: E402
 from dormouse.model.kda import KDAMixer, chunk_kda_torch, l2norm  # noqa: E402
+from dormouse.model.regions import compile_regions  # noqa: E402
 from dormouse.optim import StackedMuon, build_optimizers, set_lr, wsd_multiplier  # noqa: E402
 from dormouse.runtime import autocast  # noqa: E402
 
 DEFAULT_OUT = ROOT / "benchmarks" / "pretrain_h200.tsv"
 ONE_PROCESS = distributed.World()  # the benchmark is one process on one GPU (the loop's world size 1)
 FLA_CHUNK = 64  # FLA's chunk length (BT) in chunk_kda
-ORDER = ["kda_kernel", "kda_layer_ours", "fla_kda", "kda_layer_fla", "ours", "sdpa", "ours_nosync", "ours_compile"]
-DEFAULT_SYSTEMS = [s for s in ORDER if s != "ours_compile"]
+ORDER = ["kda_kernel", "kda_layer_ours", "kda_layer_eager", "fla_kda", "kda_layer_fla", "ours", "ours_eager", "sdpa",
+         "ours_nosync"]
 FLA_SYSTEMS = {"fla_kda", "kda_layer_fla"}
 COLUMNS = ["date", "device", "versions", "command", "preset", "system", "status", "batch", "seq_len", "params",
            "params_nonemb", "flop_params", "flops_per_token", "steps", "warmup", "warmup_s", "ms_step",
@@ -399,16 +399,18 @@ def random_batches(batch: int, seq_len: int, device: torch.device, seed: int, n:
 # -------------------------------------------------------------------------------------------------
 # Steps
 # -------------------------------------------------------------------------------------------------
+def compiled(ctx_or_args, module: nn.Module, device: torch.device) -> list[str]:
+    """The module's regions compiled as the pretrain stage compiles them (on CUDA, train.compile: cuda),
+    with --compile-backend ("none": eager)."""
+    backend = ctx_or_args.compile_backend
+    return compile_regions(module, backend=backend) if device.type == "cuda" and backend != "none" else []
+
+
 def ours_step(model, opts, cfg: ModelConfig, train: dict, device, batches, counters: Counter,
-              firewall: bool = True, forward=None, firewall_on_device: bool | None = None):
+              firewall: bool = True, firewall_on_device: bool | None = None):
     """One step of dormouse/stages/pretrain.py's loop (firewall=True: its Firewall, deciding on the device
-    on CUDA as the stage does, on the host elsewhere); `forward` replaces model.__call__ (a compiled
-    model), and then the model gets counters=None: dynamo guards on the Counter's int values, so counting
-    inside a compiled forward recompiles it every step (seen on CPU, torch 2.13: `dict.__getitem__(counters,
-    ...) == 640` guard failures). Returns the step's loss."""
+    on CUDA as the stage does, on the host elsewhere). Returns the step's loss."""
     params = list(model.parameters())
-    model_counters = counters if forward is None else None
-    forward = model if forward is None else forward
     on_device = device.type == "cuda" if firewall_on_device is None else firewall_on_device
     fw = Firewall(opts, params, train["grad_clip"], train["max_bad_steps"], ONE_PROCESS, on_device=on_device) if firewall else None
     state = {"i": 0}
@@ -419,7 +421,7 @@ def ours_step(model, opts, cfg: ModelConfig, train: dict, device, batches, count
         set_lr(opts, wsd_multiplier(i, train["steps"], train["warmup_steps"], train["decay_frac"], train["min_lr_frac"]))
         x, y = batches[i % len(batches)]
         with autocast(device, train):
-            _, loss = forward(x, y, counters=model_counters)
+            _, loss = model(x, y, counters=counters)
             total = loss + train["moe_aux_coef"] * model.aux_loss if cfg.moe else loss
         if fw is not None:  # the stage's step: backward, clip, guarded optimizer steps, zero_grad
             fw.step(loss, total, f"step {i}")
@@ -493,7 +495,7 @@ def muon_of(name: str):
     return StackedMuon if name == "stacked" else torch.optim.Muon
 
 
-def run_ours(ctx: Ctx, firewall: bool = True, compiled: bool = False) -> dict:
+def run_ours(ctx: Ctx, firewall: bool = True, eager: bool = False) -> dict:
     cfg, train, dev = ctx.cfg, ctx.train, ctx.device
     torch.manual_seed(ctx.args.seed)
     model = ByteLM(cfg).to(dev)
@@ -501,12 +503,10 @@ def run_ours(ctx: Ctx, firewall: bool = True, compiled: bool = False) -> dict:
     opts = build_optimizers(model, train, muon_cls=muon_of(ctx.args.muon))
     batches = random_batches(ctx.batch, ctx.seq_len, dev, ctx.args.seed)
     counters = Counter()
-    forward = None
     note = (f"firewall on the {'device' if dev.type == 'cuda' else 'host'}" if firewall else "no firewall")
-    if compiled:
-        forward = torch.compile(model, backend=ctx.args.compile_backend)
-        note += f"; torch.compile(model, backend={ctx.args.compile_backend}), model counters off"
-    step = ours_step(model, opts, cfg, train, dev, batches, counters, firewall=firewall, forward=forward)
+    regions = [] if eager else compiled(ctx.args, model, dev)
+    note += f"; {len(regions)} regions compiled ({ctx.args.compile_backend})" if regions else "; eager"
+    step = ours_step(model, opts, cfg, train, dev, batches, counters, firewall=firewall)
     r = measure(step, ctx.args.steps, ctx.args.warmup, dev)
     cp = count_params(cfg)
     paths = ",".join(f"{k}={v}" for k, v in sorted(counters.items()) if k.startswith("kda_path"))
@@ -516,7 +516,7 @@ def run_ours(ctx: Ctx, firewall: bool = True, compiled: bool = False) -> dict:
 
 
 def profile_ours(ctx: Ctx, steps: int = 5, rows: int = 30) -> str:
-    """torch.profiler over `steps` warm steps of our pretrain step (firewall on): where a step's time goes
+    """torch.profiler over `steps` warm steps of our pretrain step (firewall on, regions compiled on CUDA): where a step's time goes
     (the kernel rows say the KDA op is a small share of it). Returns the tables to print."""
     from torch.profiler import ProfilerActivity, profile
 
@@ -524,6 +524,7 @@ def profile_ours(ctx: Ctx, steps: int = 5, rows: int = 30) -> str:
     torch.manual_seed(ctx.args.seed)
     model = ByteLM(cfg).to(dev).train()
     opts = build_optimizers(model, train, muon_cls=muon_of(ctx.args.muon))
+    compiled(ctx.args, model, dev)  # as the stage runs it
     step = ours_step(model, opts, cfg, train, dev, random_batches(ctx.batch, ctx.seq_len, dev, ctx.args.seed), Counter())
     for _ in range(ctx.args.warmup):
         step()
@@ -674,14 +675,17 @@ def _layer_fn(ctx: Ctx, layer: nn.Module, call):
     return fn
 
 
-def run_layer_ours(ctx: Ctx) -> dict:
+def run_layer_ours(ctx: Ctx, eager: bool = False) -> dict:
     torch.manual_seed(ctx.args.seed)
     mixer = KDAMixer(ctx.cfg).to(ctx.device)
+    regions = [] if eager else compiled(ctx.args, mixer, ctx.device)
     counters = Counter()
     fn = _layer_fn(ctx, mixer, lambda x: mixer(x, counters=counters)[0])
     r = measure(fn, ctx.args.kernel_reps, ctx.args.kernel_warmup, ctx.device)
     paths = ",".join(f"{k}={v}" for k, v in sorted(counters.items()))
-    return _kernel_row(ctx, r, ctx.args.kernel_reps, ctx.args.kernel_warmup, f"dormouse KDAMixer, bf16 autocast; {paths}")
+    how = f"regions {'+'.join(regions)} compiled ({ctx.args.compile_backend})" if regions else "eager"
+    return _kernel_row(ctx, r, ctx.args.kernel_reps, ctx.args.kernel_warmup,
+                       f"dormouse KDAMixer, bf16 autocast, {how}; {paths}")
 
 
 def run_layer_fla(ctx: Ctx) -> dict:
@@ -701,12 +705,13 @@ def run_layer_fla(ctx: Ctx) -> dict:
 RUNNERS = {
     "kda_kernel": lambda ctx: run_kda_kernel(ctx, torch_standin=ctx.dry),
     "kda_layer_ours": run_layer_ours,
+    "kda_layer_eager": lambda ctx: run_layer_ours(ctx, eager=True),
     "kda_layer_fla": run_layer_fla,
     "fla_kda": run_fla,
     "ours": run_ours,
+    "ours_eager": lambda ctx: run_ours(ctx, eager=True),
     "sdpa": run_sdpa,
     "ours_nosync": lambda ctx: run_ours(ctx, firewall=False),
-    "ours_compile": lambda ctx: run_ours(ctx, firewall=True, compiled=True),
 }
 assert list(RUNNERS) == [s for s in RUNNERS if s in ORDER] and set(RUNNERS) == set(ORDER)
 
@@ -718,9 +723,9 @@ def check_equivalence(cfg: ModelConfig, train: dict, device: torch.device, batch
                       steps: int = 3, backend: str = "inductor", seed: int = 0, tol: float | None = None,
                       muon: str = "stacked") -> dict:
     """Train two identical copies of (a) on the same batches: plain (the firewall deciding on the host,
-    torch's Muon, no compile) and fast (the firewall deciding on the device, `muon`, torch.compile(model,
-    backend=backend) unless backend is "none"); return {"plain": [...], "fast": [...], "max_rel": float,
-    "tol": float, "ok": bool}."""
+    torch's Muon, no compile) and fast (the firewall deciding on the device, `muon`, the model's regions
+    compiled with `backend` unless it is "none", on any device); return {"plain": [...], "fast": [...],
+    "max_rel": float, "tol": float, "ok": bool}."""
     tol = tol if tol is not None else (2e-2 if device.type == "cuda" else 1e-4)
     torch.manual_seed(seed)
     plain = ByteLM(cfg).to(device)
@@ -730,9 +735,9 @@ def check_equivalence(cfg: ModelConfig, train: dict, device: torch.device, batch
     for name, model, fast in (("plain", plain, False), ("fast", twin, True)):
         model.train()
         opts = build_optimizers(model, train, muon_cls=muon_of(muon if fast else "torch"))
-        fwd = torch.compile(model, backend=backend) if fast and backend != "none" else None
-        step = ours_step(model, opts, cfg, train, device, batches, Counter(), firewall=True, forward=fwd,
-                         firewall_on_device=fast)
+        if fast and backend != "none":
+            compile_regions(model, backend=backend)
+        step = ours_step(model, opts, cfg, train, device, batches, Counter(), firewall=True, firewall_on_device=fast)
         losses[name] = [float(step().detach().float().item()) for _ in range(steps)]
     rel = [abs(a - b) / max(abs(a), 1e-12) for a, b in zip(losses["plain"], losses["fast"])]
     mx = max(rel) if rel else 0.0
@@ -839,7 +844,7 @@ def parse_args(argv=None):
                                  formatter_class=argparse.RawDescriptionHelpFormatter, epilog="See the module docstring.")
     ap.add_argument("--presets", nargs="+", default=["small", "medium"])
     ap.add_argument("--systems", nargs="+", default=None, choices=ORDER,
-                    help=f"subset to run, always in the order {' '.join(ORDER)} (default: all but ours_compile)")
+                    help=f"subset to run, always in the order {' '.join(ORDER)} (default: all)")
     ap.add_argument("--steps", type=int, default=None, help="timed steps per system (default 30; dry run 2)")
     ap.add_argument("--warmup", type=int, default=None, help="untimed warm-up steps per system (default 10; dry run 1)")
     ap.add_argument("--kernel-reps", type=int, default=None, help="timed calls per kernel/layer row (default 20; dry run 2)")
@@ -849,7 +854,6 @@ def parse_args(argv=None):
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--muon", choices=["torch", "stacked"], default="stacked",
                     help="every row's Muon: dormouse.optim.StackedMuon (the stages') or torch.optim.Muon")
-    ap.add_argument("--compile", action="store_true", help="add ours_compile (a2): torch.compile(model)")
     ap.add_argument("--compile-backend", default="inductor")
     ap.add_argument("--profile", action="store_true",
                     help="only profile our step (torch.profiler, 5 warm steps per preset) and print where the time goes")
@@ -868,9 +872,7 @@ def parse_args(argv=None):
     args.warmup = args.warmup if args.warmup is not None else (1 if dry else 10)
     args.kernel_reps = args.kernel_reps or (2 if dry else 20)
     args.kernel_warmup = args.kernel_warmup if args.kernel_warmup is not None else (1 if dry else 5)
-    systems = list(args.systems or DEFAULT_SYSTEMS)
-    if args.compile and "ours_compile" not in systems:
-        systems.append("ours_compile")
+    systems = list(args.systems or ORDER)
     args.systems = [s for s in ORDER if s in systems]
     if args.out is None:
         args.out = Path(tempfile.gettempdir()) / "pretrain_h200.dry.tsv" if dry else DEFAULT_OUT
@@ -989,8 +991,7 @@ def run_all(args, device: torch.device, dry: bool, setups: dict, writer: TsvWrit
                     gc.collect()
                     if device.type == "cuda":
                         torch.cuda.empty_cache()
-                    if system == "ours_compile":
-                        torch._dynamo.reset()
+                    torch._dynamo.reset()  # each system compiles its own regions
             ctx.results[label] = row
             add_ratio(row, ctx.results)
             if args.note:

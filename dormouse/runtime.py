@@ -30,6 +30,17 @@ def autocast(device: torch.device, train: dict):
     return nullcontext()
 
 
+def compile_for(model: torch.nn.Module, device: torch.device, train: dict) -> list[str]:
+    """train.compile: "cuda" compiles the model's regions (dormouse.model.regions) on a GPU, where the eager
+    step is launch-bound; "always" on any device; "never" leaves it eager. Returns the regions compiled."""
+    from dormouse.model.regions import compile_regions
+
+    mode = train.get("compile", "cuda")
+    if mode == "always" or (mode == "cuda" and device.type == "cuda"):
+        return compile_regions(model)
+    return []
+
+
 def deterministic_cpu(device: torch.device) -> None:
     """Bit-reproducible CPU runs: multi-threaded CPU kernels gave different last bits run to run
     (measured), so intra-op parallelism is off on CPU."""

@@ -41,6 +41,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .config import ModelConfig
+from .regions import silu_conv
 
 # Short causal conv on the gated value (as the Engram demo). There is no config field for it; a
 # ModelConfig.engram_conv_size, if one is ever added, is picked up here (0 turns the conv off).
@@ -187,6 +188,16 @@ class Engram(nn.Module):
     def forward(self, x: torch.Tensor, idx: torch.Tensor, counters: Counter | None = None,
                 state: EngramState | None = None) -> tuple[torch.Tensor, EngramState]:
         """x [B, T, D], idx [B, T] -> (branch output [B, T, D], the state after idx). state None = sequence start."""
+        if counters is not None:
+            counters["engram.rows_read"] += idx.numel() * self.n_tables  # one row per table per position
+        return self.compute(x, idx, state)
+
+    def regions(self) -> tuple[str, ...]:
+        return ("compute",)
+
+    def compute(self, x: torch.Tensor, idx: torch.Tensor,
+                state: EngramState | None = None) -> tuple[torch.Tensor, EngramState]:
+        """`forward` without the counter (a torch.compile region, see dormouse.model.regions)."""
         B, T = idx.shape
         n_hist, n_conv = self.max_order - 1, (self.conv_size - 1) * self.max_order
         if state is None:
@@ -204,10 +215,7 @@ class Engram(nn.Module):
         if self.conv_size > 0:
             c = torch.cat([state.conv, self.conv_norm(v.float())], 1)  # normed values, history first [B, n_conv+T, D]
             conv_hist = c[:, c.shape[1] - n_conv :]
-            c = F.conv1d(c.transpose(1, 2), self.conv.weight, dilation=self.max_order, groups=self.d_model)
-            v = v + F.silu(c.transpose(1, 2)).to(v.dtype)
-        if counters is not None:
-            counters["engram.rows_read"] += rows.numel()
+            v = v + silu_conv(c, self.conv.weight, self.max_order).to(v.dtype)
         seen = torch.cat([state.bytes, idx.long()], 1)
         return v, EngramState(seen[:, seen.shape[1] - n_hist :], state.n_seen + T, conv_hist)
 

@@ -136,8 +136,19 @@ class Block(nn.Module):
             e, engram_state = self.engram(x, idx, counters, None if state is None else state.engram)
             x = x + e
         y, mixer_state = self.mixer(self.mixer_norm(x), counters=counters, state=None if state is None else state.mixer)
+        x = self.mix_ffn(x, y)
+        if isinstance(self.ffn, MoE):
+            x = x + self.ffn(self.ffn_norm(x), counters)
+        return x, BlockState(mixer_state, engram_state)
+
+    def mix_ffn(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """x + the mixer's output, then a dense FFN's residual branch (a torch.compile region; an MoE
+        runs outside it: it syncs on its routing and counts tokens)."""
         x = x + y
-        return x + self.ffn(self.ffn_norm(x), counters), BlockState(mixer_state, engram_state)
+        return x if isinstance(self.ffn, MoE) else x + self.ffn(self.ffn_norm(x))
+
+    def regions(self) -> tuple[str, ...]:
+        return ("mix_ffn",)
 
     def output_projections(self) -> list[nn.Module]:
         """The last linear of every residual branch of this block (zero at init)."""
@@ -174,10 +185,21 @@ class ByteLM(nn.Module):
     def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None,
                 counters: Counter | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
         logits, _ = self.prefill(idx, None, counters)
-        loss = None
-        if targets is not None:
-            loss = F.cross_entropy(logits.view(-1, logits.shape[-1]), targets.reshape(-1), ignore_index=-1)
-        return logits, loss
+        return logits, None if targets is None else self.loss(logits, targets)
+
+    def logits(self, x: torch.Tensor) -> torch.Tensor:
+        """Final norm and head (a torch.compile region): the residual stream [B, T, D] -> fp32 logits."""
+        x = self.norm(x)
+        with torch.autocast(device_type=x.device.type, enabled=False):
+            return F.linear(x.float(), self.head_weight.float())  # fp32 logits whatever the autocast
+
+    @staticmethod
+    def loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        """Mean next-byte cross entropy in nats; targets -1 are ignored."""
+        return F.cross_entropy(logits.view(-1, logits.shape[-1]), targets.reshape(-1), ignore_index=-1)
+
+    def regions(self) -> tuple[str, ...]:
+        return ("logits",)
 
     def prefill(self, idx: torch.Tensor, state: LMState | None = None,
                 counters: Counter | None = None) -> tuple[torch.Tensor, LMState]:
@@ -195,9 +217,7 @@ class ByteLM(nn.Module):
             new.append(st)
             if isinstance(block.ffn, MoE):
                 aux.append(block.ffn.aux_loss)
-        x = self.norm(x)
-        with torch.autocast(device_type=x.device.type, enabled=False):
-            logits = F.linear(x.float(), self.head_weight.float())  # fp32 logits whatever the autocast
+        logits = self.logits(x)
         self.aux_loss = torch.stack(aux).mean() if aux else torch.zeros((), device=x.device)
         if counters is not None:
             counters["loop.iterations"] += self.cfg.n_loop

@@ -27,6 +27,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from dormouse.model.config import ModelConfig
+from dormouse.model.regions import silu_conv
 
 L2NORM_EPS = 1e-6  # as FLA's l2norm: x / sqrt(sum(x^2) + eps)
 SUB_CHUNK = 8  # intra-chunk sub-block size for the numerically safe decay products (8 measured fastest on CPU)
@@ -357,16 +358,19 @@ class KDAMixer(nn.Module):
         if cache is None:
             cache = x.new_zeros(B, W - 1, Ch)
         xc = torch.cat([cache.to(x.dtype), x], 1)  # [B, W-1+T, C]
-        y = conv(xc.transpose(1, 2)).transpose(1, 2)  # valid conv -> [B, T, C]
-        return F.silu(y), xc[:, xc.shape[1] - (W - 1):]
+        return silu_conv(xc, conv.weight), xc[:, xc.shape[1] - (W - 1):]
 
-    def forward(self, x: torch.Tensor, counters=None, state: KDAState | None = None) -> tuple[torch.Tensor, KDAState]:
+    def prepare(self, x: torch.Tensor, conv: tuple | None = None):
+        """Everything before the KDA core (a torch.compile region, see dormouse.model.regions):
+        x [B, T, D], conv the short convs' caches (None: sequence start) ->
+        (q, k [B, T, H, K] L2-normed, v [B, T, H, V], g fp32 log-decay, beta [B, T, H], output-gate logits
+        [B, T, H*K], the convs' new caches)."""
         B, T, _ = x.shape
         H, K = self.n_heads, self.head_dim
         q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)  # [B, T, H*K]
         conv_state = None
         if self.conv_size > 0:
-            cq, ck, cv = state.conv if state is not None and state.conv is not None else (None, None, None)
+            cq, ck, cv = conv if conv is not None else (None, None, None)
             q, cq = self._short_conv(q, self.q_conv1d, cq)
             k, ck = self._short_conv(k, self.k_conv1d, ck)
             v, cv = self._short_conv(v, self.v_conv1d, cv)
@@ -378,17 +382,29 @@ class KDAMixer(nn.Module):
         f = self.f_proj(x).view(B, T, H, K).float()
         g = -self.A_log.float().exp()[:, None] * F.softplus(f + self.dt_bias.float().view(H, K))  # [B, T, H, K]
         beta = self.b_proj(x).sigmoid()  # [B, T, H]
+        return q, k, v, g, beta, self.g_proj(x), conv_state
 
-        h0 = None if state is None else state.recurrent
-        if T == 1:  # a decode step: the plain recurrence (FLA's fused_recurrent_kda on CUDA)
-            o, S = kda_recurrent(q, k, v, g, beta, initial_state=h0, counters=counters)  # [B, 1, H, V]
-        else:
-            o, S = kda(q, k, v, g, beta, initial_state=h0, output_final_state=True, chunk_size=self.chunk_size,
-                       counters=counters)  # [B, T, H, V]
-        # gated RMSNorm over head_dim (FLA's FusedRMSNormGated, activation="sigmoid"), in fp32
-        gate = self.g_proj(x).view(B, T, H, K).float()
+    def core(self, q, k, v, g, beta, h0: torch.Tensor | None = None, counters=None):
+        """The KDA recurrence (FLA's kernels on CUDA; not compiled): a decode step (T == 1) runs the plain
+        recurrence, longer inputs the chunked form. Returns (o [B, T, H, V], final state fp32)."""
+        if q.shape[1] == 1:
+            return kda_recurrent(q, k, v, g, beta, initial_state=h0, counters=counters)
+        return kda(q, k, v, g, beta, initial_state=h0, output_final_state=True, chunk_size=self.chunk_size,
+                   counters=counters)
+
+    def finish(self, o: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
+        """After the core (a torch.compile region): gated RMSNorm over head_dim (FLA's FusedRMSNormGated,
+        activation "sigmoid") in fp32, then o_proj. o [B, T, H, V], gate logits [B, T, H*K] -> [B, T, D]."""
+        B, T, H, K = o.shape
         of = o.float()
         of = of * torch.rsqrt(of.square().mean(-1, keepdim=True) + self.norm_eps) * self.o_norm_weight.float()
-        o = (of * torch.sigmoid(gate)).to(x.dtype)
-        y = self.o_proj(o.reshape(B, T, H * K))  # [B, T, D]
-        return y, KDAState(conv=conv_state, recurrent=S)
+        o = (of * torch.sigmoid(gate.view(B, T, H, K).float())).to(gate.dtype)
+        return self.o_proj(o.reshape(B, T, H * K))  # [B, T, D]
+
+    def regions(self) -> tuple[str, ...]:
+        return ("prepare", "finish")
+
+    def forward(self, x: torch.Tensor, counters=None, state: KDAState | None = None) -> tuple[torch.Tensor, KDAState]:
+        q, k, v, g, beta, gate, conv_state = self.prepare(x, None if state is None else state.conv)
+        o, S = self.core(q, k, v, g, beta, None if state is None else state.recurrent, counters)
+        return self.finish(o, gate), KDAState(conv=conv_state, recurrent=S)

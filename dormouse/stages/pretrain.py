@@ -38,7 +38,7 @@ from dormouse.firewall import BadStepsError, Firewall  # noqa: F401 (BadStepsErr
 from dormouse.model.config import ModelConfig
 from dormouse.model.gpt import ByteLM, count_params
 from dormouse.optim import build_optimizers, set_lr, wsd_multiplier
-from dormouse.runtime import LN2, autocast, check_arms_active, deterministic_cpu, device_for, evaluate
+from dormouse.runtime import LN2, autocast, check_arms_active, compile_for, deterministic_cpu, device_for, evaluate
 from dormouse.stage import input_artifact, parse_job, summary, writer
 from dormouse.store import scratch_dir
 
@@ -71,9 +71,12 @@ def run(job: dict, cfg: ModelConfig, train: dict, shards, world: distributed.Wor
     assert formula["total"] == n_params, f"param formula {formula} != model {n_params}"
     say(f"[pretrain] params {n_params:,} (formula {formula}) device {device} world_size {world.size}", flush=True)
     opts = build_optimizers(model, train)
+    compiled = compile_for(model, device, train)
+    say(f"[pretrain] torch.compile regions: {len(compiled)} ({train.get('compile', 'cuda')})", flush=True)
 
     with (writer(job) if world.is_main else nullcontext()) as art:
         c = art.counters if world.is_main else Counter()  # the manifest's own counters (rank 0)
+        c["compile.regions"] = len(compiled)
         ckpt_root = scratch_dir(Path(job["out"]))  # the same path on every rank; rank 0 writes it
         stream = TrainStream([shards.file(n) for n in shards.files("train/") if n.endswith(".bin")],
                              train["batch_size"], train["seq_len"], train["seed"], rows=world.rows(train["batch_size"]))

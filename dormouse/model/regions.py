@@ -1,0 +1,52 @@
+"""torch.compile regions: every part of a training step except the KDA kernel, compiled on the GPU.
+
+On the H200 a small model's eager step is launch-bound: each layer issues ~100 small elementwise kernels
+(norms, gates, short convs) around one `chunk_kda` call, and the host, not the GPU, sets the pace. FLA's
+kernels are `torch.compiler.disable`d, so a whole-model compile breaks the graph at every layer anyway;
+compiling the pieces between the kernel calls gets the same fusion with no graph breaks, and keeps the
+arm counters (`counters[...] += ...`: dynamo would guard on their values and recompile every step) in the
+eager code around them.
+
+A module lists its regions by name in `regions()` (a method returning method names: pure tensor
+functions, no counters, no host syncs). `compile_regions(model)` replaces those methods on each instance
+with `torch.compile(method, fullgraph=True)`: dynamo inlines nn.Modules and treats their parameters as
+graph inputs, so every block of a stack reuses one compiled graph (per input signature).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+def causal_depthwise_conv(x: torch.Tensor, weight: torch.Tensor, dilation: int = 1) -> torch.Tensor:
+    """F.conv1d(x.transpose(1, 2), weight, dilation=dilation, groups=C).transpose(1, 2) as W shifted
+    multiply-adds on [B, L, C] (history already prepended): no transposes, and under torch.compile one
+    fused kernel each way (cuDNN's depthwise conv is an opaque call the compiler cannot fuse with the SiLU
+    after it). weight [C, 1, W]; returns [B, L - (W - 1) * dilation, C]."""
+    W = weight.shape[-1]
+    T = x.shape[1] - (W - 1) * dilation
+    w = weight[:, 0].to(x.dtype)  # [C, W]
+    y = x[:, :T] * w[:, 0]
+    for i in range(1, W):
+        y = y + x[:, i * dilation : i * dilation + T] * w[:, i]
+    return y
+
+
+def silu_conv(x: torch.Tensor, weight: torch.Tensor, dilation: int = 1) -> torch.Tensor:
+    return F.silu(causal_depthwise_conv(x, weight, dilation))
+
+
+def compile_regions(model: nn.Module, backend: str = "inductor", mode: str | None = None) -> list[str]:
+    """Compile every region of every submodule in place (see the module docstring). Returns the qualified
+    names compiled, e.g. ["blocks.0.mix_in", ...]. Idempotent: a compiled region is left as it is."""
+    done = []
+    for name, m in model.named_modules():
+        hook = getattr(m, "regions", None)
+        for r in hook() if callable(hook) else ():
+            if r in m.__dict__:  # an instance attribute shadows the method: compiled before
+                continue
+            setattr(m, r, torch.compile(getattr(m, r), backend=backend, mode=mode, fullgraph=True))
+            done.append(f"{name}.{r}" if name else r)
+    return done
