@@ -399,11 +399,12 @@ def random_batches(batch: int, seq_len: int, device: torch.device, seed: int, n:
 # -------------------------------------------------------------------------------------------------
 # Steps
 # -------------------------------------------------------------------------------------------------
-def compiled(ctx_or_args, module: nn.Module, device: torch.device) -> list[str]:
+def compiled(args, module: nn.Module, device: torch.device) -> list[str]:
     """The module's regions compiled as the pretrain stage compiles them (on CUDA, train.compile: cuda),
-    with --compile-backend ("none": eager)."""
-    backend = ctx_or_args.compile_backend
-    return compile_regions(module, backend=backend) if device.type == "cuda" and backend != "none" else []
+    with --compile-backend ("none": eager) and --compile-mode."""
+    if device.type != "cuda" or args.compile_backend == "none":
+        return []
+    return compile_regions(module, backend=args.compile_backend, mode=args.compile_mode)
 
 
 def ours_step(model, opts, cfg: ModelConfig, train: dict, device, batches, counters: Counter,
@@ -418,6 +419,7 @@ def ours_step(model, opts, cfg: ModelConfig, train: dict, device, batches, count
     def step():
         i = state["i"]
         state["i"] += 1
+        torch.compiler.cudagraph_mark_step_begin()  # --compile-mode reduce-overhead: a new step's graphs
         set_lr(opts, wsd_multiplier(i, train["steps"], train["warmup_steps"], train["decay_frac"], train["min_lr_frac"]))
         x, y = batches[i % len(batches)]
         with autocast(device, train):
@@ -505,7 +507,7 @@ def run_ours(ctx: Ctx, firewall: bool = True, eager: bool = False) -> dict:
     counters = Counter()
     note = (f"firewall on the {'device' if dev.type == 'cuda' else 'host'}" if firewall else "no firewall")
     regions = [] if eager else compiled(ctx.args, model, dev)
-    note += f"; {len(regions)} regions compiled ({ctx.args.compile_backend})" if regions else "; eager"
+    note += f"; {len(regions)} regions compiled ({ctx.args.compile_backend} {ctx.args.compile_mode})" if regions else "; eager"
     step = ours_step(model, opts, cfg, train, dev, batches, counters, firewall=firewall)
     r = measure(step, ctx.args.steps, ctx.args.warmup, dev)
     cp = count_params(cfg)
@@ -666,6 +668,7 @@ def _layer_fn(ctx: Ctx, layer: nn.Module, call):
         nonlocal dy
         x.grad = None
         layer.zero_grad(set_to_none=True)
+        torch.compiler.cudagraph_mark_step_begin()
         with autocast(ctx.device, ctx.train):
             y = call(x)
         if dy is None:
@@ -855,6 +858,7 @@ def parse_args(argv=None):
     ap.add_argument("--muon", choices=["torch", "stacked"], default="stacked",
                     help="every row's Muon: dormouse.optim.StackedMuon (the stages') or torch.optim.Muon")
     ap.add_argument("--compile-backend", default="inductor")
+    ap.add_argument("--compile-mode", default=None, help="torch.compile mode of the regions (e.g. reduce-overhead)")
     ap.add_argument("--profile", action="store_true",
                     help="only profile our step (torch.profiler, 5 warm steps per preset) and print where the time goes")
     ap.add_argument("--check-equivalence", action="store_true",
