@@ -10,6 +10,8 @@ Both systems read the pretrain job's data the same way (TrainStream over the sha
 shards, the job's batch, sequence length and seed) and are scored on the job's eval window (the eval
 tail from its start, eval_bytes). Same optimizer split (build_optimizers: Muon for the hidden matrices,
 AdamW for the rest), lr, warmup-stable-decay shape and grad clip; ours runs the stage's NaN firewall.
+On CUDA both are compiled: ours as the stage compiles it (its regions, dormouse/model/regions.py), the
+SDPA model whole (torch.compile(model): it has no graph break).
 The schedule runs on the clock: its progress is training seconds / budget, so both systems decay to
 the end of their budget whatever their step rate. Warm-up (Triton autotune, first-call compiles) runs on
 a throwaway model before the clock starts; evaluation pauses the clock. The SDPA model is
@@ -39,7 +41,7 @@ from dormouse.firewall import Firewall  # noqa: E402
 from dormouse.model.config import ModelConfig  # noqa: E402
 from dormouse.model.gpt import ByteLM, count_params  # noqa: E402
 from dormouse.optim import build_optimizers, set_lr, wsd_multiplier  # noqa: E402
-from dormouse.runtime import autocast, evaluate  # noqa: E402
+from dormouse.runtime import autocast, compile_for, evaluate  # noqa: E402
 from dormouse.stage import input_artifact  # noqa: E402
 from pretrain_h200 import attach_param_groups, build_sdpa, sdpa_layout, versions  # noqa: E402
 
@@ -62,11 +64,17 @@ def build(system: str, cfg: ModelConfig, train: dict, device: torch.device):
     """(model to train, model to evaluate, optimizers, parameter note)."""
     if system == "ours":
         model = ByteLM(cfg).to(device)
-        return model, model, build_optimizers(model, train), f"{count_params(cfg)['non_embedding']:,} non-embedding"
+        regions = compile_for(model, device, train)  # as the stage runs it
+        return (model, model, build_optimizers(model, train),
+                f"{count_params(cfg)['non_embedding']:,} non-embedding; {len(regions)} regions compiled")
     lay = sdpa_layout(cfg)
     model = build_sdpa(cfg).to(device)
     attach_param_groups(model, [model.blocks])
-    return model, CounterFree(model), build_optimizers(model, train), f"{lay['non_embedding']:,} non-embedding (target {lay['target']:,})"
+    if device.type == "cuda":  # compiled whole (it has no graph breaks): an equal-clock race against an eager peer is not fair
+        model.compile()
+    return model, CounterFree(model), build_optimizers(model, train), (
+        f"{lay['non_embedding']:,} non-embedding (target {lay['target']:,}); "
+        f"{'torch.compile(model)' if device.type == 'cuda' else 'eager'}")
 
 
 def train_for(system: str, cfg: ModelConfig, train: dict, shards, device, budget_s: float, eval_every_s: float,
