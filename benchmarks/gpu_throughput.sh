@@ -5,7 +5,8 @@
 #   equiv.log    item 4: plain step (host firewall, torch Muon, eager) vs fast (device firewall,
 #                StackedMuon, the model's regions compiled with inductor), loss by loss
 #   table.log, pretrain_h200.tsv   the kernel, our layer compiled and eager, our step compiled and eager,
-#                no-sync, and the SDPA Transformer (SYSTEMS overrides the list)
+#                no-sync, fwd+bwd as CUDA graphs (ours_graphed, not yet run on a GPU), and the SDPA
+#                Transformer (SYSTEMS overrides the list)
 #   profile.log  torch.profiler tables of our compiled step (device time first), if time is left
 set -uo pipefail
 export WHL=${WHL:-.whl_chain} TRITON_CACHE_DIR=${TRITON_CACHE_DIR:-/tmp/triton-cache}
@@ -14,7 +15,7 @@ nvidia-smi --query-gpu=name,memory.used --format=csv,noheader
 timeout 200 python3 benchmarks/pretrain_h200.py --presets small --check-equivalence --compile-backend inductor \
   > "$OUT/equiv.log" 2>&1; echo "equivalence rc $?"; grep equivalence "$OUT/equiv.log" | tail -1
 timeout ${TABLE_S:-330} python3 benchmarks/pretrain_h200.py --presets small --budget-s $(( ${TABLE_S:-330} - 15 )) \
-  --systems ${SYSTEMS:-kda_kernel kda_layer_ours kda_layer_eager ours ours_eager sdpa ours_nosync} \
+  --systems ${SYSTEMS:-kda_kernel kda_layer_ours kda_layer_eager ours ours_eager sdpa ours_nosync ours_graphed} \
   --out "$OUT/pretrain_h200.tsv" > "$OUT/table.log" 2>&1; echo "table rc $?"; tail -12 "$OUT/table.log"
 [ -n "${PROFILE:-}" ] && { timeout 150 python3 benchmarks/pretrain_h200.py --presets small --profile --warmup 3 \
   > "$OUT/profile.log" 2>&1; echo "profile rc $?"; }

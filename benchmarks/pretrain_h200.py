@@ -36,6 +36,10 @@ its train section unless --batch-size / --seq-len) it measures, one after the ot
                   SwiGLU, fp32 head; same width, depth (cfg.depth) and head layout, its SwiGLU width chosen
                   so its non-embedding parameters match ours (within a few %; printed)
   ours_nosync     (a) without the firewall: the same step as fla_kda and sdpa get
+  ours_graphed    (a) with the model's forward and backward captured as CUDA graphs
+                  (torch.cuda.make_graphed_callables, FLA's kernels included): one replay each way instead
+                  of ~1 000 host launches; optimizers and the firewall run eagerly after it. The model's
+                  counters count only during its warm-up and capture (a replay runs no Python). CUDA only.
 
 Every training system uses the same optimizer split (Muon for the 2-D weights of nn.Linear layers inside
 blocks, AdamW for embeddings, head, norms, biases, convs and 1-D parameters: `build_optimizers` itself,
@@ -139,8 +143,8 @@ DEFAULT_OUT = ROOT / "benchmarks" / "pretrain_h200.tsv"
 ONE_PROCESS = distributed.World()  # the benchmark is one process on one GPU (the loop's world size 1)
 FLA_CHUNK = 64  # FLA's chunk length (BT) in chunk_kda
 ORDER = ["kda_kernel", "kda_layer_ours", "kda_layer_eager", "fla_kda", "kda_layer_fla", "ours", "ours_eager", "sdpa",
-         "ours_nosync"]
-FLA_SYSTEMS = {"fla_kda", "kda_layer_fla"}
+         "ours_nosync", "ours_graphed"]
+CUDA_ONLY = {"fla_kda": "FLA needs CUDA", "kda_layer_fla": "FLA needs CUDA", "ours_graphed": "CUDA graphs need CUDA"}
 COLUMNS = ["date", "device", "versions", "command", "preset", "system", "status", "batch", "seq_len", "params",
            "params_nonemb", "flop_params", "flops_per_token", "steps", "warmup", "warmup_s", "ms_step",
            "ms_step_median", "tokens_per_s", "peak_gib", "mfu_pct", "matmul_tflops", "ratio", "ratio_of", "note"]
@@ -517,6 +521,49 @@ def run_ours(ctx: Ctx, firewall: bool = True, eager: bool = False) -> dict:
                       kda_flops_per_token(cfg.depth, cfg.n_heads, cfg.head_dim), ctx.args.steps, ctx.args.warmup, note)
 
 
+def run_ours_graphed(ctx: Ctx) -> dict:
+    """ours_graphed (see the module docstring). The step host-bound on small (GPU time ~26 ms of ~80 ms
+    wall, 2026-12-04 profile): this row measures what removing the launches is worth."""
+    cfg, train, dev = ctx.cfg, ctx.train, ctx.device
+    torch.manual_seed(ctx.args.seed)
+    model = ByteLM(cfg).to(dev).train()
+    opts = build_optimizers(model, train, muon_cls=muon_of(ctx.args.muon))
+    regions = compiled(ctx.args, model, dev)
+    batches = random_batches(ctx.batch, ctx.seq_len, dev, ctx.args.seed)
+    counters = Counter()
+
+    class Loss(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.model = model
+
+        def forward(self, x, y):
+            # a captured graph must not hold autocast's cached weight casts (make_graphed_callables' rule)
+            with torch.autocast("cuda", dtype=torch.bfloat16, cache_enabled=False):
+                return self.model(x, y, counters=counters)[1]
+
+    graphed = torch.cuda.make_graphed_callables(Loss(), batches[0])
+    params = list(model.parameters())
+    fw = Firewall(opts, params, train["grad_clip"], train["max_bad_steps"], ONE_PROCESS, on_device=True)
+    state = {"i": 0}
+
+    def step():
+        i = state["i"]
+        state["i"] += 1
+        set_lr(opts, wsd_multiplier(i, train["steps"], train["warmup_steps"], train["decay_frac"], train["min_lr_frac"]))
+        loss = graphed(*batches[i % len(batches)])
+        fw.step(loss, loss, f"step {i}")
+        return loss
+
+    r = measure(step, ctx.args.steps, ctx.args.warmup, dev)
+    cp = count_params(cfg)
+    paths = ",".join(f"{k}={v}" for k, v in sorted(counters.items()) if k.startswith("kda_path"))
+    note = (f"fwd+bwd as CUDA graphs, firewall on the device; {len(regions)} regions compiled; optimizers "
+            f"{'+'.join(type(o).__name__ for o in opts)}; counted at warm-up and capture only: {paths}")
+    return _train_row(ctx, r, cp["total"], cp["non_embedding"], cp["flop_params"],
+                      kda_flops_per_token(cfg.depth, cfg.n_heads, cfg.head_dim), ctx.args.steps, ctx.args.warmup, note)
+
+
 def profile_ours(ctx: Ctx, steps: int = 5, rows: int = 30) -> str:
     """torch.profiler over `steps` warm steps of our pretrain step (firewall on, regions compiled on CUDA): where a step's time goes
     (the kernel rows say the KDA op is a small share of it). Returns the tables to print."""
@@ -715,6 +762,7 @@ RUNNERS = {
     "ours_eager": lambda ctx: run_ours(ctx, eager=True),
     "sdpa": run_sdpa,
     "ours_nosync": lambda ctx: run_ours(ctx, firewall=False),
+    "ours_graphed": run_ours_graphed,
 }
 assert list(RUNNERS) == [s for s in RUNNERS if s in ORDER] and set(RUNNERS) == set(ORDER)
 
@@ -975,8 +1023,8 @@ def run_all(args, device: torch.device, dry: bool, setups: dict, writer: TsvWrit
             t0 = time.monotonic()
             if _SIGNALS["pending"]:
                 row["status"] = f"skipped: {_SIGNALS['pending']}"
-            elif dry and system in FLA_SYSTEMS:
-                row["status"] = "skipped: FLA needs CUDA (dry run)"
+            elif dry and system in CUDA_ONLY:
+                row["status"] = f"skipped: {CUDA_ONLY[system]} (dry run)"
             else:
                 log(f"{name} {label}: start")
                 try:
