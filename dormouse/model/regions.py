@@ -40,7 +40,7 @@ def silu_conv(x: torch.Tensor, weight: torch.Tensor, dilation: int = 1) -> torch
 
 def compile_regions(model: nn.Module, backend: str = "inductor", mode: str | None = None) -> list[str]:
     """Compile every region of every submodule in place (see the module docstring). Returns the qualified
-    names compiled, e.g. ["blocks.0.mix_in", ...]. Idempotent: a compiled region is left as it is."""
+    names compiled, e.g. ["logits", "blocks.0.mix_ffn", ...]. Idempotent: a compiled region is left as it is."""
     done = []
     for name, m in model.named_modules():
         hook = getattr(m, "regions", None)
