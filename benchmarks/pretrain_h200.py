@@ -34,12 +34,15 @@ its train section unless --batch-size / --seq-len) it measures, one after the ot
   ours_eager      (a) with no compile: the stage's step before the regions
   sdpa            (c) a plain byte Transformer: RMSNorm, causal F.scaled_dot_product_attention with RoPE,
                   SwiGLU, fp32 head; same width, depth (cfg.depth) and head layout, its SwiGLU width chosen
-                  so its non-embedding parameters match ours (within a few %; printed)
-  ours_nosync     (a) without the firewall: the same step as fla_kda and sdpa get
+                  so its non-embedding parameters match ours (within a few %; printed). On CUDA compiled
+                  whole (torch.compile(model): no graph break), as ours is compiled (eager before 2026-12-04)
+  ours_nosync     (a) without the firewall: the same step as fla_kda and sdpa get (FLA's model runs as FLA
+                  ships it, eager around its own fused kernels)
   ours_graphed    (a) with the model's forward and backward captured as CUDA graphs
                   (torch.cuda.make_graphed_callables, FLA's kernels included): one replay each way instead
                   of ~1 000 host launches; optimizers and the firewall run eagerly after it. The model's
-                  counters count only during its warm-up and capture (a replay runs no Python). CUDA only.
+                  counters count only during its warm-up and capture (a replay runs no Python). CUDA only,
+                  no MoE (its routing syncs), opt-in (--systems): it has not run on a GPU yet.
 
 Every training system uses the same optimizer split (Muon for the 2-D weights of nn.Linear layers inside
 blocks, AdamW for embeddings, head, norms, biases, convs and 1-D parameters: `build_optimizers` itself,
@@ -144,6 +147,7 @@ ONE_PROCESS = distributed.World()  # the benchmark is one process on one GPU (th
 FLA_CHUNK = 64  # FLA's chunk length (BT) in chunk_kda
 ORDER = ["kda_kernel", "kda_layer_ours", "kda_layer_eager", "fla_kda", "kda_layer_fla", "ours", "ours_eager", "sdpa",
          "ours_nosync", "ours_graphed"]
+DEFAULT_SYSTEMS = [s for s in ORDER if s != "ours_graphed"]  # opt-in until it has run on a GPU
 CUDA_ONLY = {"fla_kda": "FLA needs CUDA", "kda_layer_fla": "FLA needs CUDA", "ours_graphed": "CUDA graphs need CUDA"}
 COLUMNS = ["date", "device", "versions", "command", "preset", "system", "status", "batch", "seq_len", "params",
            "params_nonemb", "flop_params", "flops_per_token", "steps", "warmup", "warmup_s", "ms_step",
@@ -526,11 +530,15 @@ def run_ours_graphed(ctx: Ctx) -> dict:
     wall, 2026-12-04 profile): this row measures what removing the launches is worth."""
     cfg, train, dev = ctx.cfg, ctx.train, ctx.device
     torch.manual_seed(ctx.args.seed)
+    if cfg.moe:
+        raise ValueError("ours_graphed: an MoE FFN syncs on its routing (counts.tolist()), which a CUDA graph cannot hold")
     model = ByteLM(cfg).to(dev).train()
     opts = build_optimizers(model, train, muon_cls=muon_of(ctx.args.muon))
-    regions = compiled(ctx.args, model, dev)
+    # default compile mode: inductor's own CUDA graphs (reduce-overhead) must not nest inside this capture
+    regions = [] if ctx.args.compile_backend == "none" else compile_regions(model, backend=ctx.args.compile_backend)
     batches = random_batches(ctx.batch, ctx.seq_len, dev, ctx.args.seed)
     counters = Counter()
+    bf16 = train.get("dtype", "bfloat16") == "bfloat16"  # as runtime.autocast
 
     class Loss(nn.Module):
         def __init__(self):
@@ -539,10 +547,12 @@ def run_ours_graphed(ctx: Ctx) -> dict:
 
         def forward(self, x, y):
             # a captured graph must not hold autocast's cached weight casts (make_graphed_callables' rule)
-            with torch.autocast("cuda", dtype=torch.bfloat16, cache_enabled=False):
+            with torch.autocast("cuda", dtype=torch.bfloat16, enabled=bf16, cache_enabled=False):
                 return self.model(x, y, counters=counters)[1]
 
+    t0 = time.perf_counter()
     graphed = torch.cuda.make_graphed_callables(Loss(), batches[0])
+    capture_s = time.perf_counter() - t0
     params = list(model.parameters())
     fw = Firewall(opts, params, train["grad_clip"], train["max_bad_steps"], ONE_PROCESS, on_device=True)
     state = {"i": 0}
@@ -558,7 +568,8 @@ def run_ours_graphed(ctx: Ctx) -> dict:
     r = measure(step, ctx.args.steps, ctx.args.warmup, dev)
     cp = count_params(cfg)
     paths = ",".join(f"{k}={v}" for k, v in sorted(counters.items()) if k.startswith("kda_path"))
-    note = (f"fwd+bwd as CUDA graphs, firewall on the device; {len(regions)} regions compiled; optimizers "
+    note = (f"fwd+bwd as CUDA graphs (warm-up + capture {capture_s:.1f} s, not in warmup_s), firewall on the "
+            f"device; {len(regions)} regions compiled; optimizers "
             f"{'+'.join(type(o).__name__ for o in opts)}; counted at warm-up and capture only: {paths}")
     return _train_row(ctx, r, cp["total"], cp["non_embedding"], cp["flop_params"],
                       kda_flops_per_token(cfg.depth, cfg.n_heads, cfg.head_dim), ctx.args.steps, ctx.args.warmup, note)
@@ -597,6 +608,9 @@ def run_sdpa(ctx: Ctx) -> dict:
     model.train()
     attach_param_groups(model, [model.blocks])
     opts = build_optimizers(model, train, muon_cls=muon_of(ctx.args.muon))
+    whole = dev.type == "cuda" and ctx.args.compile_backend != "none"
+    if whole:  # as quality_h200.py: a compiled ours against an eager peer would not be a fair race
+        model.compile(backend=ctx.args.compile_backend)
     step = peer_step(lambda x, y: model(x, y)[1], model, opts, train, dev,
                      random_batches(ctx.batch, ctx.seq_len, dev, ctx.args.seed))
     r = measure(step, ctx.args.steps, ctx.args.warmup, dev)
@@ -607,7 +621,8 @@ def run_sdpa(ctx: Ctx) -> dict:
                       attention_flops_per_token(lay["n_layers"], ctx.seq_len, lay["n_heads"] * lay["head_dim"]),
                       ctx.args.steps, ctx.args.warmup,
                       f"{lay['n_layers']} layers d {lay['d']} {lay['n_heads']}x{lay['head_dim']} heads SwiGLU "
-                      f"{lay['ffn_hidden']}; non-embedding {nonemb / lay['target']:.3f} x ours")
+                      f"{lay['ffn_hidden']}; non-embedding {nonemb / lay['target']:.3f} x ours; "
+                      f"{'torch.compile(model)' if whole else 'eager'}")
 
 
 def fla_config(cfg: ModelConfig):
@@ -895,7 +910,7 @@ def parse_args(argv=None):
                                  formatter_class=argparse.RawDescriptionHelpFormatter, epilog="See the module docstring.")
     ap.add_argument("--presets", nargs="+", default=["small", "medium"])
     ap.add_argument("--systems", nargs="+", default=None, choices=ORDER,
-                    help=f"subset to run, always in the order {' '.join(ORDER)} (default: all)")
+                    help=f"subset to run, always in the order {' '.join(ORDER)} (default: all but ours_graphed)")
     ap.add_argument("--steps", type=int, default=None, help="timed steps per system (default 30; dry run 2)")
     ap.add_argument("--warmup", type=int, default=None, help="untimed warm-up steps per system (default 10; dry run 1)")
     ap.add_argument("--kernel-reps", type=int, default=None, help="timed calls per kernel/layer row (default 20; dry run 2)")
@@ -924,7 +939,7 @@ def parse_args(argv=None):
     args.warmup = args.warmup if args.warmup is not None else (1 if dry else 10)
     args.kernel_reps = args.kernel_reps or (2 if dry else 20)
     args.kernel_warmup = args.kernel_warmup if args.kernel_warmup is not None else (1 if dry else 5)
-    systems = list(args.systems or ORDER)
+    systems = list(args.systems or DEFAULT_SYSTEMS)
     args.systems = [s for s in ORDER if s in systems]
     if args.out is None:
         args.out = Path(tempfile.gettempdir()) / "pretrain_h200.dry.tsv" if dry else DEFAULT_OUT

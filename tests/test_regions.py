@@ -34,6 +34,16 @@ def test_causal_depthwise_conv_is_torchs_conv1d(dilation):
                                atol=1e-5, rtol=1e-5)
 
 
+def test_causal_depthwise_conv_sums_bf16_inputs_in_fp32():
+    """One rounding at the end, as F.conv1d under autocast (not one per product and sum)."""
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(2, 40, 8, generator=g).bfloat16()
+    w = torch.randn(8, 1, 4, generator=g)
+    out = causal_depthwise_conv(x, w)
+    assert out.dtype == torch.bfloat16
+    assert torch.equal(out, causal_depthwise_conv(x.float(), w).bfloat16())
+
+
 def loss_grads_counts(model, idx):
     c = Counter()
     model.zero_grad(set_to_none=True)
@@ -78,3 +88,22 @@ def test_compiled_regions_continue_a_state():
         got_step, _ = model.step(idx[:, 8], state)
     torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(got_step, want_step, atol=1e-5, rtol=1e-5)
+
+
+def test_a_deepcopy_of_a_compiled_model_computes_with_its_own_weights():
+    """rl deep-copies its model (the frozen reference): the copy's regions must read the copy's parameters."""
+    import copy
+
+    torch._dynamo.reset()
+    model = live_model(ModelConfig(**CFG))
+    compile_regions(model, backend="aot_eager")
+    twin = copy.deepcopy(model)
+    with torch.no_grad():
+        for p in twin.parameters():
+            p.mul_(1.5)
+    eager = live_model(ModelConfig(**CFG))
+    eager.load_state_dict(twin.state_dict())
+    idx = rand_bytes(2, 17)
+    with torch.no_grad():
+        torch.testing.assert_close(twin(idx)[0], eager(idx)[0], atol=1e-5, rtol=1e-5)
+        assert not torch.allclose(model(idx)[0], twin(idx)[0], atol=1e-3)
