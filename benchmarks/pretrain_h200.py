@@ -38,11 +38,11 @@ its train section unless --batch-size / --seq-len) it measures, one after the ot
                   whole (torch.compile(model): no graph break), as ours is compiled (eager before 2026-12-04)
   ours_nosync     (a) without the firewall: the same step as fla_kda and sdpa get (FLA's model runs as FLA
                   ships it, eager around its own fused kernels)
-  ours_graphed    (a) with the model's forward and backward captured as CUDA graphs
-                  (torch.cuda.make_graphed_callables, FLA's kernels included): one replay each way instead
-                  of ~1 000 host launches; optimizers and the firewall run eagerly after it. The model's
-                  counters count only during its warm-up and capture (a replay runs no Python). CUDA only,
-                  no MoE (its routing syncs), opt-in (--systems): it has not run on a GPU yet.
+  ours_graphed    (a) with the model's forward and backward replayed from CUDA graphs
+                  (dormouse.cuda_graphs.GraphedLoss, as the stage runs it under train.cuda_graphs: cuda;
+                  FLA's kernels included): one replay each way instead of ~1 000 host launches; optimizers
+                  and the firewall run eagerly after it. A replay adds the counts of one captured forward.
+                  CUDA only; refused with MoE (its routing syncs on the host)
 
 Every training system uses the same optimizer split (Muon for the 2-D weights of nn.Linear layers inside
 blocks, AdamW for embeddings, head, norms, biases, convs and 1-D parameters: `build_optimizers` itself,
@@ -132,6 +132,7 @@ import torch.nn.functional as F  # noqa: E402
 from torch import nn  # noqa: E402
 
 from dormouse import distributed  # noqa: E402
+from dormouse.cuda_graphs import GraphedLoss, refusal  # noqa: E402
 from dormouse.firewall import Firewall  # noqa: E402
 from dormouse.config import load_preset  # noqa: E402
 from dormouse.model.config import ModelConfig  # noqa: E402
@@ -147,7 +148,7 @@ ONE_PROCESS = distributed.World()  # the benchmark is one process on one GPU (th
 FLA_CHUNK = 64  # FLA's chunk length (BT) in chunk_kda
 ORDER = ["kda_kernel", "kda_layer_ours", "kda_layer_eager", "fla_kda", "kda_layer_fla", "ours", "ours_eager", "sdpa",
          "ours_nosync", "ours_graphed"]
-DEFAULT_SYSTEMS = [s for s in ORDER if s != "ours_graphed"]  # opt-in until it has run on a GPU
+DEFAULT_SYSTEMS = list(ORDER)
 CUDA_ONLY = {"fla_kda": "FLA needs CUDA", "kda_layer_fla": "FLA needs CUDA", "ours_graphed": "CUDA graphs need CUDA"}
 COLUMNS = ["date", "device", "versions", "command", "preset", "system", "status", "batch", "seq_len", "params",
            "params_nonemb", "flop_params", "flops_per_token", "steps", "warmup", "warmup_s", "ms_step",
@@ -416,9 +417,10 @@ def compiled(args, module: nn.Module, device: torch.device) -> list[str]:
 
 
 def ours_step(model, opts, cfg: ModelConfig, train: dict, device, batches, counters: Counter,
-              firewall: bool = True, firewall_on_device: bool | None = None):
+              firewall: bool = True, firewall_on_device: bool | None = None, graphed: GraphedLoss | None = None):
     """One step of dormouse/stages/pretrain.py's loop (firewall=True: its Firewall, deciding on the device
-    on CUDA as the stage does, on the host elsewhere). Returns the step's loss."""
+    on CUDA as the stage does, on the host elsewhere; graphed: the forward and backward replayed from CUDA
+    graphs, as the stage runs them under train.cuda_graphs: cuda). Returns the step's loss."""
     params = list(model.parameters())
     on_device = device.type == "cuda" if firewall_on_device is None else firewall_on_device
     fw = Firewall(opts, params, train["grad_clip"], train["max_bad_steps"], ONE_PROCESS, on_device=on_device) if firewall else None
@@ -430,9 +432,12 @@ def ours_step(model, opts, cfg: ModelConfig, train: dict, device, batches, count
         torch.compiler.cudagraph_mark_step_begin()  # --compile-mode reduce-overhead: a new step's graphs
         set_lr(opts, wsd_multiplier(i, train["steps"], train["warmup_steps"], train["decay_frac"], train["min_lr_frac"]))
         x, y = batches[i % len(batches)]
-        with autocast(device, train):
-            _, loss = model(x, y, counters=counters)
-            total = loss + train["moe_aux_coef"] * model.aux_loss if cfg.moe else loss
+        if graphed is not None:
+            loss = total = graphed(x, y, counters)
+        else:
+            with autocast(device, train):
+                _, loss = model(x, y, counters=counters)
+                total = loss + train["moe_aux_coef"] * model.aux_loss if cfg.moe else loss
         if fw is not None:  # the stage's step: backward, clip, guarded optimizer steps, zero_grad
             fw.step(loss, total, f"step {i}")
             return loss
@@ -530,47 +535,22 @@ def run_ours_graphed(ctx: Ctx) -> dict:
     wall, 2026-12-04 profile): this row measures what removing the launches is worth."""
     cfg, train, dev = ctx.cfg, ctx.train, ctx.device
     torch.manual_seed(ctx.args.seed)
-    if cfg.moe:
-        raise ValueError("ours_graphed: an MoE FFN syncs on its routing (counts.tolist()), which a CUDA graph cannot hold")
     model = ByteLM(cfg).to(dev).train()
     opts = build_optimizers(model, train, muon_cls=muon_of(ctx.args.muon))
     # default compile mode: inductor's own CUDA graphs (reduce-overhead) must not nest inside this capture
     regions = [] if ctx.args.compile_backend == "none" else compile_regions(model, backend=ctx.args.compile_backend)
     batches = random_batches(ctx.batch, ctx.seq_len, dev, ctx.args.seed)
     counters = Counter()
-    bf16 = train.get("dtype", "bfloat16") == "bfloat16"  # as runtime.autocast
-
-    class Loss(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.model = model
-
-        def forward(self, x, y):
-            # a captured graph must not hold autocast's cached weight casts (make_graphed_callables' rule)
-            with torch.autocast("cuda", dtype=torch.bfloat16, enabled=bf16, cache_enabled=False):
-                return self.model(x, y, counters=counters)[1]
-
     t0 = time.perf_counter()
-    graphed = torch.cuda.make_graphed_callables(Loss(), batches[0])
+    graphed = GraphedLoss(model, *batches[0], train)  # as the pretrain stage graphs it (train.cuda_graphs: cuda)
     capture_s = time.perf_counter() - t0
-    params = list(model.parameters())
-    fw = Firewall(opts, params, train["grad_clip"], train["max_bad_steps"], ONE_PROCESS, on_device=True)
-    state = {"i": 0}
-
-    def step():
-        i = state["i"]
-        state["i"] += 1
-        set_lr(opts, wsd_multiplier(i, train["steps"], train["warmup_steps"], train["decay_frac"], train["min_lr_frac"]))
-        loss = graphed(*batches[i % len(batches)])
-        fw.step(loss, loss, f"step {i}")
-        return loss
-
+    step = ours_step(model, opts, cfg, train, dev, batches, counters, graphed=graphed)
     r = measure(step, ctx.args.steps, ctx.args.warmup, dev)
     cp = count_params(cfg)
     paths = ",".join(f"{k}={v}" for k, v in sorted(counters.items()) if k.startswith("kda_path"))
     note = (f"fwd+bwd as CUDA graphs (warm-up + capture {capture_s:.1f} s, not in warmup_s), firewall on the "
             f"device; {len(regions)} regions compiled; optimizers "
-            f"{'+'.join(type(o).__name__ for o in opts)}; counted at warm-up and capture only: {paths}")
+            f"{'+'.join(type(o).__name__ for o in opts)}; {paths}")
     return _train_row(ctx, r, cp["total"], cp["non_embedding"], cp["flop_params"],
                       kda_flops_per_token(cfg.depth, cfg.n_heads, cfg.head_dim), ctx.args.steps, ctx.args.warmup, note)
 
@@ -790,24 +770,35 @@ def check_equivalence(cfg: ModelConfig, train: dict, device: torch.device, batch
                       muon: str = "stacked") -> dict:
     """Train two identical copies of (a) on the same batches: plain (the firewall deciding on the host,
     torch's Muon, no compile) and fast (the firewall deciding on the device, `muon`, the model's regions
-    compiled with `backend` unless it is "none", on any device); return {"plain": [...], "fast": [...],
-    "max_rel": float, "tol": float, "ok": bool}."""
+    compiled with `backend` unless it is "none", on any device) and, on CUDA where the stage would graph it,
+    graphed (fast with its forward and backward replayed from CUDA graphs, dormouse.cuda_graphs). Returns
+    {"plain": [...], "fast": [...], ("graphed": [...],) "counters": {arm: Counter}, "max_rel": float,
+    "tol": float, "ok": bool}: ok when every arm's losses are finite and within tol of plain's, and every arm
+    counted what plain counted."""
     tol = tol if tol is not None else (2e-2 if device.type == "cuda" else 1e-4)
     torch.manual_seed(seed)
     plain = ByteLM(cfg).to(device)
-    twin = copy.deepcopy(plain)
+    arms = [("plain", plain), ("fast", copy.deepcopy(plain))]
+    if device.type == "cuda" and refusal(cfg, world_size=1) is None:
+        arms.append(("graphed", copy.deepcopy(plain)))
     batches = random_batches(batch, seq_len, device, seed)
-    losses = {}
-    for name, model, fast in (("plain", plain, False), ("fast", twin, True)):
+    losses, counts = {}, {}
+    for name, model in arms:
         model.train()
+        fast = name != "plain"
         opts = build_optimizers(model, train, muon_cls=muon_of(muon if fast else "torch"))
         if fast and backend != "none":
             compile_regions(model, backend=backend)
-        step = ours_step(model, opts, cfg, train, device, batches, Counter(), firewall=True, firewall_on_device=fast)
+        counts[name] = Counter()
+        graphed = GraphedLoss(model, *batches[0], train) if name == "graphed" else None
+        step = ours_step(model, opts, cfg, train, device, batches, counts[name], firewall=True, firewall_on_device=fast,
+                         graphed=graphed)
         losses[name] = [float(step().detach().float().item()) for _ in range(steps)]
-    rel = [abs(a - b) / max(abs(a), 1e-12) for a, b in zip(losses["plain"], losses["fast"])]
+    rel = [abs(a - b) / max(abs(a), 1e-12) for name, _ in arms[1:] for a, b in zip(losses["plain"], losses[name])]
     mx = max(rel) if rel else 0.0
-    return {**losses, "max_rel": mx, "tol": tol, "ok": all(math.isfinite(x) for x in losses["fast"]) and mx <= tol}
+    ok = (mx <= tol and all(math.isfinite(x) for name, _ in arms for x in losses[name])
+          and all(counts[name] == counts["plain"] for name, _ in arms))
+    return {**losses, "counters": counts, "max_rel": mx, "tol": tol, "ok": ok}
 
 
 # -------------------------------------------------------------------------------------------------
@@ -910,7 +901,7 @@ def parse_args(argv=None):
                                  formatter_class=argparse.RawDescriptionHelpFormatter, epilog="See the module docstring.")
     ap.add_argument("--presets", nargs="+", default=["small", "medium"])
     ap.add_argument("--systems", nargs="+", default=None, choices=ORDER,
-                    help=f"subset to run, always in the order {' '.join(ORDER)} (default: all but ours_graphed)")
+                    help=f"subset to run, always in the order {' '.join(ORDER)} (default: all)")
     ap.add_argument("--steps", type=int, default=None, help="timed steps per system (default 30; dry run 2)")
     ap.add_argument("--warmup", type=int, default=None, help="untimed warm-up steps per system (default 10; dry run 1)")
     ap.add_argument("--kernel-reps", type=int, default=None, help="timed calls per kernel/layer row (default 20; dry run 2)")
@@ -965,9 +956,11 @@ def main(argv=None) -> int:
             cfg, train, batch, seq_len = preset_setup(name, args, dry)
             res = check_equivalence(cfg, train, device, batch, seq_len, args.equiv_steps, args.compile_backend,
                                     args.seed, args.equiv_tol, args.muon)
+            graphed = f"graphed {res['graphed']}" if "graphed" in res else "(graphed: not on this device)"
+            same = all(c == res["counters"]["plain"] for c in res["counters"].values())
             log(f"equivalence {name} (B {batch} T {seq_len}, compile backend {args.compile_backend}, muon {args.muon}, "
-                f"firewall on the device): plain {res['plain']} "
-                f"fast {res['fast']} max rel diff {res['max_rel']:.3g} tol {res['tol']:.3g} -> "
+                f"firewall on the device): plain {res['plain']} fast {res['fast']} {graphed}; counters "
+                f"{'equal' if same else 'DIFFER'}; max rel diff {res['max_rel']:.3g} tol {res['tol']:.3g} -> "
                 f"{'OK' if res['ok'] else 'MISMATCH'}")
             bad += not res["ok"]
         return 1 if bad else 0
@@ -1040,6 +1033,8 @@ def run_all(args, device: torch.device, dry: bool, setups: dict, writer: TsvWrit
                 row["status"] = f"skipped: {_SIGNALS['pending']}"
             elif dry and system in CUDA_ONLY:
                 row["status"] = f"skipped: {CUDA_ONLY[system]} (dry run)"
+            elif system == "ours_graphed" and refusal(cfg, world_size=1):
+                row["status"] = f"skipped: the stage refuses CUDA graphs here ({refusal(cfg, world_size=1)})"
             else:
                 log(f"{name} {label}: start")
                 try:

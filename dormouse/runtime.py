@@ -24,9 +24,10 @@ def device_for(train: dict, stage: str = "pretrain") -> torch.device:
     return torch.device(train["device"])
 
 
-def autocast(device: torch.device, train: dict):
+def autocast(device: torch.device, train: dict, cache: bool = True):
+    """bf16 autocast on CUDA (train.dtype); cache=False inside a CUDA graph capture (dormouse.cuda_graphs)."""
     if device.type == "cuda" and train.get("dtype", "bfloat16") == "bfloat16":
-        return torch.autocast("cuda", dtype=torch.bfloat16)
+        return torch.autocast("cuda", dtype=torch.bfloat16, cache_enabled=cache)
     return nullcontext()
 
 

@@ -140,7 +140,7 @@ def test_flop_formulas():
 
 
 def test_systems_run_in_order():
-    assert bench.parse_args([]).systems == [s for s in bench.ORDER if s != "ours_graphed"]  # opt-in
+    assert bench.parse_args([]).systems == bench.ORDER
     assert bench.parse_args(["--systems", "sdpa", "ours"]).systems == ["ours", "sdpa"]  # always in ORDER
 
 

@@ -32,7 +32,7 @@ import torch
 from safetensors.torch import save_file
 from torch.nn.parallel import DistributedDataParallel
 
-from dormouse import checkpoint, distributed, history
+from dormouse import checkpoint, cuda_graphs, distributed, history
 from dormouse.byte_stream import StreamState, TrainStream, eval_window
 from dormouse.firewall import BadStepsError, Firewall  # noqa: F401 (BadStepsError: the stage's abort)
 from dormouse.model.config import ModelConfig
@@ -103,6 +103,11 @@ def run(job: dict, cfg: ModelConfig, train: dict, shards, world: distributed.Wor
         firewall = Firewall(opts, model.parameters(), train["grad_clip"], train["max_bad_steps"], world,
                             on_device=device.type == "cuda")
         firewall.resume(bad_in_row)
+        graphs = cuda_graphs.decide(train, device.type, cfg, world.size)
+        if graphs.startswith("refused"):
+            c[f"cuda_graphs.{graphs}"] = 1
+            say(f"[pretrain] train.cuda_graphs: {graphs}; the step runs eagerly", flush=True)
+        graphed = None  # captured on the first step this process runs
         t_last, bytes_last = time.time(), 0
         net.train()
         for step in range(start, train["steps"]):
@@ -110,9 +115,15 @@ def run(job: dict, cfg: ModelConfig, train: dict, shards, world: distributed.Wor
             set_lr(opts, mult)
             x, y = stream.next_batch()  # this rank's rows of the global batch
             x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
-            with autocast(device, train):
-                _, loss = net(x, y, counters=train_counters)
-                total = loss + train["moe_aux_coef"] * model.aux_loss if cfg.moe else loss
+            if graphs == "graphed":
+                if graphed is None:
+                    graphed = cuda_graphs.GraphedLoss(model, x, y, train)
+                    c["cuda_graphs.captures"] += 1
+                loss = total = graphed(x, y, train_counters)
+            else:
+                with autocast(device, train):
+                    _, loss = net(x, y, counters=train_counters)
+                    total = loss + train["moe_aux_coef"] * model.aux_loss if cfg.moe else loss
             firewall.step(loss, total, f"step {step}")
             c["train.steps_run_this_process"] += 1
             bytes_last += x.numel() * world.size
@@ -160,6 +171,8 @@ def run(job: dict, cfg: ModelConfig, train: dict, shards, world: distributed.Wor
             for k, v in eval_total.items():
                 c[f"eval.{k}"] = v
             c["train.steps"] = train["steps"]
+            if graphed is not None:
+                c["cuda_graphs.replays_this_process"] = graphed.replays
             c["train.bytes_seen"] = stream.bytes_seen()
             c["eval.window_bytes"] = eval_bytes
             save_file({k: v.detach().contiguous().cpu() for k, v in model.state_dict().items()}, str(art.path("model.safetensors")))
@@ -172,6 +185,8 @@ def run(job: dict, cfg: ModelConfig, train: dict, shards, world: distributed.Wor
             }
             if device.type == "cuda":
                 art.extra["final"]["peak_memory_gib"] = round(torch.cuda.max_memory_allocated(device) / 2**30, 3)  # rank 0's GPU
+                # reserved counts CUDA graphs' private pools, which the allocated peak may leave out
+                art.extra["final"]["peak_reserved_gib"] = round(torch.cuda.max_memory_reserved(device) / 2**30, 3)
                 art.extra["final"]["gpu"] = torch.cuda.get_device_name(device)
             art.extra["final"]["torch_threads"] = torch.get_num_threads()
             summary("pretrain", c)

@@ -1,0 +1,82 @@
+"""The training forward and backward as CUDA graphs (torch.cuda.make_graphed_callables), FLA's Triton
+kernels included. A small model's eager step is host-bound: on the H200 the small preset's step took 88 ms
+of wall time for ~26 ms of GPU work, ~1 000 launches; one replay each way took 28 ms (1.17M against 372k
+tokens/s, benchmarks/README.md, 2026-12-04). Optimizers, clip and the NaN firewall stay eager after it.
+
+Refused (the caller counts the reason) where a graph cannot hold the step: an MoE FFN reads its split
+sizes on the host; several ranks run DDP's gradient hooks inside backward. Not asked off CUDA.
+
+A replay runs no Python, so the model's counters (which arms ran, on how many tokens) are taken at
+capture: the capture's counts divided by its forward calls are added on every replay.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import torch
+from torch import nn
+
+from dormouse.model.config import ModelConfig
+from dormouse.runtime import autocast
+
+WARMUP_CALLS = 3  # make_graphed_callables' warm-up iterations (on a side stream) before its one capture
+
+
+def refusal(cfg: ModelConfig, world_size: int) -> str | None:
+    """Why this run's step cannot be graphed (a counter key), or None."""
+    if cfg.moe:
+        return "moe"  # ffn.py: counts.tolist() syncs on the routing
+    if world_size > 1:
+        return "ddp"
+    return None
+
+
+def decide(train: dict, device_type: str, cfg: ModelConfig, world_size: int) -> str:
+    """One of "graphed", "eager" (not asked: train.cuda_graphs never, or no GPU) and "refused_<why>" (asked,
+    not possible here)."""
+    if train.get("cuda_graphs", "never") != "cuda" or device_type != "cuda":
+        return "eager"
+    why = refusal(cfg, world_size)
+    return f"refused_{why}" if why else "graphed"
+
+
+def per_call(capture: Counter, calls: int) -> Counter:
+    """The counts of one forward call from a capture's `calls` calls; uneven counts are an error, since a
+    replay's counts would then be unknown."""
+    uneven = {k: v for k, v in capture.items() if v % calls}
+    if uneven:
+        raise RuntimeError(f"cuda_graphs: counters {uneven} are not the same on each of the capture's {calls} "
+                           "forward calls, so a replay's counts are unknown")
+    return Counter({k: v // calls for k, v in capture.items()})
+
+
+class _Loss(nn.Module):
+    """The training loss as one module (make_graphed_callables graphs a module's forward and backward)."""
+
+    def __init__(self, model: nn.Module, train: dict, counters: Counter):
+        super().__init__()
+        self.model, self.train, self.counters = model, train, counters
+
+    def forward(self, x, y):
+        # a graph must not keep autocast's cached weight casts: they would go stale after an optimizer step
+        with autocast(x.device, self.train, cache=False):
+            return self.model(x, y, counters=self.counters)[1]
+
+
+class GraphedLoss:
+    """loss = graphed(x, y, counters): a replay of the captured forward; loss.backward() replays the backward."""
+
+    def __init__(self, model: nn.Module, x: torch.Tensor, y: torch.Tensor, train: dict):
+        capture = Counter()
+        # its own input buffers: a later batch is copied into them, never into the caller's tensors
+        self.fn = torch.cuda.make_graphed_callables(_Loss(model, train, capture), (x.clone(), y.clone()),
+                                                    num_warmup_iters=WARMUP_CALLS)
+        self.per_call = per_call(capture, WARMUP_CALLS + 1)
+        self.replays = 0
+
+    def __call__(self, x: torch.Tensor, y: torch.Tensor, counters: Counter) -> torch.Tensor:
+        loss = self.fn(x, y)
+        counters.update(self.per_call)
+        self.replays += 1
+        return loss.clone()  # the graph's output buffer is overwritten by the next replay

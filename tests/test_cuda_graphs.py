@@ -1,0 +1,98 @@
+"""dormouse.cuda_graphs: when the pretrain step is graphed, how a replay counts, and (on a GPU) that the graphed
+step trains as the eager one does."""
+
+import copy
+import json
+from collections import Counter
+
+import pytest
+import torch
+
+from dormouse import cuda_graphs, distributed
+from dormouse.firewall import Firewall
+from dormouse.model.config import ModelConfig
+from dormouse.model.gpt import ByteLM
+from dormouse.optim import build_optimizers
+from dormouse.runtime import autocast
+from test_pretrain import TINY_MODEL, TINY_TRAIN, job_json, run_stage, set_model, shards  # noqa: F401 (fixture)
+
+ONE = distributed.World()
+
+
+@pytest.mark.parametrize("asked,device,moe,world,want", [
+    ("never", "cuda", False, 1, "eager"),
+    ("cuda", "cpu", False, 1, "eager"),  # asked for GPUs only: not a refusal on CPU
+    ("cuda", "cuda", True, 1, "refused_moe"),
+    ("cuda", "cuda", False, 2, "refused_ddp"),
+    ("cuda", "cuda", False, 1, "graphed"),
+])
+def test_decide(asked, device, moe, world, want):
+    cfg = ModelConfig.from_dict({**TINY_MODEL, "moe": moe})
+    assert cuda_graphs.decide({"cuda_graphs": asked}, device, cfg, world) == want
+    assert cuda_graphs.decide({}, device, cfg, world) == "eager"  # the schema's default is never
+
+
+def test_a_replay_counts_one_forward_of_the_real_model():
+    """The capture's calls all count the same, so a replay adds exactly one eager forward's counts."""
+    cfg = ModelConfig.from_dict({**TINY_MODEL, "engram": True, "engram_rows": 256, "engram_dim": 8, "n_prelude": 1,
+                                 "n_loop": 2})
+    model = ByteLM(cfg)
+    x = torch.randint(0, 256, (2, 32))
+    one, capture = Counter(), Counter()
+    model(x, x, counters=one)
+    for _ in range(cuda_graphs.WARMUP_CALLS + 1):
+        model(x, x, counters=capture)
+    assert one and cuda_graphs.per_call(capture, cuda_graphs.WARMUP_CALLS + 1) == one
+
+
+def test_uneven_capture_counts_are_an_error():
+    with pytest.raises(RuntimeError, match="kda_path.torch.*not the same on each of the capture's 4"):
+        cuda_graphs.per_call(Counter({"kda_path.torch": 6, "engram.lookups": 8}), 4)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (CUDA graphs, FLA's Triton kernels)")
+def test_graphed_steps_train_and_count_as_eager_steps():
+    """Four steps on four batches (the first batch again last: its buffer must not have been overwritten),
+    eager against graphed, both with the device firewall, from the same weights."""
+    torch.manual_seed(0)
+    cfg = ModelConfig.from_dict({**TINY_MODEL, "engram": True, "engram_rows": 256, "engram_dim": 8})
+    train = {**TINY_TRAIN, "device": "cuda", "dtype": "bfloat16", "lr": 3e-3, "muon_lr": 0.02, "optimizer": "muon",
+             "weight_decay": 0.0, "grad_clip": 1.0, "max_bad_steps": 3}
+    eager = ByteLM(cfg).cuda().train()
+    twin = copy.deepcopy(eager)
+    g = torch.Generator().manual_seed(1)
+    batches = [torch.randint(0, 256, (4, 65), generator=g).cuda() for _ in range(3)]
+    batches = [(b[:, :-1].contiguous(), b[:, 1:].contiguous()) for b in batches]
+    order = [0, 1, 2, 0]
+    losses, counts = {}, {}
+    for name, model in (("eager", eager), ("graphed", twin)):
+        opts = build_optimizers(model, train)
+        fw = Firewall(opts, model.parameters(), 1.0, 3, ONE, on_device=True)
+        counts[name], losses[name] = Counter(), []
+        graphed = cuda_graphs.GraphedLoss(model, *batches[0], train) if name == "graphed" else None
+        for i in order:
+            x, y = batches[i]
+            if graphed is not None:
+                loss = graphed(x, y, counts[name])
+            else:
+                with autocast(x.device, train):
+                    loss = model(x, y, counters=counts[name])[1]
+            fw.step(loss, loss, "test")
+            losses[name].append(float(fw.read("test")))
+    assert counts["graphed"] == counts["eager"] and counts["eager"]["kda_path.fla"] > 0
+    torch.testing.assert_close(torch.tensor(losses["graphed"]), torch.tensor(losses["eager"]), rtol=2e-2, atol=0)
+    assert losses["eager"][3] != losses["eager"][0]  # batch 0 again, after three updates
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (CUDA graphs, FLA's Triton kernels)")
+def test_the_stage_graphs_its_step_and_counts_the_replays(shards):  # noqa: F811 (fixture)
+    config = set_model(shards, {**TINY_MODEL, "engram": True, "engram_rows": 256, "engram_dim": 8},
+                       {**TINY_TRAIN, "device": "cuda", "steps": 6, "eval_every": 3, "ckpt_every": 100,
+                        "cuda_graphs": "cuda"})
+    job, out_dir = job_json(shards, config)
+    run_stage(shards, job)
+    c = json.loads((shards / out_dir / "manifest.json").read_text())["counters"]
+    assert c["cuda_graphs.captures"] == 1 and c["cuda_graphs.replays_this_process"] == 6
+    assert c["train.kda_path.fla"] > 0
