@@ -11,7 +11,8 @@ shards, the job's batch, sequence length and seed) and are scored on the job's e
 tail from its start, eval_bytes). Same optimizer split (build_optimizers: Muon for the hidden matrices,
 AdamW for the rest), lr, warmup-stable-decay shape and grad clip; ours runs the stage's NaN firewall.
 On CUDA both are compiled: ours as the stage compiles it (its regions, dormouse/model/regions.py), the
-SDPA model whole (torch.compile(model): it has no graph break).
+SDPA model whole (torch.compile(model): it has no graph break); ours replays CUDA graphs when the job asks
+(train.cuda_graphs: cuda), as the stage does.
 The schedule runs on the clock: its progress is training seconds / budget, so both systems decay to
 the end of their budget whatever their step rate. Warm-up (Triton autotune, first-call compiles) runs on
 a throwaway model before the clock starts; evaluation pauses the clock. The SDPA model is
@@ -35,7 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import torch  # noqa: E402
 
-from dormouse import distributed  # noqa: E402
+from dormouse import cuda_graphs, distributed  # noqa: E402
 from dormouse.byte_stream import TrainStream, eval_window  # noqa: E402
 from dormouse.firewall import Firewall  # noqa: E402
 from dormouse.model.config import ModelConfig  # noqa: E402
@@ -82,8 +83,17 @@ def train_for(system: str, cfg: ModelConfig, train: dict, shards, device, budget
     bins = [shards.file(n) for n in shards.files("train/") if n.endswith(".bin")]
     ex, ey, eval_bytes = eval_window(shards.file("eval/tail.bin"), train["eval_bytes"], train["seq_len"])
     counters = Counter()
+    graphed = {}  # model -> its GraphedLoss, captured at its first step
+
+    graphs = cuda_graphs.decide(train, device.type, cfg, 1) if system == "ours" else "eager"
+    if graphs.startswith("refused"):
+        log(f"{system}: train.cuda_graphs: {graphs}; eager steps")
 
     def loss_of(m, x, y):
+        if graphs == "graphed":  # as the stage runs under train.cuda_graphs: cuda
+            if m not in graphed:
+                graphed[m] = cuda_graphs.GraphedLoss(m, x, y, train)
+            return graphed[m](x, y, counters)
         with autocast(device, train):
             _, loss = m(x, y, counters=counters) if system == "ours" else m(x, y)
             if system == "ours" and cfg.moe:
@@ -104,6 +114,7 @@ def train_for(system: str, cfg: ModelConfig, train: dict, shards, device, budget
         if device.type == "cuda":
             torch.cuda.synchronize(device)
         log(f"{system}: warm-up {warmup_steps} steps + one eval batch on a throwaway model: {time.time() - t:.1f} s")
+        graphed.clear()  # the throwaway model's graphs go with it
         del w_model, w_scored, w_opts
 
     torch.manual_seed(train["seed"])
