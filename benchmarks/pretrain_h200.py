@@ -18,6 +18,10 @@ its train section unless --batch-size / --seq-len) it measures, one after the ot
                   --compile-backend, "none" = eager). The KERNEL RATIO TARGET is kda_layer_ours ms / kda_kernel
                   ms (everything our layer adds around the kernel)
   kda_layer_eager the same layer with no compile (the baseline of the regions)
+  kda_kernel_graphed, kda_layer_graphed   kda_kernel and kda_layer_ours, each call captured as one CUDA graph
+                  and replayed: the GPU time alone, without the host's launches (on small both eager rows are
+                  host-bound, so their ratio compares host costs). kda_layer_graphed's ratio is against
+                  kda_kernel_graphed
   fla_kda         (b) FLA's own `KDAForCausalLM` (fla.models; needs the flash-linear-attention wheel and
                   transformers): hidden_size=d_model, num_hidden_layers=the APPLIED blocks (cfg.depth),
                   num_heads/head_dim as ours, intermediate_size=ffn_hidden, vocab 256, conv 4, no Engram,
@@ -146,10 +150,11 @@ from dormouse.runtime import autocast  # noqa: E402
 DEFAULT_OUT = ROOT / "benchmarks" / "pretrain_h200.tsv"
 ONE_PROCESS = distributed.World()  # the benchmark is one process on one GPU (the loop's world size 1)
 FLA_CHUNK = 64  # FLA's chunk length (BT) in chunk_kda
-ORDER = ["kda_kernel", "kda_layer_ours", "kda_layer_eager", "fla_kda", "kda_layer_fla", "ours", "ours_eager", "sdpa",
+ORDER = ["kda_kernel", "kda_layer_ours", "kda_layer_eager", "kda_kernel_graphed", "kda_layer_graphed", "fla_kda", "kda_layer_fla", "ours", "ours_eager", "sdpa",
          "ours_nosync", "ours_graphed"]
 DEFAULT_SYSTEMS = list(ORDER)
-CUDA_ONLY = {"fla_kda": "FLA needs CUDA", "kda_layer_fla": "FLA needs CUDA", "ours_graphed": "CUDA graphs need CUDA"}
+CUDA_ONLY = {"fla_kda": "FLA needs CUDA", "kda_layer_fla": "FLA needs CUDA", "ours_graphed": "CUDA graphs need CUDA",
+             "kda_kernel_graphed": "CUDA graphs need CUDA", "kda_layer_graphed": "CUDA graphs need CUDA"}
 COLUMNS = ["date", "device", "versions", "command", "preset", "system", "status", "batch", "seq_len", "params",
            "params_nonemb", "flop_params", "flops_per_token", "steps", "warmup", "warmup_s", "ms_step",
            "ms_step_median", "tokens_per_s", "peak_gib", "mfu_pct", "matmul_tflops", "ratio", "ratio_of", "note"]
@@ -733,6 +738,51 @@ def run_layer_ours(ctx: Ctx, eager: bool = False) -> dict:
                        f"dormouse KDAMixer, bf16 autocast, {how}; {paths}")
 
 
+def as_graph(fn, device: torch.device):
+    """fn captured as one CUDA graph after three eager calls on a side stream (Triton autotunes and torch.compile
+    compiles there, outside the capture). Returns the replay."""
+    side = torch.cuda.Stream(device)
+    side.wait_stream(torch.cuda.current_stream(device))
+    with torch.cuda.stream(side):
+        for _ in range(3):
+            fn()
+    torch.cuda.current_stream(device).wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    return graph.replay
+
+
+def run_kernel_graphed(ctx: Ctx) -> dict:
+    from fla.ops.kda import chunk_kda
+
+    q, k, v, g, beta, do = kda_inputs(ctx, torch.bfloat16)
+    leaves = (q, k, v, g, beta)
+
+    def fn():
+        for t in leaves:
+            t.grad = None
+        o, _ = chunk_kda(q, k, v, g, beta, initial_state=None, output_final_state=True,
+                         use_qk_l2norm_in_kernel=False, use_gate_in_kernel=False)
+        o.backward(do)
+
+    r = measure(as_graph(fn, ctx.device), ctx.args.kernel_reps, ctx.args.kernel_warmup, ctx.device)
+    return _kernel_row(ctx, r, ctx.args.kernel_reps, ctx.args.kernel_warmup,
+                       "fla.ops.kda.chunk_kda fwd+bwd as kda_kernel, replayed from one CUDA graph")
+
+
+def run_layer_graphed(ctx: Ctx) -> dict:
+    torch.manual_seed(ctx.args.seed)
+    mixer = KDAMixer(ctx.cfg).to(ctx.device)
+    regions = compiled(ctx.args, mixer, ctx.device)
+    counters = Counter()
+    fn = _layer_fn(ctx, mixer, lambda x: mixer(x, counters=counters)[0])
+    r = measure(as_graph(fn, ctx.device), ctx.args.kernel_reps, ctx.args.kernel_warmup, ctx.device)
+    how = f"regions {'+'.join(regions)} compiled ({ctx.args.compile_backend})" if regions else "eager"
+    return _kernel_row(ctx, r, ctx.args.kernel_reps, ctx.args.kernel_warmup,
+                       f"dormouse KDAMixer as kda_layer_ours ({how}), replayed from one CUDA graph")
+
+
 def run_layer_fla(ctx: Ctx) -> dict:
     from fla.layers.kda import KimiDeltaAttention
 
@@ -751,6 +801,8 @@ RUNNERS = {
     "kda_kernel": lambda ctx: run_kda_kernel(ctx, torch_standin=ctx.dry),
     "kda_layer_ours": run_layer_ours,
     "kda_layer_eager": lambda ctx: run_layer_ours(ctx, eager=True),
+    "kda_kernel_graphed": run_kernel_graphed,
+    "kda_layer_graphed": run_layer_graphed,
     "kda_layer_fla": run_layer_fla,
     "fla_kda": run_fla,
     "ours": run_ours,
@@ -995,7 +1047,7 @@ def main(argv=None) -> int:
     mm, mm_row, rows = out
     log(f"rows appended to {writer.path}")
     for r in rows:
-        if r["system"] == "kda_layer_ours" and r.get("ratio") is not None:
+        if r["system"] in ("kda_layer_ours", "kda_layer_graphed") and r.get("ratio") is not None:
             log(f"kernel ratio target {r['preset']}: our KDAMixer fwd+bwd / {r['ratio_of'].split(' / ')[1]} = {r['ratio']}")
     log(f"bf16 matmul rate {mm / 1e12:.1f} TFLOP/s is the MFU denominator" if not dry else
         f"CPU fp32 matmul rate {mm / 1e12:.3f} TFLOP/s is the MFU denominator (dry run)")
@@ -1073,13 +1125,15 @@ def add_ratio(row: dict, results: dict[str, dict]) -> None:
         return
     sysname = row["system"]
     if sysname.startswith("kda_layer"):
-        ref_name = "kda_kernel" if "kda_kernel" in results else "kda_kernel_torch"
+        ref_name = ("kda_kernel_graphed" if sysname.endswith("_graphed") else
+                    "kda_kernel" if "kda_kernel" in results else "kda_kernel_torch")
         ref = results.get(ref_name)
         if ref and ref.get("status") == "ok":
             row["ratio"] = round(row["ms_step"] / ref["ms_step"], 3)
             row["ratio_of"] = f"ms / {ref_name} ms"
     elif sysname.startswith("kda_kernel"):
-        row["ratio"], row["ratio_of"] = 1.0, "reference for kda_layer_*"
+        row["ratio"], row["ratio_of"] = 1.0, ("reference for kda_layer_graphed" if sysname.endswith("_graphed")
+                                              else "reference for kda_layer_*")
     else:
         ref = results.get("fla_kda")
         if ref and ref.get("status") == "ok":

@@ -14,7 +14,7 @@ from dormouse.model.config import ModelConfig
 from dormouse.model.gpt import ByteLM
 from dormouse.optim import build_optimizers
 from dormouse.runtime import autocast
-from test_pretrain import TINY_MODEL, TINY_TRAIN, job_json, run_stage, set_model, shards  # noqa: F401 (fixture)
+from test_pretrain import TINY_MODEL, TINY_TRAIN, job_json, run_stage, set_model, shards  # noqa: F401 (the fixture)
 
 ONE = distributed.World()
 
@@ -87,7 +87,11 @@ def test_graphed_steps_train_and_count_as_eager_steps():
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (CUDA graphs, FLA's Triton kernels)")
-def test_the_stage_graphs_its_step_and_counts_the_replays(shards):  # noqa: F811 (fixture)
+def test_the_stage_graphs_its_step_and_counts_the_replays(request):
+    """The stage under train.cuda_graphs: cuda (its shards need the filter stage, so fasttext: absent from the
+    device tool's image, where benchmarks/gpu_small_chain.sh with .job/graphs checks the stage instead)."""
+    pytest.importorskip("fasttext", reason="the shards fixture runs the filter stage (fasttext)")
+    shards = request.getfixturevalue("shards")
     config = set_model(shards, {**TINY_MODEL, "engram": True, "engram_rows": 256, "engram_dim": 8},
                        {**TINY_TRAIN, "device": "cuda", "steps": 6, "eval_every": 3, "ckpt_every": 100,
                         "cuda_graphs": "cuda"})
