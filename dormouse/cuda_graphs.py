@@ -56,11 +56,11 @@ class _Loss(nn.Module):
 
     def __init__(self, model: nn.Module, train: dict, counters: Counter):
         super().__init__()
-        self.model, self.train, self.counters = model, train, counters
+        self.model, self.train_cfg, self.counters = model, train, counters
 
     def forward(self, x, y):
         # a graph must not keep autocast's cached weight casts: they would go stale after an optimizer step
-        with autocast(x.device, self.train, cache=False):
+        with autocast(x.device, self.train_cfg, cache=False):
             return self.model(x, y, counters=self.counters)[1]
 
 
@@ -73,9 +73,13 @@ class GraphedLoss:
         self.fn = torch.cuda.make_graphed_callables(_Loss(model, train, capture), (x.clone(), y.clone()),
                                                     num_warmup_iters=WARMUP_CALLS)
         self.per_call = per_call(capture, WARMUP_CALLS + 1)
+        self.shape = tuple(x.shape)
         self.replays = 0
 
     def __call__(self, x: torch.Tensor, y: torch.Tensor, counters: Counter) -> torch.Tensor:
+        if tuple(x.shape) != self.shape or tuple(y.shape) != self.shape:
+            # copy_ into the graph's input buffers would broadcast a smaller batch without a word
+            raise ValueError(f"cuda_graphs: batch {tuple(x.shape)}/{tuple(y.shape)} is not the captured {self.shape}")
         loss = self.fn(x, y)
         counters.update(self.per_call)
         self.replays += 1

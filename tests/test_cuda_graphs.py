@@ -13,7 +13,8 @@ from dormouse.firewall import Firewall
 from dormouse.model.config import ModelConfig
 from dormouse.model.gpt import ByteLM
 from dormouse.optim import build_optimizers
-from dormouse.runtime import autocast
+from dormouse.model.regions import compile_regions
+from dormouse.runtime import autocast, evaluate
 from test_pretrain import TINY_MODEL, TINY_TRAIN, job_json, run_stage, set_model, shards  # noqa: F401 (the fixture)
 
 ONE = distributed.World()
@@ -53,8 +54,9 @@ def test_uneven_capture_counts_are_an_error():
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (CUDA graphs, FLA's Triton kernels)")
 def test_graphed_steps_train_and_count_as_eager_steps():
-    """Four steps on four batches (the first batch again last: its buffer must not have been overwritten),
-    eager against graphed, both with the device firewall, from the same weights."""
+    """As the stage runs: regions compiled (inductor), the device firewall, an eval between steps. Four steps on
+    batches 0, 1, 2, 0 (batch 0's buffer must not have been overwritten by the later batches), eager against
+    graphed from the same weights: the same kernels, so the same losses and weights up to reduction order."""
     torch.manual_seed(0)
     cfg = ModelConfig.from_dict({**TINY_MODEL, "engram": True, "engram_rows": 256, "engram_dim": 8})
     train = {**TINY_TRAIN, "device": "cuda", "dtype": "bfloat16", "lr": 3e-3, "muon_lr": 0.02, "optimizer": "muon",
@@ -64,14 +66,14 @@ def test_graphed_steps_train_and_count_as_eager_steps():
     g = torch.Generator().manual_seed(1)
     batches = [torch.randint(0, 256, (4, 65), generator=g).cuda() for _ in range(3)]
     batches = [(b[:, :-1].contiguous(), b[:, 1:].contiguous()) for b in batches]
-    order = [0, 1, 2, 0]
-    losses, counts = {}, {}
+    losses, counts, evals = {}, {}, {}
     for name, model in (("eager", eager), ("graphed", twin)):
+        compile_regions(model)
         opts = build_optimizers(model, train)
         fw = Firewall(opts, model.parameters(), 1.0, 3, ONE, on_device=True)
         counts[name], losses[name] = Counter(), []
         graphed = cuda_graphs.GraphedLoss(model, *batches[0], train) if name == "graphed" else None
-        for i in order:
+        for step, i in enumerate([0, 1, 2, 0]):
             x, y = batches[i]
             if graphed is not None:
                 loss = graphed(x, y, counts[name])
@@ -80,9 +82,16 @@ def test_graphed_steps_train_and_count_as_eager_steps():
                     loss = model(x, y, counters=counts[name])[1]
             fw.step(loss, loss, "test")
             losses[name].append(float(fw.read("test")))
+            if step == 1:  # an eager eval between replays, as the stage's eval_every
+                evals[name] = evaluate(model, *batches[2], 4, x.device, train, Counter())
     assert counts["graphed"] == counts["eager"] and counts["eager"]["kda_path.fla"] > 0
-    torch.testing.assert_close(torch.tensor(losses["graphed"]), torch.tensor(losses["eager"]), rtol=2e-2, atol=0)
-    assert losses["eager"][3] != losses["eager"][0]  # batch 0 again, after three updates
+    torch.testing.assert_close(torch.tensor(losses["graphed"]), torch.tensor(losses["eager"]), rtol=1e-3, atol=0)
+    assert evals["graphed"] == pytest.approx(evals["eager"], rel=1e-3)
+    assert losses["graphed"][3] != losses["graphed"][0]  # batch 0 again, after three updates
+    for (k, a), b in zip(eager.state_dict().items(), twin.state_dict().values()):
+        torch.testing.assert_close(b, a, rtol=0, atol=1e-3, msg=lambda m, k=k: f"{k}: {m}")
+    with pytest.raises(ValueError, match="not the captured"):
+        graphed(batches[0][0][:2], batches[0][1][:2], Counter())
 
 
 @pytest.mark.gpu
