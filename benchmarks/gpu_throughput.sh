@@ -7,8 +7,8 @@
 #                firewall, StackedMuon, the model's regions compiled with inductor) vs graphed (fast, replayed
 #                from CUDA graphs as train.cuda_graphs: cuda runs it), loss by loss and counter by counter
 #   table.log, pretrain_h200.tsv   small: the kernel and our layer (host-paced and as CUDA graphs: the GPU
-#                time alone), our step compiled and as CUDA graphs, and the SDPA Transformer (SYSTEMS
-#                overrides the list)
+#                time alone), our layer with its gates and norms inside chunk_kda (graphed), our step compiled
+#                and as CUDA graphs, and the SDPA Transformer (SYSTEMS overrides the list)
 #   medium.log, medium.tsv   MEDIUM_SYSTEMS at the medium preset (unset: skipped; its chunk_kda autotune is
 #                not in the committed cache, so give it MEDIUM_S seconds)
 #   profile.log  torch.profiler tables of our compiled step (device time first) at PROFILE's preset (e.g. medium)
@@ -26,7 +26,7 @@ if [ "${EQUIV:-1}" != 0 ]; then
     > "$OUT/equiv.log" 2>&1; echo "equivalence rc $?"; grep equivalence "$OUT/equiv.log" | tail -1
 fi
 timeout ${TABLE_S:-330} python3 benchmarks/pretrain_h200.py --presets small --budget-s $(( ${TABLE_S:-330} - 15 )) \
-  --systems ${SYSTEMS:-kda_kernel kda_layer_ours kda_kernel_graphed kda_layer_graphed ours sdpa ours_graphed} \
+  --systems ${SYSTEMS:-kda_kernel kda_layer_ours kda_kernel_graphed kda_layer_graphed kda_layer_fused_graphed ours sdpa ours_graphed} \
   --out "$OUT/pretrain_h200.tsv" > "$OUT/table.log" 2>&1; echo "table rc $?"; tail -12 "$OUT/table.log"
 if [ -n "${MEDIUM_SYSTEMS:-}" ]; then
   timeout ${MEDIUM_S:-240} python3 benchmarks/pretrain_h200.py --presets medium --budget-s $(( ${MEDIUM_S:-240} - 10 )) \

@@ -22,6 +22,10 @@ its train section unless --batch-size / --seq-len) it measures, one after the ot
                   and replayed: the GPU time alone, without the host's launches (on small both eager rows are
                   host-bound, so their ratio compares host costs). kda_layer_graphed's ratio is against
                   kda_kernel_graphed
+  kda_layer_fused_graphed   kda_layer_graphed with the q/k L2 norms, the decay gate and beta's sigmoid left to
+                  chunk_kda (use_qk_l2norm_in_kernel, use_gate_in_kernel, use_beta_sigmoid_in_kernel), as FLA's
+                  own layer does: what fusing them would save on the GPU. Its note gives the output's largest
+                  difference from our layer's with the same weights
   fla_kda         (b) FLA's own `KDAForCausalLM` (fla.models; needs the flash-linear-attention wheel and
                   transformers): hidden_size=d_model, num_hidden_layers=the APPLIED blocks (cfg.depth),
                   num_heads/head_dim as ours, intermediate_size=ffn_hidden, vocab 256, conv 4, no Engram,
@@ -150,11 +154,13 @@ from dormouse.runtime import autocast  # noqa: E402
 DEFAULT_OUT = ROOT / "benchmarks" / "pretrain_h200.tsv"
 ONE_PROCESS = distributed.World()  # the benchmark is one process on one GPU (the loop's world size 1)
 FLA_CHUNK = 64  # FLA's chunk length (BT) in chunk_kda
-ORDER = ["kda_kernel", "kda_layer_ours", "kda_layer_eager", "kda_kernel_graphed", "kda_layer_graphed", "fla_kda", "kda_layer_fla", "ours", "ours_eager", "sdpa",
+ORDER = ["kda_kernel", "kda_layer_ours", "kda_layer_eager", "kda_kernel_graphed", "kda_layer_graphed",
+         "kda_layer_fused_graphed", "fla_kda", "kda_layer_fla", "ours", "ours_eager", "sdpa",
          "ours_nosync", "ours_graphed"]
 DEFAULT_SYSTEMS = list(ORDER)
 CUDA_ONLY = {"fla_kda": "FLA needs CUDA", "kda_layer_fla": "FLA needs CUDA", "ours_graphed": "CUDA graphs need CUDA",
-             "kda_kernel_graphed": "CUDA graphs need CUDA", "kda_layer_graphed": "CUDA graphs need CUDA"}
+             "kda_kernel_graphed": "CUDA graphs need CUDA", "kda_layer_graphed": "CUDA graphs need CUDA",
+             "kda_layer_fused_graphed": "FLA needs CUDA"}
 COLUMNS = ["date", "device", "versions", "command", "preset", "system", "status", "batch", "seq_len", "params",
            "params_nonemb", "flop_params", "flops_per_token", "steps", "warmup", "warmup_s", "ms_step",
            "ms_step_median", "tokens_per_s", "peak_gib", "mfu_pct", "matmul_tflops", "ratio", "ratio_of", "note"]
@@ -783,6 +789,39 @@ def run_layer_graphed(ctx: Ctx) -> dict:
                        f"dormouse KDAMixer as kda_layer_ours ({how}), replayed from one CUDA graph")
 
 
+class FusedGateMixer(KDAMixer):
+    """Our layer with the activations between `project` and the core left to FLA's kernel."""
+
+    def prepare(self, x, conv=None):
+        return self.project(x, conv)  # q, k, v, decay-gate logits, beta logits, output-gate logits, caches
+
+    def core(self, q, k, v, f, beta_logits, h0=None, counters=None):
+        from fla.ops.kda import chunk_kda
+
+        return chunk_kda(q, k, v, f, beta_logits, initial_state=h0, output_final_state=True,
+                         use_qk_l2norm_in_kernel=True, use_gate_in_kernel=True, use_beta_sigmoid_in_kernel=True,
+                         A_log=self.A_log, dt_bias=self.dt_bias)
+
+
+def run_layer_fused_graphed(ctx: Ctx) -> dict:
+    torch.manual_seed(ctx.args.seed)
+    ours = KDAMixer(ctx.cfg).to(ctx.device)
+    fused = FusedGateMixer(ctx.cfg).to(ctx.device)
+    fused.load_state_dict(ours.state_dict())
+    regions = compiled(ctx.args, fused, ctx.device)
+    compiled(ctx.args, ours, ctx.device)  # the reference output as the stage computes it
+    x = torch.randn(ctx.batch, ctx.seq_len, ctx.cfg.d_model, generator=torch.Generator().manual_seed(ctx.args.seed + 1))
+    with torch.no_grad(), autocast(ctx.device, ctx.train):
+        a, b = ours(x.to(ctx.device))[0].float(), fused(x.to(ctx.device))[0].float()
+    diff = f"max |fused - ours| {(a - b).abs().max().item():.3g} of max |ours| {a.abs().max().item():.3g}"
+    del ours, a, b
+    fn = _layer_fn(ctx, fused, lambda x: fused(x)[0])
+    r = measure(as_graph(fn, ctx.device), ctx.args.kernel_reps, ctx.args.kernel_warmup, ctx.device)
+    how = f"regions {'+'.join(regions)} compiled ({ctx.args.compile_backend})" if regions else "eager"
+    return _kernel_row(ctx, r, ctx.args.kernel_reps, ctx.args.kernel_warmup,
+                       f"our layer, gate/L2 norms/beta in chunk_kda ({how}), one CUDA graph; {diff}")
+
+
 def run_layer_fla(ctx: Ctx) -> dict:
     from fla.layers.kda import KimiDeltaAttention
 
@@ -803,6 +842,7 @@ RUNNERS = {
     "kda_layer_eager": lambda ctx: run_layer_ours(ctx, eager=True),
     "kda_kernel_graphed": run_kernel_graphed,
     "kda_layer_graphed": run_layer_graphed,
+    "kda_layer_fused_graphed": run_layer_fused_graphed,
     "kda_layer_fla": run_layer_fla,
     "fla_kda": run_fla,
     "ours": run_ours,

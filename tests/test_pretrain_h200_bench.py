@@ -27,7 +27,8 @@ _spec = importlib.util.spec_from_file_location("pretrain_h200", SCRIPT)
 bench = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(bench)
 
-DRY_SYSTEMS = ["kda_kernel_torch", "kda_layer_ours", "kda_layer_eager", "kda_kernel_graphed", "kda_layer_graphed", "fla_kda", "kda_layer_fla", "ours", "ours_eager",
+DRY_SYSTEMS = ["kda_kernel_torch", "kda_layer_ours", "kda_layer_eager", "kda_kernel_graphed", "kda_layer_graphed",
+               "kda_layer_fused_graphed", "fla_kda", "kda_layer_fla", "ours", "ours_eager",
                "sdpa", "ours_nosync", "ours_graphed"]
 TRAINING = {"ours", "ours_eager", "sdpa", "ours_nosync"}
 
@@ -72,7 +73,7 @@ def test_dry_run_cpu_tsv_and_table(tmp_path):
         assert r["command"].startswith("python3 benchmarks/pretrain_h200.py --dry-run-cpu"), r["command"]
         assert "torch " in r["versions"] and r["device"].startswith("CPU") and r["date"]
         assert float(r["matmul_tflops"]) > 0
-        if r["system"] in ("fla_kda", "kda_layer_fla"):
+        if r["system"] in ("fla_kda", "kda_layer_fla", "kda_layer_fused_graphed"):
             assert r["status"] == "skipped: FLA needs CUDA (dry run)"
             continue
         if r["system"].endswith("_graphed"):

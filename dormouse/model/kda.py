@@ -360,11 +360,10 @@ class KDAMixer(nn.Module):
         xc = torch.cat([cache.to(x.dtype), x], 1)  # [B, W-1+T, C]
         return silu_conv(xc, conv.weight), xc[:, xc.shape[1] - (W - 1):]
 
-    def prepare(self, x: torch.Tensor, conv: tuple | None = None):
-        """Everything before the KDA core (a torch.compile region, see dormouse.model.regions):
-        x [B, T, D], conv the short convs' caches (None: sequence start) ->
-        (q, k [B, T, H, K] L2-normed, v [B, T, H, V], g fp32 log-decay, beta [B, T, H], output-gate logits
-        [B, T, H*K], the convs' new caches)."""
+    def project(self, x: torch.Tensor, conv: tuple | None = None):
+        """The projections and short convs (the first half of `prepare`): x [B, T, D], conv the short convs'
+        caches (None: sequence start) -> (q, k, v [B, T, H, K] after conv + SiLU, decay-gate logits f
+        [B, T, H, K], beta logits [B, T, H], output-gate logits [B, T, H*K], the convs' new caches)."""
         B, T, _ = x.shape
         H, K = self.n_heads, self.head_dim
         q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)  # [B, T, H*K]
@@ -377,12 +376,17 @@ class KDAMixer(nn.Module):
             conv_state = (cq, ck, cv)
         else:
             q, k, v = F.silu(q), F.silu(k), F.silu(v)
-        q, k = l2norm(q.view(B, T, H, K)), l2norm(k.view(B, T, H, K))  # [B, T, H, K]
-        v = v.view(B, T, H, K)  # [B, T, H, V]
-        f = self.f_proj(x).view(B, T, H, K).float()
-        g = -self.A_log.float().exp()[:, None] * F.softplus(f + self.dt_bias.float().view(H, K))  # [B, T, H, K]
-        beta = self.b_proj(x).sigmoid()  # [B, T, H]
-        return q, k, v, g, beta, self.g_proj(x), conv_state
+        return (q.view(B, T, H, K), k.view(B, T, H, K), v.view(B, T, H, K), self.f_proj(x).view(B, T, H, K),
+                self.b_proj(x), self.g_proj(x), conv_state)
+
+    def prepare(self, x: torch.Tensor, conv: tuple | None = None):
+        """Everything before the KDA core (a torch.compile region, see dormouse.model.regions): `project`,
+        then the activations FLA's kernel could also apply itself -> (q, k [B, T, H, K] L2-normed, v
+        [B, T, H, V], g fp32 log-decay, beta [B, T, H], output-gate logits [B, T, H*K], the convs' new caches)."""
+        q, k, v, f, b, gate, conv_state = self.project(x, conv)
+        H, K = self.n_heads, self.head_dim
+        g = -self.A_log.float().exp()[:, None] * F.softplus(f.float() + self.dt_bias.float().view(H, K))  # [B, T, H, K]
+        return l2norm(q), l2norm(k), v, g, b.sigmoid(), gate, conv_state
 
     def core(self, q, k, v, g, beta, h0: torch.Tensor | None = None, counters=None):
         """The KDA recurrence (FLA's kernels on CUDA; not compiled): a decode step (T == 1) runs the plain
