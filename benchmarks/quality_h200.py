@@ -5,6 +5,8 @@ call of 10 minutes:
     python3 benchmarks/quality_h200.py --job .job/small_pretrain.json --systems ours --budget-s 480 --out $OUT/q_ours.tsv
     python3 benchmarks/quality_h200.py --job .job/small_pretrain.json --systems sdpa --budget-s 480 --out $OUT/q_sdpa.tsv
     .venv/bin/python benchmarks/quality_h200.py --job <a tiny pretrain job> --budget-s 5 --eval-every-s 2   # CPU
+    .venv/bin/python benchmarks/quality_h200.py --from-tsv benchmarks/quality_h200.tsv \
+        --anchors results/small/anchors.json --plot benchmarks/quality_h200.png   # the curves of a past run
 
 Both systems read the pretrain job's data the same way (TrainStream over the shard artifact's train
 shards, the job's batch, sequence length and seed) and are scored on the job's eval window (the eval
@@ -24,6 +26,7 @@ Rows (one per eval): system, train_s, step, bytes, eval_bpb; the table (final BP
 from __future__ import annotations
 
 import argparse
+import csv
 import json
 import sys
 import time
@@ -151,15 +154,53 @@ def train_for(system: str, cfg: ModelConfig, train: dict, shards, device, budget
         spent += time.time() - t
 
 
+def plot(rows: list[dict], path: Path, anchors: Path | None = None) -> None:
+    """Both curves, eval BPB against training seconds and against bytes read, with the anchor ladder's
+    best rungs (dormouse.plots.best_anchors) when `anchors` (results/<preset>/anchors.json) is given."""
+    from dormouse.plots import ANCHOR_COLORS, best_anchors, new_figure, save
+
+    fig, (by_clock, by_bytes) = new_figure(10, 8, rows=2)
+    for system in dict.fromkeys(r["system"] for r in rows):
+        pts = [r for r in rows if r["system"] == system and float(r["train_s"]) > 0]  # step 0 is 8 BPB: off scale
+        by_clock.plot([float(r["train_s"]) for r in pts], [float(r["eval_bpb"]) for r in pts], "o-", ms=4, label=system)
+        by_bytes.plot([int(r["bytes"]) for r in pts], [float(r["eval_bpb"]) for r in pts], "o-", ms=4, label=system)
+    ladder = json.loads(anchors.read_text())["ladder"] if anchors else []
+    for ax in (by_clock, by_bytes):
+        for a, color in zip(best_anchors(ladder), ANCHOR_COLORS):
+            if a["bpb"] < 3:  # the lower rungs would stretch the axis past the curves
+                ax.axhline(a["bpb"], ls="--", lw=1.2, color=color, label=f"{a['name']}-{a['order']} {a['bpb']:.2f}")
+        ax.set_ylabel("eval bits per byte")
+        ax.grid(alpha=0.3)
+        ax.legend(loc="upper right", fontsize=9)
+    by_clock.set_xlabel("training seconds (eval off the clock)")
+    by_clock.set_title("held-out BPB at equal wall-clock (same data, eval window, optimizer split, schedule on the clock)",
+                       fontsize=10)
+    by_bytes.set_xscale("log")
+    by_bytes.set_xlabel("bytes read")
+    save(fig, path)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--job", required=True, help="a pretrain job JSON (dormouse plan --stage pretrain), file or @file")
+    ap.add_argument("--job", help="a pretrain job JSON (dormouse plan --stage pretrain), file or @file")
     ap.add_argument("--systems", nargs="+", default=list(SYSTEMS), choices=SYSTEMS)
     ap.add_argument("--budget-s", type=float, default=600.0, help="training seconds per system (eval excluded)")
     ap.add_argument("--eval-every-s", type=float, default=60.0)
     ap.add_argument("--warmup-steps", type=int, default=5, help="steps on a throwaway model before the clock starts")
     ap.add_argument("--out", type=Path, default=None, help="TSV of the curve rows")
+    ap.add_argument("--plot", type=Path, default=None, help="PNG of both curves")
+    ap.add_argument("--anchors", type=Path, default=None, help="the preset's anchors.json: its best rungs on the plot")
+    ap.add_argument("--from-tsv", type=Path, nargs="+", default=None,
+                    help="plot these TSVs (--out files, or benchmarks/quality_h200.tsv) instead of training")
     args = ap.parse_args(argv)
+    if args.from_tsv:
+        rows = [r for f in args.from_tsv for r in csv.DictReader(f.open(encoding="utf-8"), delimiter="\t")]
+        if not rows or args.plot is None:
+            ap.error("--from-tsv needs --plot and at least one row")
+        plot(rows, args.plot, args.anchors)
+        return 0
+    if not args.job:
+        ap.error("--job is required (unless --from-tsv)")
     text = args.job[1:] if args.job.startswith("@") else args.job
     job = json.loads(Path(text).read_text() if not text.lstrip().startswith("{") else text)
     cfg, train = ModelConfig.from_dict(job["params"]["model"]), dict(job["params"]["train"])
@@ -177,6 +218,8 @@ def main(argv=None) -> int:
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text("\t".join(keys) + "\n" + "".join("\t".join(str(r[k]) for k in keys) + "\n" for r in rows))
+    if args.plot:
+        plot(rows, args.plot, args.anchors)
     print(f"\n{'system':<8} {'train_s':>8} {'steps':>7} {'bytes':>13} {'eval_bpb':>9}")
     for system in args.systems:
         last = [r for r in rows if r["system"] == system][-1]

@@ -16,8 +16,9 @@ def test_both_systems_get_the_same_clock_and_eval_window(shards, tmp_path):  # n
     job, _ = job_json(shards, config)
     (tmp_path / "job.json").write_text(job)
     out = tmp_path / "q.tsv"
+    png = tmp_path / "q.png"
     r = subprocess.run([sys.executable, str(SCRIPT), "--job", str(tmp_path / "job.json"), "--budget-s", "1.5",
-                        "--eval-every-s", "1", "--warmup-steps", "1", "--out", str(out)],
+                        "--eval-every-s", "1", "--warmup-steps", "1", "--out", str(out), "--plot", str(png)],
                        cwd=shards, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
     rows = list(csv.DictReader(out.open(), delimiter="\t"))
@@ -27,3 +28,8 @@ def test_both_systems_get_the_same_clock_and_eval_window(shards, tmp_path):  # n
         assert float(curve[-1]["eval_bpb"]) < float(curve[0]["eval_bpb"]) < 8.2  # it learned; init is ~uniform
     assert len({row["eval_bytes"] for row in rows}) == 1  # one eval window for both
     assert r.stdout.strip().splitlines()[-1].startswith("sdpa")  # the table prints last
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    again = tmp_path / "again.png"  # the same curves drawn later from the TSV alone
+    r = subprocess.run([sys.executable, str(SCRIPT), "--from-tsv", str(out), "--plot", str(again)],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and again.stat().st_size > 10_000, r.stderr[-2000:]
