@@ -16,6 +16,8 @@ Comparability key (`KEY_FIELDS`), built from the manifest, never from the preset
   cpu_threads  torch intra-op threads for CPU runs (None on cuda); the manifest does not record it,
                so unless it carries `torch_threads` it is 1: pretrain pins one thread on CPU
                (runtime.deterministic_cpu, since 790c929)
+  cuda_graphs  True when the steps replayed CUDA graphs (train.cuda_graphs; the manifest's
+               cuda_graphs.captures), else None: their private pools leave the allocated peak incomparable
 Two entries are compared only when every key field is equal.
 
 Throughput: median `tokens_per_s` (bytes/s: the model is byte-level) over the logged rows of
@@ -51,7 +53,8 @@ from dormouse.store import ArtifactError, canonical_json, open_artifact
 DEFAULT_HISTORY = Path("results/history.jsonl")
 DEFAULT_TOLERANCE = 0.10
 WARMUP_FRAC = 0.10  # rows at step <= this fraction of train.steps are warm-up
-KEY_FIELDS = ("device", "model", "batch_size", "seq_len", "dtype", "optimizer", "torch", "cpu_threads", "world_size")
+KEY_FIELDS = ("device", "model", "batch_size", "seq_len", "dtype", "optimizer", "torch", "cpu_threads", "world_size",
+              "cuda_graphs")
 
 
 # -----------------------------------------------------------------------------
@@ -104,6 +107,7 @@ def entry_from_artifact(art_dir: Path) -> dict:
             "torch": env.get("versions", {}).get("torch"),
             "cpu_threads": cpu_threads,
             "world_size": int(final.get("world_size") or 1),  # tokens/s sums the ranks; memory is rank 0's
+            "cuda_graphs": True if counters.get("cuda_graphs.captures") else None,  # None: entries before it compare
         },
         "tokens_per_s": tokens_per_s,
         "tokens_per_s_rows": n_rows,

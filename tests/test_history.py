@@ -86,7 +86,7 @@ def test_entry_from_the_real_h200_metrics(tmp_path):
     assert e["tokens_per_s_rows"] == len(steady) == 180
     assert e["key"] == {"device": "NVIDIA H200", "model": history.model_hash(SMALL_MODEL), "batch_size": 32,
                         "seq_len": 1024, "dtype": "bfloat16", "optimizer": "muon", "torch": "2.11.0+cu130",
-                        "cpu_threads": None, "world_size": 1}
+                        "cpu_threads": None, "world_size": 1, "cuda_graphs": None}
     assert e["peak_memory_gib"] == 7.7 and e["eval_bpb"] == 1.56086 and e["wall_time_s"] == 424.0
     assert e["created"] == "2026-12-02T12:40:18+00:00" and e["git_commit"].startswith("72165e2")
     assert len(history.comparable_key(e)) == len(history.KEY_FIELDS)
@@ -221,8 +221,9 @@ def test_incomparable_entries_are_not_compared(tmp_path):
     slow_h100 = make_run(tmp_path, tokens_per_s=100_000.0, gpu="NVIDIA H100 80GB HBM3", created=T0 + 10)
     other_batch = make_run(tmp_path, tokens_per_s=100_000.0, batch_size=16, created=T0 + 20)
     other_torch = make_run(tmp_path, tokens_per_s=100_000.0, torch_version="2.12.0+cu130", created=T0 + 30)
-    entries = add(hist, fast_h200, slow_h100, other_batch, other_torch)
-    for i in range(1, 4):  # each newest has no earlier run of its key
+    graphed = make_run(tmp_path, tokens_per_s=100_000.0, peak=0.4, created=T0 + 35, counters={"cuda_graphs.captures": 1})
+    entries = add(hist, fast_h200, slow_h100, other_batch, other_torch, graphed)
+    for i in range(1, 5):  # each newest has no earlier run of its key
         ok, report = history.check(entries[: i + 1])
         assert ok and "no earlier comparable entry" in report, report
     # the newest H200 run compares with the H200 run, past the slower H100 and other-batch runs
