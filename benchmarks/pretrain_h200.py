@@ -18,14 +18,6 @@ its train section unless --batch-size / --seq-len) it measures, one after the ot
                   --compile-backend, "none" = eager). The KERNEL RATIO TARGET is kda_layer_ours ms / kda_kernel
                   ms (everything our layer adds around the kernel)
   kda_layer_eager the same layer with no compile (the baseline of the regions)
-  kda_kernel_graphed, kda_layer_graphed   kda_kernel and kda_layer_ours, each call captured as one CUDA graph
-                  and replayed: the GPU time alone, without the host's launches (on small both eager rows are
-                  host-bound, so their ratio compares host costs). kda_layer_graphed's ratio is against
-                  kda_kernel_graphed
-  kda_layer_fused_graphed   kda_layer_graphed with the q/k L2 norms, the decay gate and beta's sigmoid left to
-                  chunk_kda (use_qk_l2norm_in_kernel, use_gate_in_kernel, use_beta_sigmoid_in_kernel), as FLA's
-                  own layer does: what fusing them would save on the GPU. Its note gives the output's largest
-                  difference from our layer's with the same weights
   fla_kda         (b) FLA's own `KDAForCausalLM` (fla.models; needs the flash-linear-attention wheel and
                   transformers): hidden_size=d_model, num_hidden_layers=the APPLIED blocks (cfg.depth),
                   num_heads/head_dim as ours, intermediate_size=ffn_hidden, vocab 256, conv 4, no Engram,
@@ -50,7 +42,16 @@ its train section unless --batch-size / --seq-len) it measures, one after the ot
                   (dormouse.cuda_graphs.GraphedLoss, as the stage runs it under train.cuda_graphs: cuda;
                   FLA's kernels included): one replay each way instead of ~1 000 host launches; optimizers
                   and the firewall run eagerly after it. A replay adds the counts of one captured forward.
-                  CUDA only; refused with MoE (its routing syncs on the host)
+                  CUDA only; refused with MoE (its routing syncs on the host). Peak memory n/a on the graphed
+                  rows: max_memory_allocated leaves out the graph's private pool
+  kda_kernel_graphed, kda_layer_graphed   kda_kernel and kda_layer_ours, each call captured as one CUDA graph
+                  and replayed: the GPU time alone, without the host's launches (on small both eager rows are
+                  host-bound, so their ratio compares host costs). kda_layer_graphed's ratio is against
+                  kda_kernel_graphed
+  kda_layer_fused_graphed   kda_layer_graphed with the q/k L2 norms, the decay gate and beta's sigmoid left to
+                  chunk_kda (use_qk_l2norm_in_kernel, use_gate_in_kernel, use_beta_sigmoid_in_kernel), as FLA's
+                  own layer does: what fusing them would save on the GPU. Its note gives the output's largest
+                  difference from our layer's with the same weights
 
 Every training system uses the same optimizer split (Muon for the 2-D weights of nn.Linear layers inside
 blocks, AdamW for embeddings, head, norms, biases, convs and 1-D parameters: `build_optimizers` itself,
@@ -154,9 +155,9 @@ from dormouse.runtime import autocast  # noqa: E402
 DEFAULT_OUT = ROOT / "benchmarks" / "pretrain_h200.tsv"
 ONE_PROCESS = distributed.World()  # the benchmark is one process on one GPU (the loop's world size 1)
 FLA_CHUNK = 64  # FLA's chunk length (BT) in chunk_kda
-ORDER = ["kda_kernel", "kda_layer_ours", "kda_layer_eager", "kda_kernel_graphed", "kda_layer_graphed",
-         "kda_layer_fused_graphed", "fla_kda", "kda_layer_fla", "ours", "ours_eager", "sdpa",
-         "ours_nosync", "ours_graphed"]
+# the graphed kernel and layer rows last: a fault inside a capture can leave the CUDA context unusable
+ORDER = ["kda_kernel", "kda_layer_ours", "kda_layer_eager", "fla_kda", "kda_layer_fla", "ours", "ours_eager", "sdpa",
+         "ours_nosync", "ours_graphed", "kda_kernel_graphed", "kda_layer_graphed", "kda_layer_fused_graphed"]
 DEFAULT_SYSTEMS = list(ORDER)
 CUDA_ONLY = {"fla_kda": "FLA needs CUDA", "kda_layer_fla": "FLA needs CUDA", "ours_graphed": "CUDA graphs need CUDA",
              "kda_kernel_graphed": "CUDA graphs need CUDA", "kda_layer_graphed": "CUDA graphs need CUDA",
@@ -548,15 +549,14 @@ def run_ours_graphed(ctx: Ctx) -> dict:
     torch.manual_seed(ctx.args.seed)
     model = ByteLM(cfg).to(dev).train()
     opts = build_optimizers(model, train, muon_cls=muon_of(ctx.args.muon))
-    # default compile mode: inductor's own CUDA graphs (reduce-overhead) must not nest inside this capture
-    regions = [] if ctx.args.compile_backend == "none" else compile_regions(model, backend=ctx.args.compile_backend)
+    regions = graph_safe_compiled(ctx.args, model, dev)
     batches = random_batches(ctx.batch, ctx.seq_len, dev, ctx.args.seed)
     counters = Counter()
     t0 = time.perf_counter()
     graphed = GraphedLoss(model, *batches[0], train)  # as the pretrain stage graphs it (train.cuda_graphs: cuda)
     capture_s = time.perf_counter() - t0
     step = ours_step(model, opts, cfg, train, dev, batches, counters, graphed=graphed)
-    r = measure(step, ctx.args.steps, ctx.args.warmup, dev)
+    r = {**measure(step, ctx.args.steps, ctx.args.warmup, dev), "peak_gib": None}  # the graph's pool: see graphed_measure
     cp = count_params(cfg)
     paths = ",".join(f"{k}={v}" for k, v in sorted(counters.items()) if k.startswith("kda_path"))
     note = (f"fwd+bwd as CUDA graphs (warm-up + capture {capture_s:.1f} s, not in warmup_s), firewall on the "
@@ -744,6 +744,19 @@ def run_layer_ours(ctx: Ctx, eager: bool = False) -> dict:
                        f"dormouse KDAMixer, bf16 autocast, {how}; {paths}")
 
 
+def graph_safe_compiled(args, module: nn.Module, device: torch.device) -> list[str]:
+    """`compiled` without --compile-mode: inductor's own CUDA graphs (reduce-overhead) cannot nest in a capture."""
+    if device.type != "cuda" or args.compile_backend == "none":
+        return []
+    return compile_regions(module, backend=args.compile_backend)
+
+
+def graphed_measure(fn, ctx: Ctx) -> dict:
+    """measure() of fn replayed from one CUDA graph; peak memory n/a (the graph's pool is outside the allocated peak)."""
+    r = measure(as_graph(fn, ctx.device), ctx.args.kernel_reps, ctx.args.kernel_warmup, ctx.device)
+    return {**r, "peak_gib": None}
+
+
 def as_graph(fn, device: torch.device):
     """fn captured as one CUDA graph after three eager calls on a side stream (Triton autotunes and torch.compile
     compiles there, outside the capture). Returns the replay."""
@@ -772,7 +785,7 @@ def run_kernel_graphed(ctx: Ctx) -> dict:
                          use_qk_l2norm_in_kernel=False, use_gate_in_kernel=False)
         o.backward(do)
 
-    r = measure(as_graph(fn, ctx.device), ctx.args.kernel_reps, ctx.args.kernel_warmup, ctx.device)
+    r = graphed_measure(fn, ctx)
     return _kernel_row(ctx, r, ctx.args.kernel_reps, ctx.args.kernel_warmup,
                        "fla.ops.kda.chunk_kda fwd+bwd as kda_kernel, replayed from one CUDA graph")
 
@@ -780,10 +793,10 @@ def run_kernel_graphed(ctx: Ctx) -> dict:
 def run_layer_graphed(ctx: Ctx) -> dict:
     torch.manual_seed(ctx.args.seed)
     mixer = KDAMixer(ctx.cfg).to(ctx.device)
-    regions = compiled(ctx.args, mixer, ctx.device)
+    regions = graph_safe_compiled(ctx.args, mixer, ctx.device)
     counters = Counter()
     fn = _layer_fn(ctx, mixer, lambda x: mixer(x, counters=counters)[0])
-    r = measure(as_graph(fn, ctx.device), ctx.args.kernel_reps, ctx.args.kernel_warmup, ctx.device)
+    r = graphed_measure(fn, ctx)
     how = f"regions {'+'.join(regions)} compiled ({ctx.args.compile_backend})" if regions else "eager"
     return _kernel_row(ctx, r, ctx.args.kernel_reps, ctx.args.kernel_warmup,
                        f"dormouse KDAMixer as kda_layer_ours ({how}), replayed from one CUDA graph")
@@ -808,15 +821,15 @@ def run_layer_fused_graphed(ctx: Ctx) -> dict:
     ours = KDAMixer(ctx.cfg).to(ctx.device)
     fused = FusedGateMixer(ctx.cfg).to(ctx.device)
     fused.load_state_dict(ours.state_dict())
-    regions = compiled(ctx.args, fused, ctx.device)
-    compiled(ctx.args, ours, ctx.device)  # the reference output as the stage computes it
+    regions = graph_safe_compiled(ctx.args, fused, ctx.device)
+    graph_safe_compiled(ctx.args, ours, ctx.device)  # the reference output as the stage computes it
     x = torch.randn(ctx.batch, ctx.seq_len, ctx.cfg.d_model, generator=torch.Generator().manual_seed(ctx.args.seed + 1))
     with torch.no_grad(), autocast(ctx.device, ctx.train):
         a, b = ours(x.to(ctx.device))[0].float(), fused(x.to(ctx.device))[0].float()
     diff = f"max |fused - ours| {(a - b).abs().max().item():.3g} of max |ours| {a.abs().max().item():.3g}"
     del ours, a, b
     fn = _layer_fn(ctx, fused, lambda x: fused(x)[0])
-    r = measure(as_graph(fn, ctx.device), ctx.args.kernel_reps, ctx.args.kernel_warmup, ctx.device)
+    r = graphed_measure(fn, ctx)
     how = f"regions {'+'.join(regions)} compiled ({ctx.args.compile_backend})" if regions else "eager"
     return _kernel_row(ctx, r, ctx.args.kernel_reps, ctx.args.kernel_warmup,
                        f"our layer, gate/L2 norms/beta in chunk_kda ({how}), one CUDA graph; {diff}")

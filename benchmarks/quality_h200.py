@@ -128,9 +128,10 @@ def train_for(system: str, cfg: ModelConfig, train: dict, shards, device, budget
     rows, spent, step, next_eval = [], 0.0, 0, 0.0
     warm = max(1, int(PROGRESS_STEPS * train["warmup_steps"] / train["steps"]))  # the preset's warmup share
     model.train()
-    if graphs == "graphed":  # capture off the clock, on eval rows of the batch's shape (a capture changes no weight)
-        graphed[model] = cuda_graphs.GraphedLoss(model, ex[: train["batch_size"]].to(device),
-                                                 ey[: train["batch_size"]].to(device), train)
+    if graphs == "graphed":  # captured off the clock; any batch of the shape will do (a capture changes no weight)
+        blank = torch.zeros((train["batch_size"], train["seq_len"]), dtype=torch.long, device=device)
+        graphed[model] = cuda_graphs.GraphedLoss(model, blank, blank, train)
+    note += f"; cuda_graphs {graphs}"
     while True:
         if spent >= next_eval or spent >= budget_s:
             bpb = evaluate(scored, ex, ey, train["batch_size"], device, train, counters)

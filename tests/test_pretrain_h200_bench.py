@@ -27,9 +27,9 @@ _spec = importlib.util.spec_from_file_location("pretrain_h200", SCRIPT)
 bench = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(bench)
 
-DRY_SYSTEMS = ["kda_kernel_torch", "kda_layer_ours", "kda_layer_eager", "kda_kernel_graphed", "kda_layer_graphed",
-               "kda_layer_fused_graphed", "fla_kda", "kda_layer_fla", "ours", "ours_eager",
-               "sdpa", "ours_nosync", "ours_graphed"]
+DRY_SYSTEMS = ["kda_kernel_torch", "kda_layer_ours", "kda_layer_eager", "fla_kda", "kda_layer_fla", "ours", "ours_eager",
+               "sdpa", "ours_nosync", "ours_graphed", "kda_kernel_graphed", "kda_layer_graphed",
+               "kda_layer_fused_graphed"]
 TRAINING = {"ours", "ours_eager", "sdpa", "ours_nosync"}
 
 
