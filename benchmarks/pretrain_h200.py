@@ -687,7 +687,7 @@ def kda_inputs(ctx: Ctx, dtype):
     return q, k, v, g, beta, do
 
 
-def run_kda_kernel(ctx: Ctx, torch_standin: bool) -> dict:
+def run_kda_kernel(ctx: Ctx, torch_standin: bool, graphed: bool = False) -> dict:
     if torch_standin:
         op, dtype, name = chunk_kda_torch, torch.float32, "dormouse chunk_kda_torch (stand-in: no FLA on CPU)"
     else:
@@ -707,7 +707,10 @@ def run_kda_kernel(ctx: Ctx, torch_standin: bool) -> dict:
                       use_qk_l2norm_in_kernel=False, use_gate_in_kernel=False)
         o.backward(do)
 
-    r = measure(fn, ctx.args.kernel_reps, ctx.args.kernel_warmup, ctx.device)
+    if graphed:
+        r, name = graphed_measure(fn, ctx), f"{name}, replayed from one CUDA graph"
+    else:
+        r = measure(fn, ctx.args.kernel_reps, ctx.args.kernel_warmup, ctx.device)
     return _kernel_row(ctx, r, ctx.args.kernel_reps, ctx.args.kernel_warmup, name)
 
 
@@ -731,15 +734,16 @@ def _layer_fn(ctx: Ctx, layer: nn.Module, call):
     return fn
 
 
-def run_layer_ours(ctx: Ctx, eager: bool = False) -> dict:
+def run_layer_ours(ctx: Ctx, eager: bool = False, graphed: bool = False) -> dict:
     torch.manual_seed(ctx.args.seed)
     mixer = KDAMixer(ctx.cfg).to(ctx.device)
-    regions = [] if eager else compiled(ctx.args, mixer, ctx.device)
+    regions = [] if eager else (graph_safe_compiled if graphed else compiled)(ctx.args, mixer, ctx.device)
     counters = Counter()
     fn = _layer_fn(ctx, mixer, lambda x: mixer(x, counters=counters)[0])
-    r = measure(fn, ctx.args.kernel_reps, ctx.args.kernel_warmup, ctx.device)
+    r = graphed_measure(fn, ctx) if graphed else measure(fn, ctx.args.kernel_reps, ctx.args.kernel_warmup, ctx.device)
     paths = ",".join(f"{k}={v}" for k, v in sorted(counters.items()))
     how = f"regions {'+'.join(regions)} compiled ({ctx.args.compile_backend})" if regions else "eager"
+    how += ", replayed from one CUDA graph" if graphed else ""
     return _kernel_row(ctx, r, ctx.args.kernel_reps, ctx.args.kernel_warmup,
                        f"dormouse KDAMixer, bf16 autocast, {how}; {paths}")
 
@@ -770,36 +774,6 @@ def as_graph(fn, device: torch.device):
     with torch.cuda.graph(graph):
         fn()
     return graph.replay
-
-
-def run_kernel_graphed(ctx: Ctx) -> dict:
-    from fla.ops.kda import chunk_kda
-
-    q, k, v, g, beta, do = kda_inputs(ctx, torch.bfloat16)
-    leaves = (q, k, v, g, beta)
-
-    def fn():
-        for t in leaves:
-            t.grad = None
-        o, _ = chunk_kda(q, k, v, g, beta, initial_state=None, output_final_state=True,
-                         use_qk_l2norm_in_kernel=False, use_gate_in_kernel=False)
-        o.backward(do)
-
-    r = graphed_measure(fn, ctx)
-    return _kernel_row(ctx, r, ctx.args.kernel_reps, ctx.args.kernel_warmup,
-                       "fla.ops.kda.chunk_kda fwd+bwd as kda_kernel, replayed from one CUDA graph")
-
-
-def run_layer_graphed(ctx: Ctx) -> dict:
-    torch.manual_seed(ctx.args.seed)
-    mixer = KDAMixer(ctx.cfg).to(ctx.device)
-    regions = graph_safe_compiled(ctx.args, mixer, ctx.device)
-    counters = Counter()
-    fn = _layer_fn(ctx, mixer, lambda x: mixer(x, counters=counters)[0])
-    r = graphed_measure(fn, ctx)
-    how = f"regions {'+'.join(regions)} compiled ({ctx.args.compile_backend})" if regions else "eager"
-    return _kernel_row(ctx, r, ctx.args.kernel_reps, ctx.args.kernel_warmup,
-                       f"dormouse KDAMixer as kda_layer_ours ({how}), replayed from one CUDA graph")
 
 
 class FusedGateMixer(KDAMixer):
@@ -853,8 +827,8 @@ RUNNERS = {
     "kda_kernel": lambda ctx: run_kda_kernel(ctx, torch_standin=ctx.dry),
     "kda_layer_ours": run_layer_ours,
     "kda_layer_eager": lambda ctx: run_layer_ours(ctx, eager=True),
-    "kda_kernel_graphed": run_kernel_graphed,
-    "kda_layer_graphed": run_layer_graphed,
+    "kda_kernel_graphed": lambda ctx: run_kda_kernel(ctx, torch_standin=False, graphed=True),
+    "kda_layer_graphed": lambda ctx: run_layer_ours(ctx, graphed=True),
     "kda_layer_fused_graphed": run_layer_fused_graphed,
     "kda_layer_fla": run_layer_fla,
     "fla_kda": run_fla,
