@@ -19,10 +19,4 @@ get .whl flash-linear-attention==0.6.0
 PATH=$PWD/.venv/bin:$PATH snakemake --cores 2 --quiet rules -- results/small/anchors.json
 mkdir -p .job
 for s in pretrain sft rl export bench; do .venv/bin/python -m dormouse.cli plan --preset small --stage $s > .job/small_$s.json; done
-# .job/graphs/: the small pretrain with train.cuda_graphs: cuda (default never until its GPU checks pass), for
-# JOBDIR=.job/graphs STAGES=pretrain bash benchmarks/gpu_small_chain.sh; the preset edit is undone on exit
-mkdir -p .job/graphs && cp config/presets/small.yaml /tmp/small.yaml.orig && trap 'cp /tmp/small.yaml.orig config/presets/small.yaml' EXIT
-sed -i 's/^  device: cuda$/  device: cuda\n  cuda_graphs: cuda/' config/presets/small.yaml
-.venv/bin/python -m dormouse.cli plan --preset small --stage pretrain > .job/graphs/small_pretrain.json
-grep -q '"cuda_graphs":"cuda"' .job/graphs/small_pretrain.json || { echo "prepare_device: the graphs job lacks cuda_graphs: cuda" >&2; exit 1; }
 du -sh .whl_chain .whl .job results/store/shard/* | cat

@@ -34,8 +34,8 @@ def refusal(cfg: ModelConfig, world_size: int) -> str | None:
 
 def decide(train: dict, device_type: str, cfg: ModelConfig, world_size: int) -> str:
     """One of "graphed", "eager" (not asked: train.cuda_graphs never, or no GPU) and "refused_<why>" (asked,
-    not possible here)."""
-    if train.get("cuda_graphs", "never") != "cuda" or device_type != "cuda":
+    not possible here). train is a validated preset's (the schema holds the default)."""
+    if train["cuda_graphs"] != "cuda" or device_type != "cuda":
         return "eager"
     why = refusal(cfg, world_size)
     return f"refused_{why}" if why else "graphed"

@@ -30,7 +30,8 @@ ONE = distributed.World()
 def test_decide(asked, device, moe, world, want):
     cfg = ModelConfig.from_dict({**TINY_MODEL, "moe": moe})
     assert cuda_graphs.decide({"cuda_graphs": asked}, device, cfg, world) == want
-    assert cuda_graphs.decide({}, device, cfg, world) == "eager"  # the schema's default is never
+    with pytest.raises(KeyError):  # no default of its own: the schema's is the one definition
+        cuda_graphs.decide({}, device, cfg, world)
 
 
 def test_a_replay_counts_one_forward_of_the_real_model():
@@ -98,7 +99,7 @@ def test_graphed_steps_train_and_count_as_eager_steps():
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (CUDA graphs, FLA's Triton kernels)")
 def test_the_stage_graphs_its_step_and_counts_the_replays(request):
     """The stage under train.cuda_graphs: cuda (its shards need the filter stage, so fasttext: absent from the
-    device tool's image, where benchmarks/gpu_small_chain.sh with .job/graphs checks the stage instead)."""
+    device tool's image, where benchmarks/gpu_small_chain.sh runs the stage, graphed by default)."""
     pytest.importorskip("fasttext", reason="the shards fixture runs the filter stage (fasttext)")
     shards = request.getfixturevalue("shards")
     config = set_model(shards, {**TINY_MODEL, "engram": True, "engram_rows": 256, "engram_dim": 8},
