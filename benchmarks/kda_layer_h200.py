@@ -1,0 +1,216 @@
+"""Where our KDA layer's time goes beyond `chunk_kda` (issue #7's layer target), one preset per run, on CUDA.
+
+Every variant is one mixer forward+backward at the preset's batch and sequence length under bf16 autocast,
+replayed from one CUDA graph (GPU time only: the launches the stage removes with train.cuda_graphs), and is
+reported as ms and as a ratio to the raw kernel measured in the same run:
+
+  kernel          fla.ops.kda.chunk_kda on pre-activated inputs (the reference)
+  ours            dormouse KDAMixer, prepare/finish compiled with inductor (as the stage runs it)
+  ours_noconv     the same without the short convs (what the three convs cost)
+  no_kernel       the same with the core replaced by o = v (all of our code around the kernel)
+  fla_conv        ours with FLA's Triton causal_conv1d (SiLU fused) for the convs
+  fla_norm        ours with FLA's fused gated RMSNorm (sigmoid) in finish
+  fla_modules     FLA's conv, gated norm and the gates/L2 norms/beta inside chunk_kda: our parameters,
+                  FLA's layer's kernels (its output difference from ours is printed)
+  fla_layer       fla.layers.kda.KimiDeltaAttention itself (carry .whl: fla.layers ships in flash-linear-attention)
+
+then a torch.profiler table of `ours` (compiled, not graphed) by kernel, device time first.
+
+    python3 benchmarks/kda_layer_h200.py --preset medium [--variants ours fla_conv ...] [--reps 20]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import traceback
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "benchmarks"))
+sys.path.insert(0, str(ROOT))
+
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+
+from pretrain_h200 import as_graph, kda_inputs, measure, preset_setup  # noqa: E402
+from dormouse.model.kda import KDAMixer  # noqa: E402
+from dormouse.model.regions import compile_regions  # noqa: E402
+from dormouse.runtime import autocast  # noqa: E402
+
+VARIANTS = ["kernel", "ours", "ours_noconv", "no_kernel", "fla_conv", "fla_norm", "fla_modules", "fla_layer"]
+
+
+class NoKernelMixer(KDAMixer):
+    def core(self, q, k, v, g, beta, h0=None, counters=None):
+        return v * beta[..., None].to(v.dtype), None  # keeps every prepare output in the graph
+
+
+def _fla_conv(x, conv, cache):
+    from fla.modules.causal_conv1d.ops import causal_conv1d
+
+    return causal_conv1d(x, weight=conv.weight[:, 0], activation="silu", backend="triton")[0], None
+
+
+class FlaConvMixer(KDAMixer):
+    def _short_conv(self, x, conv, cache):
+        return _fla_conv(x, conv, cache)
+
+    def regions(self):
+        return ("gates", "finish")
+
+    def gates(self, q, k, v, f, b):
+        from dormouse.model.kda import l2norm
+
+        H, K = self.n_heads, self.head_dim
+        g = -self.A_log.float().exp()[:, None] * F.softplus(f.float() + self.dt_bias.float().view(H, K))
+        return l2norm(q), l2norm(k), v, g, b.sigmoid()
+
+    def prepare(self, x, conv=None):
+        q, k, v, f, b, gate, cs = self.project(x, conv)
+        return (*self.gates(q, k, v, f, b), gate, cs)
+
+
+def _fla_finish(self, o, gate):
+    from fla.modules.norm.fused_norm_gate import rms_norm_gated
+
+    B, T, H, K = o.shape
+    y = rms_norm_gated(o, gate.view(B, T, H, K), self.o_norm_weight, None, activation="sigmoid", eps=self.norm_eps)
+    return self.o_proj(y.reshape(B, T, H * K).to(gate.dtype))
+
+
+class FlaNormMixer(KDAMixer):
+    finish = _fla_finish
+
+    def regions(self):
+        return ("prepare",)
+
+
+class FlaModulesMixer(KDAMixer):
+    finish = _fla_finish
+
+    def _short_conv(self, x, conv, cache):
+        return _fla_conv(x, conv, cache)
+
+    def regions(self):
+        return ()
+
+    def prepare(self, x, conv=None):
+        return self.project(x, conv)
+
+    def core(self, q, k, v, f, b, h0=None, counters=None):
+        from fla.ops.kda import chunk_kda
+
+        return chunk_kda(q, k, v, f, b, initial_state=h0, output_final_state=True, use_qk_l2norm_in_kernel=True,
+                         use_gate_in_kernel=True, use_beta_sigmoid_in_kernel=True, A_log=self.A_log,
+                         dt_bias=self.dt_bias)
+
+
+MIXERS = {"ours": KDAMixer, "no_kernel": NoKernelMixer, "fla_conv": FlaConvMixer, "fla_norm": FlaNormMixer,
+          "fla_modules": FlaModulesMixer}
+
+
+def layer_fn(layer, x, dy, train, call):
+    def fn():
+        x.grad = None
+        layer.zero_grad(set_to_none=True)
+        with autocast(x.device, train):
+            y = call(x)
+        y.backward(dy)
+    return fn
+
+
+def build(name, cfg, device):
+    torch.manual_seed(0)
+    if name == "fla_layer":
+        from fla.layers.kda import KimiDeltaAttention
+
+        layer = KimiDeltaAttention(hidden_size=cfg.d_model, head_dim=cfg.head_dim, num_heads=cfg.n_heads, mode="chunk",
+                                   use_short_conv=cfg.kda_conv_size > 0, conv_size=cfg.kda_conv_size or 4,
+                                   norm_eps=cfg.norm_eps, layer_idx=0).to(device)
+        return layer, lambda x: layer(hidden_states=x)[0]
+    if name == "ours_noconv":
+        from dataclasses import replace
+
+        layer = KDAMixer(replace(cfg, kda_conv_size=0)).to(device)
+    else:
+        layer = MIXERS[name](cfg).to(device)
+    compile_regions(layer)
+    return layer, lambda x: layer(x)[0]
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--preset", default="medium")
+    ap.add_argument("--variants", nargs="+", default=VARIANTS, choices=VARIANTS)
+    ap.add_argument("--reps", type=int, default=20)
+    ap.add_argument("--profile-rows", type=int, default=25)
+    ap.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args(argv)
+    device = torch.device("cuda")
+    cfg, train, batch, seq_len = preset_setup(args.preset, argparse.Namespace(batch_size=None, seq_len=None), False)
+    print(f"[kda_layer] {args.preset}: B {batch} T {seq_len} D {cfg.d_model} H {cfg.n_heads} K {cfg.head_dim} "
+          f"conv {cfg.kda_conv_size}; {torch.__version__}", flush=True)
+    g0 = torch.Generator().manual_seed(args.seed)
+    x = torch.randn(batch, seq_len, cfg.d_model, generator=g0).to(device).requires_grad_()
+    dy = torch.randn(batch, seq_len, cfg.d_model, generator=g0).to(device, torch.bfloat16)
+    ref = None
+    rows = []
+    for name in args.variants:
+        try:
+            if name == "kernel":
+                from fla.ops.kda import chunk_kda
+
+                ctx = argparse.Namespace(batch=batch, seq_len=seq_len, cfg=cfg, device=device,
+                                         args=argparse.Namespace(seed=args.seed))
+                q, k, v, g, beta, do = kda_inputs(ctx, torch.bfloat16)
+
+                def fn(q=q, k=k, v=v, g=g, beta=beta, do=do):
+                    for t in (q, k, v, g, beta):
+                        t.grad = None
+                    chunk_kda(q, k, v, g, beta, output_final_state=True)[0].backward(do)
+                note = ""
+            else:
+                layer, call = build(name, cfg, device)
+                fn = layer_fn(layer, x, dy, train, call)
+                note = ""
+                if name in ("fla_conv", "fla_norm", "fla_modules"):
+                    ours, ocall = build("ours", cfg, device)
+                    layer.load_state_dict(ours.state_dict())
+                    with torch.no_grad(), autocast(device, train):
+                        a, b = ocall(x).float(), call(x).float()
+                    note = f"max|this-ours| {(a - b).abs().max().item():.3g} of max|ours| {a.abs().max().item():.3g}"
+                    del ours
+            r = measure(as_graph(fn, device), args.reps, 3, device)
+            rows.append((name, r["ms_step_median"], note))
+            if name == "kernel":
+                ref = r["ms_step_median"]
+            print(f"[kda_layer] {name}: {r['ms_step_median']:.3f} ms {note}", flush=True)
+        except Exception as e:  # one variant failing (a capture fault, an FLA API change) must not end the run
+            traceback.print_exc()
+            rows.append((name, None, f"failed: {type(e).__name__}: {str(e)[:120]}"))
+        torch.cuda.synchronize()
+    if "ours" in args.variants and args.profile_rows:
+        from torch.profiler import ProfilerActivity, profile
+
+        layer, call = build("ours", cfg, device)
+        fn = layer_fn(layer, x, dy, train, call)
+        for _ in range(3):
+            fn()
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            for _ in range(5):
+                fn()
+            torch.cuda.synchronize()
+        print(f"== ours ({args.preset}), 5 calls, kernels by device time")
+        print(prof.key_averages().table(sort_by="self_device_time_total", row_limit=args.profile_rows,
+                                        max_name_column_width=90))
+    print(f"\n{'variant':<12} {'ms':>8} {'/kernel':>8}  note")
+    for name, ms, note in rows:
+        ratio = f"{ms / ref:.2f}" if ms is not None and ref else "n/a"
+        print(f"{name:<12} {'n/a' if ms is None else f'{ms:.3f}':>8} {ratio:>8}  {note}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
