@@ -5,12 +5,13 @@ replayed from one CUDA graph (GPU time only: the launches the stage removes with
 reported as ms and as a ratio to the raw kernel measured in the same run:
 
   kernel          fla.ops.kda.chunk_kda on pre-activated inputs (the reference)
-  ours            dormouse KDAMixer, prepare/finish compiled with inductor (as the stage runs it)
-  ours_noconv     the same without the short convs (what the three convs cost)
-  no_kernel       the same with the core replaced by o = v (all of our code around the kernel)
-  fla_conv        ours with FLA's Triton causal_conv1d (SiLU fused) for the convs
+  ours            dormouse KDAMixer as the stage runs it: projections and FLA's conv eager, gates and finish
+                  compiled with inductor
+  torch_conv      the layer until run 5: projections, our torch conv and the gates in one compiled region
+  ours_noconv     ours without the short convs (what the three convs cost)
+  no_kernel       ours with the core replaced by o = v (all of our code around the kernel)
   fla_norm        ours with FLA's fused gated RMSNorm (sigmoid) in finish
-  fla_modules     FLA's conv, gated norm and the gates/L2 norms/beta inside chunk_kda: our parameters,
+  fla_modules     ours with FLA's gated norm and the gates/L2 norms/beta inside chunk_kda: our parameters,
                   FLA's layer's kernels (its output difference from ours is printed)
   fla_layer       fla.layers.kda.KimiDeltaAttention itself (carry .whl: fla.layers ships in flash-linear-attention)
 
@@ -22,6 +23,7 @@ then a torch.profiler table of `ours` (compiled, not graphed) by kernel, device 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
 import traceback
 from pathlib import Path
@@ -31,14 +33,14 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
 
 from pretrain_h200 import as_graph, kda_inputs, measure, preset_setup  # noqa: E402
+from dormouse.model import kda as kda_module  # noqa: E402
 from dormouse.model.kda import KDAMixer  # noqa: E402
 from dormouse.model.regions import compile_regions  # noqa: E402
 from dormouse.runtime import autocast  # noqa: E402
 
-VARIANTS = ["kernel", "ours", "ours_noconv", "no_kernel", "fla_conv", "fla_norm", "fla_modules", "fla_layer"]
+VARIANTS = ["kernel", "ours", "torch_conv", "ours_noconv", "no_kernel", "fla_norm", "fla_modules", "fla_layer"]
 
 
 class NoKernelMixer(KDAMixer):
@@ -46,29 +48,21 @@ class NoKernelMixer(KDAMixer):
         return v * beta[..., None].to(v.dtype), None  # keeps every prepare output in the graph
 
 
-def _fla_conv(x, conv, cache):
-    from fla.modules.causal_conv1d.ops import causal_conv1d
-
-    return causal_conv1d(x, weight=conv.weight[:, 0], activation="silu", backend="triton")[0], None
-
-
-class FlaConvMixer(KDAMixer):
-    def _short_conv(self, x, conv, cache):
-        return _fla_conv(x, conv, cache)
+class TorchConvMixer(KDAMixer):
+    """Run 5's layer: one compiled region from x to the gates, the convs in torch (built and captured under
+    `torch_conv()`, so the dispatcher takes its CPU path)."""
 
     def regions(self):
-        return ("gates", "finish")
+        return ("prepare", "finish")
 
-    def gates(self, q, k, v, f, b):
-        from dormouse.model.kda import l2norm
 
-        H, K = self.n_heads, self.head_dim
-        g = -self.A_log.float().exp()[:, None] * F.softplus(f.float() + self.dt_bias.float().view(H, K))
-        return l2norm(q), l2norm(k), v, g, b.sigmoid()
+class torch_conv:  # noqa: N801 - a context manager: short_conv takes its torch path inside
+    def __enter__(self):
+        self.saved = kda_module._fla_causal_conv1d
+        kda_module._fla_causal_conv1d = lambda: None
 
-    def prepare(self, x, conv=None):
-        q, k, v, f, b, gate, cs = self.project(x, conv)
-        return (*self.gates(q, k, v, f, b), gate, cs)
+    def __exit__(self, *exc):
+        kda_module._fla_causal_conv1d = self.saved
 
 
 def _fla_finish(self, o, gate):
@@ -89,14 +83,11 @@ class FlaNormMixer(KDAMixer):
 class FlaModulesMixer(KDAMixer):
     finish = _fla_finish
 
-    def _short_conv(self, x, conv, cache):
-        return _fla_conv(x, conv, cache)
-
     def regions(self):
         return ()
 
-    def prepare(self, x, conv=None):
-        return self.project(x, conv)
+    def prepare(self, x, conv=None, counters=None):
+        return self.project(x, conv, counters)
 
     def core(self, q, k, v, f, b, h0=None, counters=None):
         from fla.ops.kda import chunk_kda
@@ -106,7 +97,7 @@ class FlaModulesMixer(KDAMixer):
                          dt_bias=self.dt_bias)
 
 
-MIXERS = {"ours": KDAMixer, "no_kernel": NoKernelMixer, "fla_conv": FlaConvMixer, "fla_norm": FlaNormMixer,
+MIXERS = {"ours": KDAMixer, "no_kernel": NoKernelMixer, "torch_conv": TorchConvMixer, "fla_norm": FlaNormMixer,
           "fla_modules": FlaModulesMixer}
 
 
@@ -171,17 +162,22 @@ def main(argv=None) -> int:
                     chunk_kda(q, k, v, g, beta, output_final_state=True)[0].backward(do)
                 note = ""
             else:
-                layer, call = build(name, cfg, device)
-                fn = layer_fn(layer, x, dy, train, call)
-                note = ""
-                if name in ("fla_conv", "fla_norm", "fla_modules"):
+                note, a = "", None
+                if name in ("torch_conv", "fla_norm", "fla_modules"):
                     ours, ocall = build("ours", cfg, device)
-                    layer.load_state_dict(ours.state_dict())
                     with torch.no_grad(), autocast(device, train):
-                        a, b = ocall(x).float(), call(x).float()
-                    note = f"max|this-ours| {(a - b).abs().max().item():.3g} of max|ours| {a.abs().max().item():.3g}"
-                    del ours
-            r = measure(as_graph(fn, device), args.reps, 3, device)
+                        a = ocall(x).float()
+                with torch_conv() if name == "torch_conv" else contextlib.nullcontext():
+                    layer, call = build(name, cfg, device)
+                    fn = layer_fn(layer, x, dy, train, call)
+                    if a is not None:
+                        layer.load_state_dict(ours.state_dict())
+                        with torch.no_grad(), autocast(device, train):
+                            b = call(x).float()
+                        note = f"max|this-ours| {(a - b).abs().max().item():.3g} of max|ours| {a.abs().max().item():.3g}"
+                        del ours
+                    fn = as_graph(fn, device)  # compiled and captured here: the replays run no python
+            r = measure(fn if name != "kernel" else as_graph(fn, device), args.reps, 3, device)
             rows.append((name, r["ms_step_median"], note))
             if name == "kernel":
                 ref = r["ms_step_median"]

@@ -779,8 +779,8 @@ def as_graph(fn, device: torch.device):
 class FusedGateMixer(KDAMixer):
     """Our layer with the activations between `project` and the core left to FLA's kernel."""
 
-    def prepare(self, x, conv=None):
-        return self.project(x, conv)  # q, k, v, decay-gate logits, beta logits, output-gate logits, caches
+    def prepare(self, x, conv=None, counters=None):
+        return self.project(x, conv, counters)  # q, k, v, decay-gate logits, beta logits, output-gate logits, caches
 
     def core(self, q, k, v, f, beta_logits, h0=None, counters=None):
         from fla.ops.kda import chunk_kda

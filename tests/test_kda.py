@@ -177,13 +177,13 @@ def test_mixer_trains_on_cpu_and_counts_torch_path():
     y, _ = mixer(x, counters=counters)
     assert y.shape == x.shape
     y.square().mean().backward()
-    assert counters == {"kda_path.torch": 1}
+    assert counters == {"kda_path.torch": 1, "conv_path.torch": 3}
     for name, p in mixer.named_parameters():
         assert p.grad is not None and torch.isfinite(p.grad).all() and p.grad.abs().max() > 0, name
     q, k, v, g, beta, _ = make_inputs(1, 10, 2, 8, 8)
     kda(q, k, v, g, beta, counters=counters)
     kda(q, k, v, g, beta)  # counters optional
-    assert counters == {"kda_path.torch": 2}
+    assert counters == {"kda_path.torch": 2, "conv_path.torch": 3}
 
 
 def test_mixer_core_inputs_follow_fla_layer_math():
@@ -250,5 +250,60 @@ def test_fla_kernel_matches_torch_path_on_gpu(dtype, tol):
     with torch.no_grad():
         y_cpu, st_cpu = mixer(x)
         y_gpu, st_gpu = mixer.cuda()(x.cuda(), counters=counters)
-    assert counters["kda_path.fla"] == 2
+    assert counters["kda_path.fla"] == 2 and counters["conv_path.fla"] == 3
     assert rel(y_gpu.cpu(), y_cpu) <= 5e-3 and rel(st_gpu.recurrent.cpu(), st_cpu.recurrent) <= 5e-3
+    assert all(torch.equal(a.cpu(), b) for a, b in zip(st_gpu.conv, st_cpu.conv))
+
+
+_INTERPRETED_CONV = r"""
+import json, torch
+import triton.runtime.autotuner as autotuner
+# the interpreter has no benchmarker: every config times the same and the first one wins
+autotuner.Autotuner._bench = lambda self, *a, **kw: [1.0, 1.0, 1.0]
+from dormouse.model.kda import short_conv, short_conv_fla
+
+torch.manual_seed(0)
+out = {}
+W, C = 4, 24
+w = torch.randn(C, 1, W)
+for name, B, T, cached, dtype in [("start", 2, 37, False, torch.float32), ("cached", 2, 21, True, torch.float32),
+                                 ("short", 3, 2, True, torch.float32), ("step", 2, 1, True, torch.float32),
+                                 ("bf16", 2, 19, True, torch.bfloat16)]:
+    x = torch.randn(B, T, C).to(dtype)
+    cache = torch.randn(B, W - 1, C).to(dtype) if cached else None
+    xs = [x.clone().requires_grad_() for _ in range(2)]
+    ws = [w.clone().requires_grad_() for _ in range(2)]
+    counters = {}
+    y_ref, new_cache = short_conv(xs[0], ws[0], cache, counters)  # CPU tensors: the torch path
+    y = short_conv_fla(xs[1], ws[1], cache)
+    dy = torch.randn(y.shape).to(dtype)
+    y_ref.backward(dy)
+    y.backward(dy)
+    scale = y_ref.float().abs().max().item()
+    out[name] = {"y": (y.float() - y_ref.float()).abs().max().item() / scale,
+                 "dx": (xs[1].grad.float() - xs[0].grad.float()).abs().max().item() / xs[0].grad.float().abs().max().item(),
+                 "dw": (ws[1].grad - ws[0].grad).abs().max().item() / ws[0].grad.abs().max().item(),
+                 "dtype": str(y.dtype), "counters": counters,
+                 "cache_is_last_inputs": torch.equal(new_cache, torch.cat([cache if cached else x.new_zeros(B, W - 1, C), x], 1)[:, -(W - 1):])}
+print(json.dumps(out))
+"""
+
+
+def test_fla_short_conv_matches_the_torch_path_under_triton_interpreter():
+    """FLA's causal_conv1d kernels (the CUDA path of `short_conv`) run on CPU under TRITON_INTERPRET=1: same
+    taps, SiLU, cache hand-over (our last W-1 inputs -> FLA's [B, C, W] state) and gradients as the torch path."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    env = dict(os.environ, TRITON_INTERPRET="1")  # read when FLA's kernels are decorated: a fresh process
+    proc = subprocess.run([sys.executable, "-c", _INTERPRETED_CONV], env=env, capture_output=True, text=True,
+                          timeout=300, cwd=Path(__file__).resolve().parent.parent)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    res = json.loads(proc.stdout.strip().splitlines()[-1])
+    for name, r in res.items():
+        tol = 2e-2 if name == "bf16" else 1e-5
+        assert r["y"] <= tol and r["dx"] <= tol and r["dw"] <= 10 * tol, (name, r)
+        assert r["counters"] == {"conv_path.torch": 1} and r["cache_is_last_inputs"], (name, r)
+    assert res["bf16"]["dtype"] == "torch.bfloat16"

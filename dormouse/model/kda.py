@@ -11,7 +11,8 @@ the delta-rule updates are folded into a WY/UT form by one unit-lower-triangular
 state is carried by a python loop over chunks. `kda` picks FLA's Triton kernel on CUDA and this torch code
 elsewhere, and counts which one ran; `kda_recurrent` does the same for decode steps (FLA's
 `fused_recurrent_kda`, or `recurrent_kda_torch`: the recurrence above one step at a time), and the mixer
-takes it whenever T == 1. `KDAMixer` mirrors `fla.layers.kda.KimiDeltaAttention` (projections, short conv +
+takes it whenever T == 1; `short_conv` picks FLA's Triton `causal_conv1d` on CUDA for the layer's short
+convs and `regions.silu_conv` elsewhere. `KDAMixer` mirrors `fla.layers.kda.KimiDeltaAttention` (projections, short conv +
 SiLU, L2-normalised q/k, low-rank decay gate, sigmoid beta, gated output RMSNorm, o_proj) with plain torch
 modules so the CPU path needs no Triton.
 """
@@ -232,6 +233,47 @@ def kda(
                            output_final_state=output_final_state, chunk_size=chunk_size)
 
 
+@functools.lru_cache(maxsize=None)
+def _fla_causal_conv1d():
+    """FLA's Triton `causal_conv1d`, or None when fla is not importable."""
+    try:
+        from fla.modules.causal_conv1d.ops import causal_conv1d
+    except Exception:  # noqa: BLE001 - any import failure means "use the torch path"
+        return None
+    return causal_conv1d
+
+
+def short_conv_fla(x: torch.Tensor, weight: torch.Tensor, cache: torch.Tensor | None, op=None) -> torch.Tensor:
+    """`short_conv`'s output through FLA's `causal_conv1d` (SiLU fused): FLA keeps the last W inputs as a
+    [B, C, W] state whose oldest slot a width-W kernel never reads, so our [B, W-1, C] cache goes in
+    transposed behind a zero slot. Checked against the torch path under Triton's interpreter on CPU."""
+    op = op or _fla_causal_conv1d()
+    state = None if cache is None else F.pad(cache.to(x.dtype).transpose(1, 2), (1, 0)).contiguous()
+    return op(x.contiguous(), weight=weight[:, 0], activation="silu", initial_state=state, backend="triton")[0]
+
+
+def short_conv(x: torch.Tensor, weight: torch.Tensor, cache: torch.Tensor | None = None,
+               counters=None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Causal depthwise conv + SiLU (FLA's ShortConvolution) over x [B, T, C], continuing `cache` (the
+    previous W-1 inputs [B, W-1, C]; None: sequence start). weight [C, 1, W]. Returns (y [B, T, C] in x's
+    dtype, the new cache).
+
+    CUDA + fla importable -> FLA's Triton kernel (0.84 ms less than the torch code under inductor for the
+    three convs of a medium layer, benchmarks/README.md "Run 5"); otherwise `regions.silu_conv`. Counts
+    `conv_path.fla` / `conv_path.torch` once per call."""
+    B, T, C = x.shape
+    W = weight.shape[-1]
+    xc = torch.cat([x.new_zeros(B, W - 1, C) if cache is None else cache.to(x.dtype), x], 1)  # [B, W-1+T, C]
+    new_cache = xc[:, xc.shape[1] - (W - 1):]
+    op = _fla_causal_conv1d() if x.is_cuda else None
+    path = "conv_path.fla" if op is not None else "conv_path.torch"
+    if counters is not None:
+        counters[path] = counters.get(path, 0) + 1
+    if op is not None:
+        return short_conv_fla(x, weight, cache, op), new_cache
+    return silu_conv(xc, weight), new_cache
+
+
 # --------------------------------------------------------------------------------------------------
 # Step-by-step recurrence (decoding)
 # --------------------------------------------------------------------------------------------------
@@ -351,42 +393,39 @@ class KDAMixer(nn.Module):
             self.dt_bias.zero_()
             self.o_norm_weight.fill_(1.0)
 
-    def _short_conv(self, x: torch.Tensor, conv: nn.Conv1d, cache: torch.Tensor | None):
-        """Causal depthwise conv + SiLU. x [B, T, C], cache [B, W-1, C] (previous inputs; zeros at sequence start)."""
-        B, T, Ch = x.shape
-        W = self.conv_size
-        if cache is None:
-            cache = x.new_zeros(B, W - 1, Ch)
-        xc = torch.cat([cache.to(x.dtype), x], 1)  # [B, W-1+T, C]
-        return silu_conv(xc, conv.weight), xc[:, xc.shape[1] - (W - 1):]
-
-    def project(self, x: torch.Tensor, conv: tuple | None = None):
-        """The projections and short convs (the first half of `prepare`): x [B, T, D], conv the short convs'
-        caches (None: sequence start) -> (q, k, v [B, T, H, K] after conv + SiLU, decay-gate logits f
-        [B, T, H, K], beta logits [B, T, H], output-gate logits [B, T, H*K], the convs' new caches)."""
+    def project(self, x: torch.Tensor, conv: tuple | None = None, counters=None):
+        """The projections and short convs (eager: FLA's conv kernel is opaque to the compiler): x [B, T, D],
+        conv the short convs' caches (None: sequence start) -> (q, k, v [B, T, H, K] after conv + SiLU,
+        decay-gate logits f [B, T, H, K], beta logits [B, T, H], output-gate logits [B, T, H*K], the convs'
+        new caches)."""
         B, T, _ = x.shape
         H, K = self.n_heads, self.head_dim
         q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)  # [B, T, H*K]
         conv_state = None
         if self.conv_size > 0:
             cq, ck, cv = conv if conv is not None else (None, None, None)
-            q, cq = self._short_conv(q, self.q_conv1d, cq)
-            k, ck = self._short_conv(k, self.k_conv1d, ck)
-            v, cv = self._short_conv(v, self.v_conv1d, cv)
+            q, cq = short_conv(q, self.q_conv1d.weight, cq, counters)
+            k, ck = short_conv(k, self.k_conv1d.weight, ck, counters)
+            v, cv = short_conv(v, self.v_conv1d.weight, cv, counters)
             conv_state = (cq, ck, cv)
         else:
             q, k, v = F.silu(q), F.silu(k), F.silu(v)
         return (q.view(B, T, H, K), k.view(B, T, H, K), v.view(B, T, H, K), self.f_proj(x).view(B, T, H, K),
                 self.b_proj(x), self.g_proj(x), conv_state)
 
-    def prepare(self, x: torch.Tensor, conv: tuple | None = None):
-        """Everything before the KDA core (a torch.compile region, see dormouse.model.regions): `project`,
-        then the activations FLA's kernel could also apply itself -> (q, k [B, T, H, K] L2-normed, v
-        [B, T, H, V], g fp32 log-decay, beta [B, T, H], output-gate logits [B, T, H*K], the convs' new caches)."""
-        q, k, v, f, b, gate, conv_state = self.project(x, conv)
+    def gates(self, q: torch.Tensor, k: torch.Tensor, f: torch.Tensor, b: torch.Tensor):
+        """The activations FLA's kernel could also apply itself (a torch.compile region, see
+        dormouse.model.regions): q, k [B, T, H, K] -> L2-normed; f -> fp32 log-decay g; b -> beta."""
         H, K = self.n_heads, self.head_dim
         g = -self.A_log.float().exp()[:, None] * F.softplus(f.float() + self.dt_bias.float().view(H, K))  # [B, T, H, K]
-        return l2norm(q), l2norm(k), v, g, b.sigmoid(), gate, conv_state
+        return l2norm(q), l2norm(k), g, b.sigmoid()
+
+    def prepare(self, x: torch.Tensor, conv: tuple | None = None, counters=None):
+        """Everything before the KDA core: `project`, then `gates` -> (q, k [B, T, H, K] L2-normed, v
+        [B, T, H, V], g fp32 log-decay, beta [B, T, H], output-gate logits [B, T, H*K], the convs' new caches)."""
+        q, k, v, f, b, gate, conv_state = self.project(x, conv, counters)
+        q, k, g, beta = self.gates(q, k, f, b)
+        return q, k, v, g, beta, gate, conv_state
 
     def core(self, q, k, v, g, beta, h0: torch.Tensor | None = None, counters=None):
         """The KDA recurrence (FLA's kernels on CUDA; not compiled): a decode step (T == 1) runs the plain
@@ -406,9 +445,9 @@ class KDAMixer(nn.Module):
         return self.o_proj(o.reshape(B, T, H * K))  # [B, T, D]
 
     def regions(self) -> tuple[str, ...]:
-        return ("prepare", "finish")
+        return ("gates", "finish")
 
     def forward(self, x: torch.Tensor, counters=None, state: KDAState | None = None) -> tuple[torch.Tensor, KDAState]:
-        q, k, v, g, beta, gate, conv_state = self.prepare(x, None if state is None else state.conv)
+        q, k, v, g, beta, gate, conv_state = self.prepare(x, None if state is None else state.conv, counters)
         o, S = self.core(q, k, v, g, beta, None if state is None else state.recurrent, counters)
         return self.finish(o, gate), KDAState(conv=conv_state, recurrent=S)
