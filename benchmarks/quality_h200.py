@@ -4,6 +4,9 @@ call of 10 minutes:
 
     python3 benchmarks/quality_h200.py --job .job/small_pretrain.json --systems ours --budget-s 480 --out $OUT/q_ours.tsv
     python3 benchmarks/quality_h200.py --job .job/small_pretrain.json --systems sdpa --budget-s 480 --out $OUT/q_sdpa.tsv
+    # the issue's 600 s over two calls on a warm machine (/tmp persists between them):
+    python3 benchmarks/quality_h200.py --job ... --systems ours --budget-s 600 --pause-after-s 300 --state /tmp/q
+    python3 benchmarks/quality_h200.py --job ... --systems ours --budget-s 600 --state /tmp/q --out $OUT/q_ours.tsv
     .venv/bin/python benchmarks/quality_h200.py --job <a tiny pretrain job> --budget-s 5 --eval-every-s 2   # CPU
     .venv/bin/python benchmarks/quality_h200.py --from-tsv benchmarks/quality_h200.tsv \
         --anchors results/small/anchors.json --plot benchmarks/quality_h200.png   # the curves of a past run
@@ -39,8 +42,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import torch  # noqa: E402
 
-from dormouse import cuda_graphs, distributed  # noqa: E402
-from dormouse.byte_stream import TrainStream, eval_window  # noqa: E402
+from dormouse import checkpoint, cuda_graphs, distributed  # noqa: E402
+from dormouse.byte_stream import StreamState, TrainStream, eval_window  # noqa: E402
 from dormouse.firewall import Firewall  # noqa: E402
 from dormouse.model.config import ModelConfig  # noqa: E402
 from dormouse.model.gpt import ByteLM, count_params  # noqa: E402
@@ -82,7 +85,10 @@ def build(system: str, cfg: ModelConfig, train: dict, device: torch.device):
 
 
 def train_for(system: str, cfg: ModelConfig, train: dict, shards, device, budget_s: float, eval_every_s: float,
-              warmup_steps: int, log) -> list[dict]:
+              warmup_steps: int, log, pause_s: float | None = None, state_dir: Path | None = None) -> list[dict]:
+    """The curve of one system. With state_dir, a checkpoint of it there is resumed, and with pause_s the clock
+    stops at that many training seconds and the run is saved there for the next call (a 600 s budget does not
+    fit one 600 s device command); the schedule runs on the whole budget either way."""
     bins = [shards.file(n) for n in shards.files("train/") if n.endswith(".bin")]
     ex, ey, eval_bytes = eval_window(shards.file("eval/tail.bin"), train["eval_bytes"], train["seq_len"])
     counters = Counter()
@@ -132,6 +138,19 @@ def train_for(system: str, cfg: ModelConfig, train: dict, shards, device, budget
         blank = torch.zeros((train["batch_size"], train["seq_len"]), dtype=torch.long, device=device)
         graphed[model] = cuda_graphs.GraphedLoss(model, blank, blank, train)
     note += f"; cuda_graphs {graphs}"
+    ckpt_root = state_dir / system if state_dir else None
+    last = checkpoint.latest(ckpt_root) if ckpt_root else None
+    if last is not None:
+        snap = checkpoint.load_snapshot(last)
+        if snap["budget_s"] != budget_s:
+            raise SystemExit(f"{last}: saved with --budget-s {snap['budget_s']}, not {budget_s}: the schedule would change")
+        checkpoint.load_weights(model, last / checkpoint.WEIGHTS)
+        checkpoint.load_optimizers(opts, last / checkpoint.OPTIM)
+        stream.state = StreamState(**snap["stream"])
+        rows, spent, step, next_eval = snap["rows"], snap["spent"], snap["step"], snap["next_eval"]
+        fw.resume(snap["bad_in_row"])
+        log(f"{system}: resumed from {last} at {spent:.1f} training seconds, step {step}")
+    start_s = spent
     while True:
         if spent >= next_eval or spent >= budget_s:
             bpb = evaluate(scored, ex, ey, train["batch_size"], device, train, counters)
@@ -142,6 +161,12 @@ def train_for(system: str, cfg: ModelConfig, train: dict, shards, device, budget
             next_eval += eval_every_s
             if spent >= budget_s:
                 return rows
+        if pause_s is not None and start_s < pause_s <= spent:  # after any eval due now: resuming repeats none
+            path = checkpoint.save(ckpt_root, step, model, opts, {
+                "stream": stream.state.to_dict(), "rows": rows, "spent": spent, "next_eval": next_eval,
+                "bad_in_row": fw.bad_in_row, "budget_s": budget_s})
+            log(f"{system}: paused at {spent:.1f} of {budget_s} training seconds, step {step}: saved {path}")
+            return rows
         t = time.time()
         progress = min(int(PROGRESS_STEPS * spent / budget_s), PROGRESS_STEPS - 1)
         set_lr(opts, wsd_multiplier(progress, PROGRESS_STEPS, warm, train["decay_frac"], train["min_lr_frac"]))
@@ -188,6 +213,9 @@ def main(argv=None) -> int:
     ap.add_argument("--budget-s", type=float, default=600.0, help="training seconds per system (eval excluded)")
     ap.add_argument("--eval-every-s", type=float, default=60.0)
     ap.add_argument("--warmup-steps", type=int, default=5, help="steps on a throwaway model before the clock starts")
+    ap.add_argument("--pause-after-s", type=float, default=None,
+                    help="stop the clock after this many training seconds and save the run in --state for a later call")
+    ap.add_argument("--state", type=Path, default=None, help="directory of paused runs: one is resumed when present")
     ap.add_argument("--out", type=Path, default=None, help="TSV of the curve rows")
     ap.add_argument("--plot", type=Path, default=None, help="PNG of both curves")
     ap.add_argument("--anchors", type=Path, default=None, help="the preset's anchors.json: its best rungs on the plot")
@@ -202,6 +230,8 @@ def main(argv=None) -> int:
         return 0
     if not args.job:
         ap.error("--job is required (unless --from-tsv)")
+    if args.pause_after_s is not None and args.state is None:
+        ap.error("--pause-after-s needs --state (where the paused run is saved)")
     text = args.job[1:] if args.job.startswith("@") else args.job
     job = json.loads(Path(text).read_text() if not text.lstrip().startswith("{") else text)
     cfg, train = ModelConfig.from_dict(job["params"]["model"]), dict(job["params"]["train"])
@@ -214,7 +244,7 @@ def main(argv=None) -> int:
     rows = []
     for system in args.systems:
         rows += train_for(system, cfg, train, shards, device, args.budget_s, args.eval_every_s, args.warmup_steps,
-                          lambda m: print(f"[quality] {m}", flush=True))
+                          lambda m: print(f"[quality] {m}", flush=True), args.pause_after_s, args.state)
     keys = ["system", "train_s", "step", "bytes", "eval_bpb", "eval_bytes", "note"]
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)

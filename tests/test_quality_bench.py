@@ -33,3 +33,31 @@ def test_both_systems_get_the_same_clock_and_eval_window(shards, tmp_path):  # n
     r = subprocess.run([sys.executable, str(SCRIPT), "--from-tsv", str(out), "--plot", str(again)],
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 0 and again.stat().st_size > 10_000, r.stderr[-2000:]
+
+
+def test_a_paused_run_resumes_where_it_stopped(shards, tmp_path):  # noqa: F811
+    """--pause-after-s saves the run in --state; the next call resumes it (weights, optimizer, data position,
+    clock, curve) instead of starting over, and no eval point is repeated."""
+    config = set_model(shards, TINY_MODEL, {**TINY_TRAIN, "steps": 20})
+    job, _ = job_json(shards, config)
+    (tmp_path / "job.json").write_text(job)
+    base = [sys.executable, str(SCRIPT), "--job", str(tmp_path / "job.json"), "--systems", "ours", "--budget-s", "2",
+            "--eval-every-s", "0.5", "--warmup-steps", "0", "--state", str(tmp_path / "state")]
+    first = subprocess.run(base + ["--pause-after-s", "1", "--out", str(tmp_path / "a.tsv")], cwd=shards,
+                           capture_output=True, text=True, timeout=300)
+    assert first.returncode == 0 and "paused at" in first.stdout, first.stderr[-3000:]
+    part = list(csv.DictReader((tmp_path / "a.tsv").open(), delimiter="\t"))
+    assert float(part[-1]["train_s"]) < 2
+    second = subprocess.run(base + ["--out", str(tmp_path / "b.tsv")], cwd=shards, capture_output=True, text=True,
+                            timeout=300)
+    assert second.returncode == 0 and "resumed from" in second.stdout, second.stderr[-3000:]
+    rows = list(csv.DictReader((tmp_path / "b.tsv").open(), delimiter="\t"))
+    assert rows[: len(part)] == part  # the first call's curve, carried in the checkpoint
+    clock = [float(r["train_s"]) for r in rows]
+    steps = [int(r["step"]) for r in rows]
+    assert clock == sorted(set(clock)) and clock[-1] >= 2 and steps == sorted(steps) and steps[-1] > steps[len(part) - 1]
+    assert float(rows[-1]["eval_bpb"]) < float(rows[0]["eval_bpb"])
+    # it went on from the saved weights: the first eval after the pause improves on the last before it
+    assert float(rows[len(part)]["eval_bpb"]) < float(part[-1]["eval_bpb"])
+    wrong = subprocess.run([a if a != "2" else "3" for a in base], cwd=shards, capture_output=True, text=True, timeout=300)
+    assert wrong.returncode != 0 and "not 3.0" in wrong.stderr  # another budget would change the schedule
