@@ -587,7 +587,10 @@ def profile_ours(ctx: Ctx, steps: int = 5, rows: int = 30) -> str:
         sync(dev)
     ka = prof.key_averages()
     dev_key = "device_time_total" if dev.type == "cuda" else "cpu_time_total"
+    self_key = "self_device_time_total" if dev.type == "cuda" else "self_cpu_time_total"
     return (f"== {ctx.preset}: {steps} steps, by {dev_key}\n{ka.table(sort_by=dev_key, row_limit=rows)}\n"
+            f"== {ctx.preset}: kernels by {self_key} (whole names: which region a fused kernel belongs to)\n"
+            f"{ka.table(sort_by=self_key, row_limit=rows, max_name_column_width=160)}\n"
             f"== {ctx.preset}: by self_cpu_time_total (host overhead)\n{ka.table(sort_by='self_cpu_time_total', row_limit=rows)}")
 
 
