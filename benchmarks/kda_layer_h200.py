@@ -8,7 +8,7 @@ reported as ms and as a ratio to the raw kernel measured in the same run:
   ours            dormouse KDAMixer as the stage runs it: projections and FLA's conv eager, gates and finish
                   compiled with inductor
   torch_conv      the layer until run 5: projections, our torch conv and the gates in one compiled region
-  ours_noconv     ours without the short convs (what the three convs cost)
+  ours_noconv     ours without the short convs (what the three convs cost; its SiLUs run eagerly)
   no_kernel       ours with the core replaced by o = v (all of our code around the kernel)
   fla_norm        ours with FLA's fused gated RMSNorm (sigmoid) in finish
   fla_modules     ours with FLA's gated norm and the gates/L2 norms/beta inside chunk_kda: our parameters,
@@ -17,7 +17,7 @@ reported as ms and as a ratio to the raw kernel measured in the same run:
 
 then a torch.profiler table of `ours` (compiled, not graphed) by kernel, device time first.
 
-    python3 benchmarks/kda_layer_h200.py --preset medium [--variants ours fla_conv ...] [--reps 20]
+    python3 benchmarks/kda_layer_h200.py --preset medium [--variants ours torch_conv ...] [--reps 20]
 """
 
 from __future__ import annotations
@@ -77,7 +77,7 @@ class FlaNormMixer(KDAMixer):
     finish = _fla_finish
 
     def regions(self):
-        return ("prepare",)
+        return ("gates",)
 
 
 class FlaModulesMixer(KDAMixer):

@@ -782,6 +782,9 @@ def as_graph(fn, device: torch.device):
 class FusedGateMixer(KDAMixer):
     """Our layer with the activations between `project` and the core left to FLA's kernel."""
 
+    def regions(self):
+        return ("finish",)  # `gates` is never called
+
     def prepare(self, x, conv=None, counters=None):
         return self.project(x, conv, counters)  # q, k, v, decay-gate logits, beta logits, output-gate logits, caches
 

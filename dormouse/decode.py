@@ -19,7 +19,7 @@
 - Runs under `torch.inference_mode()` (states and log-probs carry no autograd) and, on CUDA, bf16 autocast
   as training does (`bf16=False` for fp32). The model must be in eval mode (asserted): the caller's job.
 Counters: `decode.prompt_bytes`, `decode.new_bytes`, `decode.rows_stopped.stop_byte`,
-`decode.rows_stopped.max_new_bytes`, and the model's own (`kda_path.*` per mixer call, ...).
+`decode.rows_stopped.max_new_bytes`, and the model's own (`kda_path.*` per mixer call, `conv_path.*`, ...).
 """
 
 from __future__ import annotations

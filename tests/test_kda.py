@@ -252,7 +252,7 @@ def test_fla_kernel_matches_torch_path_on_gpu(dtype, tol):
         y_gpu, st_gpu = mixer.cuda()(x.cuda(), counters=counters)
     assert counters["kda_path.fla"] == 2 and counters["conv_path.fla"] == 3
     assert rel(y_gpu.cpu(), y_cpu) <= 5e-3 and rel(st_gpu.recurrent.cpu(), st_cpu.recurrent) <= 5e-3
-    assert all(torch.equal(a.cpu(), b) for a, b in zip(st_gpu.conv, st_cpu.conv))
+    assert all(rel(a.cpu(), b) <= 1e-5 for a, b in zip(st_gpu.conv, st_cpu.conv))  # fp32 projections, cuBLAS vs CPU
 
 
 _INTERPRETED_CONV = r"""
@@ -271,11 +271,12 @@ for name, B, T, cached, dtype in [("start", 2, 37, False, torch.float32), ("cach
                                  ("bf16", 2, 19, True, torch.bfloat16)]:
     x = torch.randn(B, T, C).to(dtype)
     cache = torch.randn(B, W - 1, C).to(dtype) if cached else None
+    caches = [cache if cache is None else cache.clone().requires_grad_() for _ in range(2)]
     xs = [x.clone().requires_grad_() for _ in range(2)]
     ws = [w.clone().requires_grad_() for _ in range(2)]
     counters = {}
-    y_ref, new_cache = short_conv(xs[0], ws[0], cache, counters)  # CPU tensors: the torch path
-    y = short_conv_fla(xs[1], ws[1], cache)
+    y_ref, new_cache = short_conv(xs[0], ws[0], caches[0], counters)  # CPU tensors: the torch path
+    y = short_conv_fla(xs[1], ws[1], caches[1])
     dy = torch.randn(y.shape).to(dtype)
     y_ref.backward(dy)
     y.backward(dy)
@@ -283,8 +284,10 @@ for name, B, T, cached, dtype in [("start", 2, 37, False, torch.float32), ("cach
     out[name] = {"y": (y.float() - y_ref.float()).abs().max().item() / scale,
                  "dx": (xs[1].grad.float() - xs[0].grad.float()).abs().max().item() / xs[0].grad.float().abs().max().item(),
                  "dw": (ws[1].grad - ws[0].grad).abs().max().item() / ws[0].grad.abs().max().item(),
+                 "dcache": 0.0 if not cached else (caches[1].grad.float() - caches[0].grad.float()).abs().max().item()
+                           / caches[0].grad.float().abs().max().item(),
                  "dtype": str(y.dtype), "counters": counters,
-                 "cache_is_last_inputs": torch.equal(new_cache, torch.cat([cache if cached else x.new_zeros(B, W - 1, C), x], 1)[:, -(W - 1):])}
+                 "cache_is_last_inputs": torch.equal(new_cache.detach(), torch.cat([cache if cached else x.new_zeros(B, W - 1, C), x], 1)[:, -(W - 1):])}
 print(json.dumps(out))
 """
 
@@ -304,6 +307,6 @@ def test_fla_short_conv_matches_the_torch_path_under_triton_interpreter():
     res = json.loads(proc.stdout.strip().splitlines()[-1])
     for name, r in res.items():
         tol = 2e-2 if name == "bf16" else 1e-5
-        assert r["y"] <= tol and r["dx"] <= tol and r["dw"] <= 10 * tol, (name, r)
+        assert r["y"] <= tol and r["dx"] <= tol and r["dw"] <= 10 * tol and r["dcache"] <= tol, (name, r)
         assert r["counters"] == {"conv_path.torch": 1} and r["cache_is_last_inputs"], (name, r)
     assert res["bf16"]["dtype"] == "torch.bfloat16"

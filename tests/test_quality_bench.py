@@ -36,28 +36,29 @@ def test_both_systems_get_the_same_clock_and_eval_window(shards, tmp_path):  # n
 
 
 def test_a_paused_run_resumes_where_it_stopped(shards, tmp_path):  # noqa: F811
-    """--pause-after-s saves the run in --state; the next call resumes it (weights, optimizer, data position,
-    clock, curve) instead of starting over, and no eval point is repeated."""
+    """--pause-after-s saves the run in --state; the same command again resumes it (weights, optimizer, data
+    position, clock, curve) instead of starting over, repeats no eval point and ends at the budget."""
     config = set_model(shards, TINY_MODEL, {**TINY_TRAIN, "steps": 20})
     job, _ = job_json(shards, config)
     (tmp_path / "job.json").write_text(job)
     base = [sys.executable, str(SCRIPT), "--job", str(tmp_path / "job.json"), "--systems", "ours", "--budget-s", "2",
-            "--eval-every-s", "0.5", "--warmup-steps", "0", "--state", str(tmp_path / "state")]
-    first = subprocess.run(base + ["--pause-after-s", "1", "--out", str(tmp_path / "a.tsv")], cwd=shards,
+            "--eval-every-s", "0.5", "--warmup-steps", "0", "--state", str(tmp_path / "state"), "--pause-after-s", "1"]
+    first = subprocess.run(base + ["--out", str(tmp_path / "a.tsv")], cwd=shards,
                            capture_output=True, text=True, timeout=300)
-    assert first.returncode == 0 and "paused at" in first.stdout, first.stderr[-3000:]
+    assert first.returncode == 0 and "paused at" in first.stdout and "(paused:" in first.stdout, first.stderr[-3000:]
     part = list(csv.DictReader((tmp_path / "a.tsv").open(), delimiter="\t"))
     assert float(part[-1]["train_s"]) < 2
     second = subprocess.run(base + ["--out", str(tmp_path / "b.tsv")], cwd=shards, capture_output=True, text=True,
                             timeout=300)
-    assert second.returncode == 0 and "resumed from" in second.stdout, second.stderr[-3000:]
+    assert second.returncode == 0 and "resumed from" in second.stdout and "(paused:" not in second.stdout, \
+        second.stderr[-3000:]
     rows = list(csv.DictReader((tmp_path / "b.tsv").open(), delimiter="\t"))
     assert rows[: len(part)] == part  # the first call's curve, carried in the checkpoint
     clock = [float(r["train_s"]) for r in rows]
     steps = [int(r["step"]) for r in rows]
     assert clock == sorted(set(clock)) and clock[-1] >= 2 and steps == sorted(steps) and steps[-1] > steps[len(part) - 1]
     assert float(rows[-1]["eval_bpb"]) < float(rows[0]["eval_bpb"])
-    # it went on from the saved weights: the first eval after the pause improves on the last before it
-    assert float(rows[len(part)]["eval_bpb"]) < float(part[-1]["eval_bpb"])
+    # it went on from the saved weights: a fresh model would score ~0.4 BPB worse half a second in
+    assert float(rows[len(part)]["eval_bpb"]) < float(part[-1]["eval_bpb"]) + 0.1
     wrong = subprocess.run([a if a != "2" else "3" for a in base], cwd=shards, capture_output=True, text=True, timeout=300)
-    assert wrong.returncode != 0 and "not 3.0" in wrong.stderr  # another budget would change the schedule
+    assert wrong.returncode != 0 and "another run" in wrong.stderr  # another budget would change the schedule

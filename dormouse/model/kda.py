@@ -263,15 +263,15 @@ def short_conv(x: torch.Tensor, weight: torch.Tensor, cache: torch.Tensor | None
     `conv_path.fla` / `conv_path.torch` once per call."""
     B, T, C = x.shape
     W = weight.shape[-1]
-    xc = torch.cat([x.new_zeros(B, W - 1, C) if cache is None else cache.to(x.dtype), x], 1)  # [B, W-1+T, C]
-    new_cache = xc[:, xc.shape[1] - (W - 1):]
     op = _fla_causal_conv1d() if x.is_cuda else None
     path = "conv_path.fla" if op is not None else "conv_path.torch"
     if counters is not None:
         counters[path] = counters.get(path, 0) + 1
-    if op is not None:
+    head = x.new_zeros(B, W - 1, C) if cache is None else cache.to(x.dtype)
+    new_cache = x[:, T - (W - 1):] if T >= W - 1 else torch.cat([head, x], 1)[:, T:]  # the last W-1 inputs
+    if op is not None:  # the kernel reads the cache itself: no [B, W-1+T, C] copy
         return short_conv_fla(x, weight, cache, op), new_cache
-    return silu_conv(xc, weight), new_cache
+    return silu_conv(torch.cat([head, x], 1), weight), new_cache
 
 
 # --------------------------------------------------------------------------------------------------
