@@ -4,6 +4,10 @@ first in the CPU profile of our step); on CPU it shows the host-side share.
 
     .venv/bin/python benchmarks/muon_bench.py --preset small            # CPU
     python3 benchmarks/muon_bench.py --preset small --device cuda       # device tool
+
+It also times the Newton–Schulz iterations alone on the same stacks (bf16, as StackedMuon runs them) and
+prints their FLOPs and rate: the part of StackedMuon's step that is matmul, against the rest (momentum,
+stacking, the update).
 """
 
 import argparse
@@ -19,7 +23,7 @@ import torch  # noqa: E402
 from dormouse.config import load_preset  # noqa: E402
 from dormouse.model.config import ModelConfig  # noqa: E402
 from dormouse.model.gpt import ByteLM  # noqa: E402
-from dormouse.optim import StackedMuon  # noqa: E402
+from dormouse.optim import StackedMuon, _newton_schulz_stack  # noqa: E402
 
 
 def time_steps(opt, params, device, steps: int, warmup: int) -> float:
@@ -39,6 +43,36 @@ def time_steps(opt, params, device, steps: int, warmup: int) -> float:
     return statistics.median(times)
 
 
+def ns_flops(shape: tuple, n: int, steps: int) -> float:
+    """FLOPs of `steps` Newton–Schulz iterations on n stacked [A, B] matrices (run on the wide side: m <= k):
+    X X^T (2 m^2 k), (b G + c G G) (2 m^3), (...) X (2 m^2 k)."""
+    m, k = sorted(shape)
+    return n * steps * (4 * m * m * k + 2 * m ** 3)
+
+
+def time_ns(hidden, device, opt, steps: int, warmup: int) -> tuple[float, float]:
+    """(median seconds, FLOPs) of the Newton–Schulz stacks alone, one call per shape as StackedMuon makes them."""
+    group = opt.param_groups[0]
+    by_shape: dict[tuple, list] = {}
+    for p in hidden:
+        by_shape.setdefault(tuple(p.shape), []).append(p)
+    gen = torch.Generator(device=device).manual_seed(1)
+    stacks = [torch.randn((len(ps), *shape), generator=gen, device=device) for shape, ps in by_shape.items()]
+    flops = sum(ns_flops(shape, len(ps), group["ns_steps"]) for shape, ps in by_shape.items())
+    times = []
+    for i in range(warmup + steps):
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        t = time.perf_counter()
+        for g in stacks:
+            _newton_schulz_stack(g, group["ns_coefficients"], group["ns_steps"], group["eps"])
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        if i >= warmup:
+            times.append(time.perf_counter() - t)
+    return statistics.median(times), flops
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--preset", default="small")
@@ -53,13 +87,17 @@ def main(argv=None) -> int:
     for name, cls in (("torch.optim.Muon", torch.optim.Muon), ("StackedMuon", StackedMuon)):
         torch.manual_seed(0)
         hidden, _ = ByteLM(cfg).to(device).param_groups()
-        res[name] = time_steps(cls(hidden, **kw), hidden, device, args.steps, args.warmup)
+        opt = cls(hidden, **kw)
+        res[name] = time_steps(opt, hidden, device, args.steps, args.warmup)
+    ns_s, ns_fl = time_ns(hidden, device, opt, args.steps, args.warmup)
     shapes = sorted({tuple(p.shape) for p in hidden})
     print(f"preset {args.preset}: {len(hidden)} hidden matrices in {len(shapes)} shapes {shapes}; device {device}; "
           f"torch {torch.__version__}; threads {torch.get_num_threads()}")
     base = res["torch.optim.Muon"]
     for name, t in res.items():
         print(f"{name:<18} {t * 1000:9.2f} ms/step   {base / t:5.2f} x torch.optim.Muon")
+    print(f"{'Newton-Schulz only':<18} {ns_s * 1000:9.2f} ms/step   {ns_fl / 1e12:.3f} TFLOP at {ns_fl / ns_s / 1e12:.1f} "
+          f"TFLOP/s; {100 * ns_s / res['StackedMuon']:.0f}% of StackedMuon's step")
     return 0
 
 
