@@ -34,7 +34,7 @@ sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
 
-from pretrain_h200 import as_graph, kda_inputs, measure, preset_setup  # noqa: E402
+from pretrain_h200 import FusedGateMixer, as_graph, fla_layer, kda_inputs, measure, preset_setup  # noqa: E402
 from dormouse.model import kda as kda_module  # noqa: E402
 from dormouse.model.kda import KDAMixer  # noqa: E402
 from dormouse.model.regions import compile_regions  # noqa: E402
@@ -80,21 +80,11 @@ class FlaNormMixer(KDAMixer):
         return ("gates",)
 
 
-class FlaModulesMixer(KDAMixer):
+class FlaModulesMixer(FusedGateMixer):  # the activations in chunk_kda, and FLA's gated norm
     finish = _fla_finish
 
     def regions(self):
         return ()
-
-    def prepare(self, x, conv=None, counters=None):
-        return self.project(x, conv, counters)
-
-    def core(self, q, k, v, f, b, h0=None, counters=None):
-        from fla.ops.kda import chunk_kda
-
-        return chunk_kda(q, k, v, f, b, initial_state=h0, output_final_state=True, use_qk_l2norm_in_kernel=True,
-                         use_gate_in_kernel=True, use_beta_sigmoid_in_kernel=True, A_log=self.A_log,
-                         dt_bias=self.dt_bias)
 
 
 MIXERS = {"ours": KDAMixer, "no_kernel": NoKernelMixer, "torch_conv": TorchConvMixer, "fla_norm": FlaNormMixer,
@@ -114,11 +104,7 @@ def layer_fn(layer, x, dy, train, call):
 def build(name, cfg, device):
     torch.manual_seed(0)
     if name == "fla_layer":
-        from fla.layers.kda import KimiDeltaAttention
-
-        layer = KimiDeltaAttention(hidden_size=cfg.d_model, head_dim=cfg.head_dim, num_heads=cfg.n_heads, mode="chunk",
-                                   use_short_conv=cfg.kda_conv_size > 0, conv_size=cfg.kda_conv_size or 4,
-                                   norm_eps=cfg.norm_eps, layer_idx=0).to(device)
+        layer = fla_layer(cfg, device)
         return layer, lambda x: layer(hidden_states=x)[0]
     if name == "ours_noconv":
         from dataclasses import replace

@@ -815,14 +815,18 @@ def run_layer_fused_graphed(ctx: Ctx) -> dict:
                        f"our layer, gate/L2 norms/beta in chunk_kda ({how}), one CUDA graph; {diff}")
 
 
-def run_layer_fla(ctx: Ctx) -> dict:
+def fla_layer(cfg: ModelConfig, device: torch.device) -> nn.Module:
+    """FLA's own KDA layer at our layer's shape."""
     from fla.layers.kda import KimiDeltaAttention
 
-    cfg = ctx.cfg
+    return KimiDeltaAttention(hidden_size=cfg.d_model, head_dim=cfg.head_dim, num_heads=cfg.n_heads, mode="chunk",
+                              use_short_conv=cfg.kda_conv_size > 0, conv_size=cfg.kda_conv_size or 4,
+                              norm_eps=cfg.norm_eps, layer_idx=0).to(device)
+
+
+def run_layer_fla(ctx: Ctx) -> dict:
     torch.manual_seed(ctx.args.seed)
-    layer = KimiDeltaAttention(hidden_size=cfg.d_model, head_dim=cfg.head_dim, num_heads=cfg.n_heads, mode="chunk",
-                               use_short_conv=cfg.kda_conv_size > 0, conv_size=cfg.kda_conv_size or 4,
-                               norm_eps=cfg.norm_eps, layer_idx=0).to(ctx.device)
+    layer = fla_layer(ctx.cfg, ctx.device)
     fn = _layer_fn(ctx, layer, lambda x: layer(hidden_states=x)[0])
     r = measure(fn, ctx.args.kernel_reps, ctx.args.kernel_warmup, ctx.device)
     return _kernel_row(ctx, r, ctx.args.kernel_reps, ctx.args.kernel_warmup,
