@@ -12,9 +12,9 @@ state is carried by a python loop over chunks. `kda` picks FLA's Triton kernel o
 elsewhere, and counts which one ran; `kda_recurrent` does the same for decode steps (FLA's
 `fused_recurrent_kda`, or `recurrent_kda_torch`: the recurrence above one step at a time), and the mixer
 takes it whenever T == 1; `short_conv` picks FLA's Triton `causal_conv1d` on CUDA for the layer's short
-convs and `regions.silu_conv` elsewhere. `KDAMixer` mirrors `fla.layers.kda.KimiDeltaAttention` (projections, short conv +
-SiLU, L2-normalised q/k, low-rank decay gate, sigmoid beta, gated output RMSNorm, o_proj) with plain torch
-modules so the CPU path needs no Triton.
+convs and `regions.silu_conv` elsewhere. `KDAMixer` mirrors `fla.layers.kda.KimiDeltaAttention`
+(projections, short conv + SiLU, L2-normalised q/k, low-rank decay gate, sigmoid beta, gated output
+RMSNorm, o_proj) with plain torch modules so the CPU path needs no Triton.
 """
 
 from __future__ import annotations
