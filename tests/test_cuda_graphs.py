@@ -3,6 +3,7 @@ step trains as the eager one does."""
 
 import copy
 import json
+import math
 from collections import Counter
 
 import pytest
@@ -52,6 +53,51 @@ def test_uneven_capture_counts_are_an_error():
         cuda_graphs.per_call(Counter({"kda_path.torch": 6, "engram.lookups": 8}), 4)
 
 
+def gpu_setup():
+    """A tiny model with Engram and the stage's CUDA training settings (bf16, Muon + AdamW, the firewall's clip)."""
+    cfg = ModelConfig.from_dict({**TINY_MODEL, "engram": True, "engram_rows": 256, "engram_dim": 8})
+    train = {**TINY_TRAIN, "device": "cuda", "dtype": "bfloat16", "lr": 3e-3, "muon_lr": 0.02, "optimizer": "muon",
+             "weight_decay": 0.0, "grad_clip": 1.0, "max_bad_steps": 3}
+    return cfg, train
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (CUDA graphs, FLA's Triton kernels)")
+@pytest.mark.parametrize("graphs", [False, True])
+def test_a_cuda_step_never_waits_for_the_host(graphs):
+    """Issue #7's "no host synchronisation inside the step": forward, backward, clip, the firewall's decision and
+    both optimizers, as the stage runs them on CUDA (regions compiled, FLA's kernels, optionally replayed from a
+    graph), under torch's sync debug mode set to raise. Warm-up first: autotuning and compiling sync by design."""
+    torch.manual_seed(0)
+    cfg, train = gpu_setup()
+    model = ByteLM(cfg).cuda().train()
+    compile_regions(model)
+    opts = build_optimizers(model, train)
+    fw = Firewall(opts, model.parameters(), 1.0, 3, ONE, on_device=True)
+    x = torch.randint(0, 256, (4, 64), device="cuda")
+    counters = Counter()
+    graphed = cuda_graphs.GraphedLoss(model, x, x, train) if graphs else None
+
+    def step():
+        if graphed is not None:
+            loss = graphed(x, x, counters)
+        else:
+            with autocast(x.device, train):
+                loss = model(x, x, counters=counters)[1]
+        fw.step(loss, loss, "test")
+
+    for _ in range(3):
+        step()
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        for _ in range(3):
+            step()
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert math.isfinite(fw.read("test")) and counters["kda_path.fla"] > 0  # the one sync, at a log step
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (CUDA graphs, FLA's Triton kernels)")
 def test_graphed_steps_train_and_count_as_eager_steps():
@@ -59,9 +105,7 @@ def test_graphed_steps_train_and_count_as_eager_steps():
     batches 0, 1, 2, 0 (batch 0's buffer must not have been overwritten by the later batches), eager against
     graphed from the same weights: the same kernels, so the same losses and weights up to reduction order."""
     torch.manual_seed(0)
-    cfg = ModelConfig.from_dict({**TINY_MODEL, "engram": True, "engram_rows": 256, "engram_dim": 8})
-    train = {**TINY_TRAIN, "device": "cuda", "dtype": "bfloat16", "lr": 3e-3, "muon_lr": 0.02, "optimizer": "muon",
-             "weight_decay": 0.0, "grad_clip": 1.0, "max_bad_steps": 3}
+    cfg, train = gpu_setup()
     eager = ByteLM(cfg).cuda().train()
     twin = copy.deepcopy(eager)
     g = torch.Generator().manual_seed(1)
