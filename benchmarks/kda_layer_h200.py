@@ -18,6 +18,10 @@ reported as ms and as a ratio to the raw kernel measured in the same run:
 then a torch.profiler table of `ours` (compiled, not graphed) by kernel, device time first.
 
     python3 benchmarks/kda_layer_h200.py --preset medium [--variants ours torch_conv ...] [--reps 20]
+    .venv/bin/python benchmarks/kda_layer_h200.py --dry-run-cpu   # the wiring on CPU, tiny shapes: FLA's rows
+        skipped, the torch core standing in for the kernel, regions traced with aot_eager, no graphs
+
+Times on CPU mean nothing; the dry run exists so a lease is not spent on a variant that cannot build.
 """
 
 from __future__ import annotations
@@ -34,13 +38,14 @@ sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
 
-from pretrain_h200 import FusedGateMixer, as_graph, fla_layer, kda_inputs, measure, preset_setup  # noqa: E402
+from pretrain_h200 import FusedGateMixer, as_graph, fla_layer, kda_inputs, measure, preset_setup, sync  # noqa: E402
 from dormouse.model import kda as kda_module  # noqa: E402
-from dormouse.model.kda import KDAMixer  # noqa: E402
+from dormouse.model.kda import KDAMixer, chunk_kda_torch  # noqa: E402
 from dormouse.model.regions import compile_regions  # noqa: E402
 from dormouse.runtime import autocast  # noqa: E402
 
 VARIANTS = ["kernel", "ours", "torch_conv", "ours_noconv", "no_kernel", "fla_norm", "fla_modules", "fla_layer"]
+NEEDS_FLA = {"fla_norm", "fla_modules", "fla_layer"}
 
 
 class NoKernelMixer(KDAMixer):
@@ -101,7 +106,7 @@ def layer_fn(layer, x, dy, train, call):
     return fn
 
 
-def build(name, cfg, device):
+def build(name, cfg, device, backend="inductor"):
     torch.manual_seed(0)
     if name == "fla_layer":
         layer = fla_layer(cfg, device)
@@ -112,7 +117,7 @@ def build(name, cfg, device):
         layer = KDAMixer(replace(cfg, kda_conv_size=0)).to(device)
     else:
         layer = MIXERS[name](cfg).to(device)
-    compile_regions(layer)
+    compile_regions(layer, backend=backend)
     return layer, lambda x: layer(x)[0]
 
 
@@ -123,24 +128,35 @@ def main(argv=None) -> int:
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--profile-rows", type=int, default=25)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--dry-run-cpu", action="store_true", help="tiny shapes on CPU: the wiring, not the speed")
     args = ap.parse_args(argv)
-    device = torch.device("cuda")
-    cfg, train, batch, seq_len = preset_setup(args.preset, argparse.Namespace(batch_size=None, seq_len=None), False)
+    dry = args.dry_run_cpu
+    device = torch.device("cpu" if dry else "cuda")
+    cfg, train, batch, seq_len = preset_setup(args.preset, argparse.Namespace(batch_size=None, seq_len=None), dry)
+    backend = "aot_eager" if dry else "inductor"  # aot_eager traces the same fullgraph regions, without a C++ build
+    graph = (lambda fn, device: fn) if dry else as_graph
     print(f"[kda_layer] {args.preset}: B {batch} T {seq_len} D {cfg.d_model} H {cfg.n_heads} K {cfg.head_dim} "
           f"conv {cfg.kda_conv_size}; {torch.__version__}", flush=True)
     g0 = torch.Generator().manual_seed(args.seed)
     x = torch.randn(batch, seq_len, cfg.d_model, generator=g0).to(device).requires_grad_()
-    dy = torch.randn(batch, seq_len, cfg.d_model, generator=g0).to(device, torch.bfloat16)
+    dy = torch.randn(batch, seq_len, cfg.d_model, generator=g0).to(device, torch.float32 if dry else torch.bfloat16)
     ref = None
     rows = []
     for name in args.variants:
+        if dry and name in NEEDS_FLA:
+            rows.append((name, None, "skipped: FLA needs CUDA"))
+            continue
         try:
             if name == "kernel":
-                from fla.ops.kda import chunk_kda
+                if dry:
+                    def chunk_kda(*a, **kw):
+                        return chunk_kda_torch(*a, **kw, chunk_size=cfg.kda_chunk_size)
+                else:
+                    from fla.ops.kda import chunk_kda
 
                 ctx = argparse.Namespace(batch=batch, seq_len=seq_len, cfg=cfg, device=device,
                                          args=argparse.Namespace(seed=args.seed))
-                q, k, v, g, beta, do = kda_inputs(ctx, torch.bfloat16)
+                q, k, v, g, beta, do = kda_inputs(ctx, torch.float32 if dry else torch.bfloat16)
 
                 def fn(q=q, k=k, v=v, g=g, beta=beta, do=do):
                     for t in (q, k, v, g, beta):
@@ -150,11 +166,11 @@ def main(argv=None) -> int:
             else:
                 note, a = "", None
                 if name in ("torch_conv", "fla_norm", "fla_modules"):
-                    ours, ocall = build("ours", cfg, device)
+                    ours, ocall = build("ours", cfg, device, backend)
                     with torch.no_grad(), autocast(device, train):
                         a = ocall(x).float()
                 with torch_conv() if name == "torch_conv" else contextlib.nullcontext():
-                    layer, call = build(name, cfg, device)
+                    layer, call = build(name, cfg, device, backend)
                     fn = layer_fn(layer, x, dy, train, call)
                     if a is not None:
                         layer.load_state_dict(ours.state_dict())
@@ -162,8 +178,8 @@ def main(argv=None) -> int:
                             b = call(x).float()
                         note = f"max|this-ours| {(a - b).abs().max().item():.3g} of max|ours| {a.abs().max().item():.3g}"
                         del ours
-                    fn = as_graph(fn, device)  # compiled and captured here: the replays run no python
-            r = measure(fn if name != "kernel" else as_graph(fn, device), args.reps, 3, device)
+                    fn = graph(fn, device)  # compiled and captured here: the replays run no python
+            r = measure(fn if name != "kernel" else graph(fn, device), args.reps, 3, device)
             rows.append((name, r["ms_step_median"], note))
             if name == "kernel":
                 ref = r["ms_step_median"]
@@ -171,8 +187,8 @@ def main(argv=None) -> int:
         except Exception as e:  # one variant failing (a capture fault, an FLA API change) must not end the run
             traceback.print_exc()
             rows.append((name, None, f"failed: {type(e).__name__}: {str(e)[:120]}"))
-        torch.cuda.synchronize()
-    if "ours" in args.variants and args.profile_rows:
+        sync(device)
+    if "ours" in args.variants and args.profile_rows and not dry:
         from torch.profiler import ProfilerActivity, profile
 
         layer, call = build("ours", cfg, device)

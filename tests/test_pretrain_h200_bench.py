@@ -217,3 +217,21 @@ def test_profile_dry_run_names_the_optimizer_and_the_mixer(one_thread):
     first, second = text.split("== tiny: by self_cpu_time_total")
     assert first.startswith("== tiny: 2 steps, by cpu_time_total")
     assert "Optimizer.step#" in first and "aten::" in second
+
+
+def test_the_layer_ablation_builds_every_cpu_variant():
+    """benchmarks/kda_layer_h200.py --dry-run-cpu: every variant that needs no FLA builds, traces its regions and
+    runs forward+backward; the old layout (torch_conv) gives the same output as ours; FLA's rows say why they
+    are skipped; the table prints last."""
+    script = REPO / "benchmarks" / "kda_layer_h200.py"
+    r = subprocess.run([sys.executable, str(script), "--dry-run-cpu", "--reps", "1"], capture_output=True, text=True,
+                       timeout=300, cwd=REPO)
+    assert r.returncode == 0, r.stderr[-3000:]
+    table = r.stdout[r.stdout.index("variant"):].splitlines()[1:]
+    rows = {line.split()[0]: line for line in table}
+    assert list(rows) == ["kernel", "ours", "torch_conv", "ours_noconv", "no_kernel", "fla_norm", "fla_modules",
+                          "fla_layer"]
+    for name in ("kernel", "ours", "torch_conv", "ours_noconv", "no_kernel"):
+        assert rows[name].split()[1] != "n/a" and "failed" not in rows[name], rows[name]
+    assert "max|this-ours| 0 of" in rows["torch_conv"]  # on CPU both layouts run the same torch conv
+    assert all("skipped: FLA needs CUDA" in rows[n] for n in ("fla_norm", "fla_modules", "fla_layer"))
