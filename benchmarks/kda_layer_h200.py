@@ -38,9 +38,9 @@ sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
 
-from pretrain_h200 import FusedGateMixer, as_graph, fla_layer, kda_inputs, measure, preset_setup, sync  # noqa: E402
+from pretrain_h200 import FusedGateMixer, as_graph, fla_layer, kernel_fn, measure, preset_setup, sync  # noqa: E402
 from dormouse.model import kda as kda_module  # noqa: E402
-from dormouse.model.kda import KDAMixer, chunk_kda_torch  # noqa: E402
+from dormouse.model.kda import KDAMixer  # noqa: E402
 from dormouse.model.regions import compile_regions  # noqa: E402
 from dormouse.runtime import autocast  # noqa: E402
 
@@ -148,21 +148,9 @@ def main(argv=None) -> int:
             continue
         try:
             if name == "kernel":
-                if dry:
-                    def chunk_kda(*a, **kw):
-                        return chunk_kda_torch(*a, **kw, chunk_size=cfg.kda_chunk_size)
-                else:
-                    from fla.ops.kda import chunk_kda
-
                 ctx = argparse.Namespace(batch=batch, seq_len=seq_len, cfg=cfg, device=device,
                                          args=argparse.Namespace(seed=args.seed))
-                q, k, v, g, beta, do = kda_inputs(ctx, torch.float32 if dry else torch.bfloat16)
-
-                def fn(q=q, k=k, v=v, g=g, beta=beta, do=do):
-                    for t in (q, k, v, g, beta):
-                        t.grad = None
-                    chunk_kda(q, k, v, g, beta, output_final_state=True)[0].backward(do)
-                note = ""
+                fn, note = kernel_fn(ctx, torch_standin=dry)[0], ""
             else:
                 note, a = "", None
                 if name in ("torch_conv", "fla_norm", "fla_modules"):

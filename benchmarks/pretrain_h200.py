@@ -690,7 +690,9 @@ def kda_inputs(ctx: Ctx, dtype):
     return q, k, v, g, beta, do
 
 
-def run_kda_kernel(ctx: Ctx, torch_standin: bool, graphed: bool = False) -> dict:
+def kernel_fn(ctx, torch_standin: bool):
+    """(one KDA core fwd+bwd on fresh inputs at ctx's shape, its name): FLA's chunk_kda, or on CPU the torch core
+    standing in for it."""
     if torch_standin:
         op, dtype, name = chunk_kda_torch, torch.float32, "dormouse chunk_kda_torch (stand-in: no FLA on CPU)"
     else:
@@ -710,6 +712,11 @@ def run_kda_kernel(ctx: Ctx, torch_standin: bool, graphed: bool = False) -> dict
                       use_qk_l2norm_in_kernel=False, use_gate_in_kernel=False)
         o.backward(do)
 
+    return fn, name
+
+
+def run_kda_kernel(ctx: Ctx, torch_standin: bool, graphed: bool = False) -> dict:
+    fn, name = kernel_fn(ctx, torch_standin)
     if graphed:
         r, name = graphed_measure(fn, ctx), f"{name}, replayed from one CUDA graph"
     else:
