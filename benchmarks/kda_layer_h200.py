@@ -5,8 +5,10 @@ replayed from one CUDA graph (GPU time only: the launches the stage removes with
 reported as ms and as a ratio to the raw kernel measured in the same run:
 
   kernel          fla.ops.kda.chunk_kda on pre-activated inputs (the reference)
-  ours            dormouse KDAMixer as the stage runs it: projections and FLA's conv eager, gates and finish
-                  compiled with inductor
+  ours            dormouse KDAMixer as the stage runs it: the six input projections as one compiled matmul,
+                  FLA's conv (eager), gates and finish compiled with inductor
+  separate_proj   the layer of run 6: the six projections as separate eager nn.Linear calls, FLA's conv,
+                  gates and finish compiled
   torch_conv      the layer until run 5: projections, our torch conv and the gates in one compiled region
   ours_noconv     ours without the short convs (what the three convs cost; its SiLUs run eagerly)
   no_kernel       ours with the core replaced by o = v (all of our code around the kernel)
@@ -44,13 +46,25 @@ from dormouse.model.kda import KDAMixer  # noqa: E402
 from dormouse.model.regions import compile_regions  # noqa: E402
 from dormouse.runtime import autocast  # noqa: E402
 
-VARIANTS = ["kernel", "ours", "torch_conv", "ours_noconv", "no_kernel", "fla_norm", "fla_modules", "fla_layer"]
+VARIANTS = ["kernel", "ours", "separate_proj", "torch_conv", "ours_noconv", "no_kernel", "fla_norm", "fla_modules", "fla_layer"]
 NEEDS_FLA = {"fla_norm", "fla_modules", "fla_layer"}
 
 
 class NoKernelMixer(KDAMixer):
     def core(self, q, k, v, g, beta, h0=None, counters=None):
         return v * beta[..., None].to(v.dtype), None  # keeps every prepare output in the graph
+
+
+class SeparateProjMixer(KDAMixer):
+    """Run 6's layer: each projection its own eager nn.Linear (x cast six times, six dx summed in fp32)."""
+
+    def in_proj(self, x, norm=None):
+        x = x if norm is None else norm(x)
+        q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
+        return q, k, v, self.f_proj(x), self.b_proj(x), self.g_proj(x)
+
+    def regions(self):
+        return ("gates", "finish")
 
 
 class TorchConvMixer(KDAMixer):
@@ -82,18 +96,18 @@ class FlaNormMixer(KDAMixer):
     finish = _fla_finish
 
     def regions(self):
-        return ("gates",)
+        return ("in_proj", "gates")
 
 
 class FlaModulesMixer(FusedGateMixer):  # the activations in chunk_kda, and FLA's gated norm
     finish = _fla_finish
 
     def regions(self):
-        return ()
+        return ("in_proj",)
 
 
-MIXERS = {"ours": KDAMixer, "no_kernel": NoKernelMixer, "torch_conv": TorchConvMixer, "fla_norm": FlaNormMixer,
-          "fla_modules": FlaModulesMixer}
+MIXERS = {"ours": KDAMixer, "separate_proj": SeparateProjMixer, "no_kernel": NoKernelMixer,
+          "torch_conv": TorchConvMixer, "fla_norm": FlaNormMixer, "fla_modules": FlaModulesMixer}
 
 
 def layer_fn(layer, x, dy, train, call):
@@ -153,7 +167,7 @@ def main(argv=None) -> int:
                 fn, note = kernel_fn(ctx, torch_standin=dry)[0], ""
             else:
                 note, a = "", None
-                if name in ("torch_conv", "fla_norm", "fla_modules"):
+                if name in ("separate_proj", "torch_conv", "fla_norm", "fla_modules"):
                     ours, ocall = build("ours", cfg, device, backend)
                     with torch.no_grad(), autocast(device, train):
                         a = ocall(x).float()

@@ -790,10 +790,10 @@ class FusedGateMixer(KDAMixer):
     """Our layer with the activations between `project` and the core left to FLA's kernel."""
 
     def regions(self):
-        return ("finish",)  # `gates` is never called
+        return ("in_proj", "finish")  # `gates` is never called
 
-    def prepare(self, x, conv=None, counters=None):
-        return self.project(x, conv, counters)  # q, k, v, decay-gate logits, beta logits, output-gate logits, caches
+    def prepare(self, x, conv=None, counters=None, norm=None):
+        return self.project(x, conv, counters, norm)  # q, k, v, decay-gate logits, beta logits, output-gate logits, caches
 
     def core(self, q, k, v, f, beta_logits, h0=None, counters=None):
         from fla.ops.kda import chunk_kda

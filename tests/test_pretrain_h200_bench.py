@@ -221,17 +221,19 @@ def test_profile_dry_run_names_the_optimizer_and_the_mixer(one_thread):
 
 def test_the_layer_ablation_builds_every_cpu_variant():
     """benchmarks/kda_layer_h200.py --dry-run-cpu: every variant that needs no FLA builds, traces its regions and
-    runs forward+backward; the old layout (torch_conv) gives the same output as ours; FLA's rows say why they
-    are skipped; the table prints last."""
+    runs forward+backward; the older layouts (torch_conv, separate_proj) give ours' output; FLA's rows say why
+    they are skipped; the table prints last."""
     script = REPO / "benchmarks" / "kda_layer_h200.py"
     r = subprocess.run([sys.executable, str(script), "--dry-run-cpu", "--reps", "1"], capture_output=True, text=True,
                        timeout=300, cwd=REPO)
     assert r.returncode == 0, r.stderr[-3000:]
     table = r.stdout[r.stdout.index("variant"):].splitlines()[1:]
     rows = {line.split()[0]: line for line in table}
-    assert list(rows) == ["kernel", "ours", "torch_conv", "ours_noconv", "no_kernel", "fla_norm", "fla_modules",
-                          "fla_layer"]
-    for name in ("kernel", "ours", "torch_conv", "ours_noconv", "no_kernel"):
+    assert list(rows) == ["kernel", "ours", "separate_proj", "torch_conv", "ours_noconv", "no_kernel", "fla_norm",
+                          "fla_modules", "fla_layer"]
+    for name in ("kernel", "ours", "separate_proj", "torch_conv", "ours_noconv", "no_kernel"):
         assert rows[name].split()[1] != "n/a" and "failed" not in rows[name], rows[name]
     assert "max|this-ours| 0 of" in rows["torch_conv"]  # on CPU both layouts run the same torch conv
+    diff, scale = (float(rows["separate_proj"].split()[i]) for i in (4, 7))  # "max|this-ours| D of max|ours| S"
+    assert diff <= 1e-5 * scale, rows["separate_proj"]  # one stacked matmul against six: fp32 rounding only
     assert all("skipped: FLA needs CUDA" in rows[n] for n in ("fla_norm", "fla_modules", "fla_layer"))

@@ -59,10 +59,10 @@ def test_compiled_regions_match_eager_and_compile_once_for_the_stack():
     loss0, grads0, c0 = loss_grads_counts(model, idx)
 
     names = compile_regions(model, backend="aot_eager")
-    assert names == ["logits", "blocks.0.mix_ffn", "blocks.0.engram.compute", "blocks.0.mixer.gates",
-                     "blocks.0.mixer.finish", "blocks.1.mix_ffn", "blocks.1.engram.compute",
-                     "blocks.1.mixer.gates", "blocks.1.mixer.finish", "blocks.2.mix_ffn",
-                     "blocks.2.engram.compute", "blocks.2.mixer.gates", "blocks.2.mixer.finish"]
+    assert names == ["logits", "blocks.0.mix_ffn", "blocks.0.engram.compute", "blocks.0.mixer.in_proj",
+                     "blocks.0.mixer.gates", "blocks.0.mixer.finish", "blocks.1.mix_ffn", "blocks.1.engram.compute",
+                     "blocks.1.mixer.in_proj", "blocks.1.mixer.gates", "blocks.1.mixer.finish", "blocks.2.mix_ffn",
+                     "blocks.2.engram.compute", "blocks.2.mixer.in_proj", "blocks.2.mixer.gates", "blocks.2.mixer.finish"]
     assert compile_regions(model, backend="aot_eager") == []  # idempotent
     torch._dynamo.utils.counters.clear()
     for _ in range(2):  # the second call must hit the cache
@@ -71,8 +71,8 @@ def test_compiled_regions_match_eager_and_compile_once_for_the_stack():
         for n, g in grads0.items():
             torch.testing.assert_close(grads1[n], g, atol=1e-6, rtol=1e-5, msg=n)
         assert c1 == c0 and c1["engram.rows_read"] > 0 and c1["kda_path.torch"] == 3
-    # five regions (logits, mix_ffn, engram.compute, gates, finish): one graph each for all three blocks
-    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == 5
+    # six regions (logits, mix_ffn, engram.compute, in_proj, gates, finish): one graph each for all three blocks
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == 6
 
 
 def test_compiled_regions_continue_a_state():

@@ -135,7 +135,8 @@ class Block(nn.Module):
         if self.engram is not None:
             e, engram_state = self.engram(x, idx, counters, None if state is None else state.engram)
             x = x + e
-        y, mixer_state = self.mixer(self.mixer_norm(x), counters=counters, state=None if state is None else state.mixer)
+        y, mixer_state = self.mixer(x, counters=counters, state=None if state is None else state.mixer,
+                                    norm=self.mixer_norm)  # the norm runs inside the mixer's in_proj region
         x = self.mix_ffn(x, y)
         if isinstance(self.ffn, MoE):
             x = x + self.ffn(self.ffn_norm(x), counters)

@@ -393,14 +393,28 @@ class KDAMixer(nn.Module):
             self.dt_bias.zero_()
             self.o_norm_weight.fill_(1.0)
 
-    def project(self, x: torch.Tensor, conv: tuple | None = None, counters=None):
-        """The projections and short convs (eager: FLA's conv kernel is opaque to the compiler): x [B, T, D],
+    def in_proj(self, x: torch.Tensor, norm: nn.Module | None = None):
+        """The six projections of x as ONE matmul against their weights stacked (a torch.compile region): x
+        is read and cast once, and backward makes one dx instead of six summed in fp32 (at medium the separate,
+        eager projections cost ~1 ms a layer in casts and adds, benchmarks/README.md "Run 6"). `norm` (the
+        block's pre-mixer RMSNorm) is applied first, inside the region. x [B, T, D] -> (q, k, v [B, T, H*K]
+        before the convs, decay-gate logits f [B, T, H*K], beta logits [B, T, H], output-gate logits [B, T, H*K])."""
+        if norm is not None:
+            x = norm(x)
+        H, K, HK = self.n_heads, self.head_dim, self.n_heads * self.head_dim
+        w = torch.cat([self.q_proj.weight, self.k_proj.weight, self.v_proj.weight, self.f_proj[0].weight,
+                       self.g_proj[0].weight, self.b_proj.weight])
+        q, k, v, f, g, b = F.linear(x, w).split([HK, HK, HK, K, K, H], -1)
+        return q.contiguous(), k.contiguous(), v.contiguous(), self.f_proj[1](f), b, self.g_proj[1](g)
+
+    def project(self, x: torch.Tensor, conv: tuple | None = None, counters=None, norm: nn.Module | None = None):
+        """`in_proj`, then the short convs (eager: FLA's conv kernel is opaque to the compiler): x [B, T, D],
         conv the short convs' caches (None: sequence start) -> (q, k, v [B, T, H, K] after conv + SiLU,
         decay-gate logits f [B, T, H, K], beta logits [B, T, H], output-gate logits [B, T, H*K], the convs'
         new caches)."""
         B, T, _ = x.shape
         H, K = self.n_heads, self.head_dim
-        q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)  # [B, T, H*K]
+        q, k, v, f, b, gate = self.in_proj(x, norm)  # q, k, v [B, T, H*K]
         conv_state = None
         if self.conv_size > 0:
             cq, ck, cv = conv if conv is not None else (None, None, None)
@@ -410,8 +424,7 @@ class KDAMixer(nn.Module):
             conv_state = (cq, ck, cv)
         else:
             q, k, v = F.silu(q), F.silu(k), F.silu(v)
-        return (q.view(B, T, H, K), k.view(B, T, H, K), v.view(B, T, H, K), self.f_proj(x).view(B, T, H, K),
-                self.b_proj(x), self.g_proj(x), conv_state)
+        return q.view(B, T, H, K), k.view(B, T, H, K), v.view(B, T, H, K), f.view(B, T, H, K), b, gate, conv_state
 
     def gates(self, q: torch.Tensor, k: torch.Tensor, f: torch.Tensor, b: torch.Tensor):
         """The activations FLA's kernel could also apply itself (a torch.compile region, see
@@ -420,10 +433,10 @@ class KDAMixer(nn.Module):
         g = -self.A_log.float().exp()[:, None] * F.softplus(f.float() + self.dt_bias.float().view(H, K))  # [B, T, H, K]
         return l2norm(q), l2norm(k), g, b.sigmoid()
 
-    def prepare(self, x: torch.Tensor, conv: tuple | None = None, counters=None):
+    def prepare(self, x: torch.Tensor, conv: tuple | None = None, counters=None, norm: nn.Module | None = None):
         """Everything before the KDA core: `project`, then `gates` -> (q, k [B, T, H, K] L2-normed, v
         [B, T, H, V], g fp32 log-decay, beta [B, T, H], output-gate logits [B, T, H*K], the convs' new caches)."""
-        q, k, v, f, b, gate, conv_state = self.project(x, conv, counters)
+        q, k, v, f, b, gate, conv_state = self.project(x, conv, counters, norm)
         q, k, g, beta = self.gates(q, k, f, b)
         return q, k, v, g, beta, gate, conv_state
 
@@ -445,9 +458,11 @@ class KDAMixer(nn.Module):
         return self.o_proj(o.reshape(B, T, H * K))  # [B, T, D]
 
     def regions(self) -> tuple[str, ...]:
-        return ("gates", "finish")
+        return ("in_proj", "gates", "finish")
 
-    def forward(self, x: torch.Tensor, counters=None, state: KDAState | None = None) -> tuple[torch.Tensor, KDAState]:
-        q, k, v, g, beta, gate, conv_state = self.prepare(x, None if state is None else state.conv, counters)
+    def forward(self, x: torch.Tensor, counters=None, state: KDAState | None = None,
+                norm: nn.Module | None = None) -> tuple[torch.Tensor, KDAState]:
+        """x [B, T, D] (norm: applied to x first, inside `in_proj`) -> (y [B, T, D], the state after x)."""
+        q, k, v, g, beta, gate, conv_state = self.prepare(x, None if state is None else state.conv, counters, norm)
         o, S = self.core(q, k, v, g, beta, None if state is None else state.recurrent, counters)
         return self.finish(o, gate), KDAState(conv=conv_state, recurrent=S)
