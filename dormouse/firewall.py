@@ -6,7 +6,8 @@ Two ways to decide, with the same result:
   syncs a step). CPU runs use it: there a sync costs nothing.
 - device (CUDA): the decision stays a tensor, so the step never waits for the GPU. Backward and every
   optimizer step always run; fused AdamW skips its own update from `found_inf` (as under GradScaler),
-  and any other optimizer (Muon) gets its parameters and state put back with torch.where. The counts
+  StackedMuon from `step(ok=...)`, and any other optimizer (torch's Muon) gets its parameters and state
+  put back with torch.where. The counts
   stay on the device until `read()` (log and checkpoint steps), so an abort for too many bad steps in a
   row comes at the next read, at most log_every steps late.
 """
@@ -33,6 +34,11 @@ def _state_tensors(opt: torch.optim.Optimizer) -> dict[tuple[int, str], torch.Te
 
 def guarded_step(opt: torch.optim.Optimizer, ok: torch.Tensor) -> None:
     """opt.step(), undone on the device where `ok` (a bool scalar tensor) is False."""
+    from dormouse.optim import StackedMuon
+
+    if isinstance(opt, StackedMuon):  # it takes the decision itself: no copies of the weights and state
+        opt.step(ok=ok)
+        return
     if _fused_adam(opt):
         opt.found_inf = (~ok).float()
         try:

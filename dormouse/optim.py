@@ -51,51 +51,69 @@ def set_lr(opts: list[torch.optim.Optimizer], multiplier: float) -> None:
 
 
 class StackedMuon(torch.optim.Muon):
-    """torch.optim.Muon with the Newton–Schulz iterations run on a stack of every same-shape matrix
-    (baddbmm), not one matrix at a time: ~15 launches per shape a step instead of per matrix. Written
+    """torch.optim.Muon with the Newton–Schulz iterations run on a stack of every matrix of one shape up
+    to a transpose (baddbmm; a tall matrix joins its transpose's stack, as Newton–Schulz runs on the wide
+    form anyway), not one matrix at a time: ~15 launches per shape a step instead of per matrix. Written
     here because torch's Muon (2.13) has no batched path; the state (momentum_buffer per parameter),
     the math and the lr adjustment are torch's, so checkpoints load either way. Equal to torch's up to
     bf16 rounding (tests/test_optim.py). On small (H200) its step is 9.1x torch's and the whole train step
-    1.42x (benchmarks/README.md, "Run 2")."""
+    1.42x (benchmarks/README.md, "Run 2").
+
+    `step(ok=...)` takes the NaN firewall's decision as a bool 0-d tensor on the device (as fused AdamW
+    takes `found_inf`): where it is False the step changes no parameter and no state, and nothing waits
+    for the host. The gradients are masked before they touch anything, so a non-finite one cannot leak."""
 
     @torch.no_grad()
-    def step(self, closure=None):
+    def step(self, closure=None, ok: torch.Tensor | None = None):
         from torch.optim._muon import _adjust_lr
 
         loss = None
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
-        for group in self.param_groups:
+        ratios = self.__dict__.setdefault("_lr_ratios", {})  # per-matrix lr adjustment, kept on the device
+        for gi, group in enumerate(self.param_groups):
             params, grads, bufs = [], [], []
             self._init_group(group, params, grads, bufs)
             if not params:
                 continue
             momentum, lr, wd = group["momentum"], group["lr"], group["weight_decay"]
-            torch._foreach_lerp_(bufs, grads, 1 - momentum)
-            updates = torch._foreach_lerp(grads, bufs, momentum) if group["nesterov"] else bufs
             by_shape: dict[tuple, list[int]] = {}
             for i, p in enumerate(params):
-                by_shape.setdefault((tuple(p.shape), p.device), []).append(i)
-            for (shape, _), idx in by_shape.items():
-                ortho = _newton_schulz_stack(torch.stack([updates[i] for i in idx]), group["ns_coefficients"],
-                                             group["ns_steps"], group["eps"])
-                ps = [params[i] for i in idx]
+                by_shape.setdefault((min(p.shape), max(p.shape), p.device), []).append(i)
+            for key, idx in by_shape.items():
+                g, b = torch.stack([_wide(grads[i]) for i in idx]), torch.stack([_wide(bufs[i]) for i in idx])
+                if ok is not None:
+                    g = torch.where(ok, g, 0.0)
+                new_b = b.lerp(g, 1 - momentum)
+                update = g.lerp(new_b, momentum) if group["nesterov"] else new_b
+                if ok is not None:
+                    new_b = torch.where(ok, new_b, b)
+                torch._foreach_copy_([_wide(bufs[i]) for i in idx], list(new_b.unbind(0)))
+                ortho = _newton_schulz_stack(update, group["ns_coefficients"], group["ns_steps"], group["eps"])
+                rkey = (gi, key, tuple(idx), group["adjust_lr_fn"])
+                if rkey not in ratios:
+                    ratios[rkey] = torch.tensor([-_adjust_lr(1.0, group["adjust_lr_fn"], params[i].shape) for i in idx],
+                                                device=g.device)[:, None, None]
+                coef = ratios[rkey] * lr if ok is None else ratios[rkey] * lr * ok
+                ps = [_wide(params[i]) for i in idx]
                 if wd:
-                    torch._foreach_mul_(ps, 1 - lr * wd)
-                torch._foreach_add_(ps, list(ortho.unbind(0)), alpha=-_adjust_lr(lr, group["adjust_lr_fn"], shape))
+                    torch._foreach_mul_(ps, 1 - lr * wd if ok is None else torch.where(ok, 1 - lr * wd, 1.0))
+                torch._foreach_add_(ps, list((ortho * coef).unbind(0)))
         return loss
 
 
+def _wide(t: torch.Tensor) -> torch.Tensor:
+    """t, or its transpose (a view) when it has more rows than columns."""
+    return t.mT if t.shape[0] > t.shape[1] else t
+
+
 def _newton_schulz_stack(g: torch.Tensor, coefficients, steps: int, eps: float) -> torch.Tensor:
-    """torch.optim._muon._zeropower_via_newtonschulz over a stack [n, A, B] of matrices."""
+    """torch.optim._muon._zeropower_via_newtonschulz over a stack [n, A, B] of wide matrices (A <= B)."""
     a, b, c = coefficients
     x = g.bfloat16()
-    tall = g.size(1) > g.size(2)
-    if tall:
-        x = x.transpose(1, 2)
     x = x / x.flatten(1).norm(dim=1).clamp(min=eps)[:, None, None]
     for _ in range(steps):
         gram = torch.bmm(x, x.transpose(1, 2))
         x = torch.baddbmm(x, torch.baddbmm(gram, gram, gram, beta=b, alpha=c), x, beta=a)
-    return x.transpose(1, 2) if tall else x
+    return x

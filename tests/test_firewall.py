@@ -6,27 +6,30 @@ import torch
 
 from dormouse.distributed import World
 from dormouse.firewall import BadStepsError, Firewall
+from dormouse.optim import StackedMuon
 
 ONE = World(rank=0, size=1, local_rank=0)
 
 
-def setup(fused: bool, device: str = "cpu"):
+def setup(fused: bool, device: str = "cpu", muon=torch.optim.Muon):
     torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 4)).to(device)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 4),
+                                torch.nn.Linear(4, 16)).to(device)  # 16x8 and 4x16 share a stack, 16x4 joins it
     mats = [p for p in model.parameters() if p.ndim == 2]
     vecs = [p for p in model.parameters() if p.ndim == 1]
-    opts = [torch.optim.Muon(mats, lr=0.02, momentum=0.95, nesterov=True),
+    opts = [muon(mats, lr=0.02, momentum=0.95, nesterov=True, weight_decay=0.1),
             torch.optim.AdamW(vecs, lr=0.01, betas=(0.9, 0.95), fused=fused)]
     return model, opts
 
 
-def run(on_device: bool, fused: bool, bad: set[int], steps: int = 6, max_bad: int = 3, device: str = "cpu"):
-    model, opts = setup(fused, device)
+def run(on_device: bool, fused: bool, bad: set[int], steps: int = 6, max_bad: int = 3, device: str = "cpu",
+        muon=torch.optim.Muon):
+    model, opts = setup(fused, device, muon)
     fw = Firewall(opts, model.parameters(), 1.0, max_bad, ONE, on_device=on_device)
     gen = torch.Generator().manual_seed(1)
     losses = []
     for i in range(steps):
-        x, y = (torch.randn(32, n, generator=gen).to(device) for n in (8, 4))
+        x, y = (torch.randn(32, n, generator=gen).to(device) for n in (8, 16))
         loss = torch.nn.functional.mse_loss(model(x), y)
         if i in bad:
             loss = loss * float("nan")
@@ -37,23 +40,26 @@ def run(on_device: bool, fused: bool, bad: set[int], steps: int = 6, max_bad: in
     return {k: v.detach().clone() for k, v in model.state_dict().items()}, state, fw.take_skipped(), losses
 
 
+@pytest.mark.parametrize("muon", [torch.optim.Muon, StackedMuon])
 @pytest.mark.parametrize("fused", [False, True])
-def test_device_decision_skips_the_same_steps_bit_for_bit(fused):
-    w_host, s_host, n_host, l_host = run(False, fused, bad={0, 3})
-    w_dev, s_dev, n_dev, l_dev = run(True, fused, bad={0, 3})
+def test_device_decision_skips_the_same_steps_bit_for_bit(fused, muon):
+    """torch's Muon is put back with torch.where; StackedMuon takes the decision as step(ok=...)."""
+    w_host, s_host, n_host, l_host = run(False, fused, bad={0, 3}, muon=muon)
+    w_dev, s_dev, n_dev, l_dev = run(True, fused, bad={0, 3}, muon=muon)
     assert n_host == n_dev == 2
     assert s_host.keys() == s_dev.keys()
     for k in w_host:
         assert torch.equal(w_host[k], w_dev[k]), k
     for k in s_host:
         assert torch.equal(s_host[k], s_dev[k]), k
-    w_clean, *_ = run(True, fused, bad=set())
+    w_clean, *_ = run(True, fused, bad=set(), muon=muon)
     assert not all(torch.equal(w_clean[k], w_dev[k]) for k in w_dev)  # the skips did change the run
     assert [x != x for x in l_dev] == [x != x for x in l_host]  # NaN exactly at the skipped steps
 
 
-def test_a_skipped_first_step_leaves_no_optimizer_state_behind():
-    w_dev, s_dev, *_ = run(True, False, bad={0}, steps=1)
+@pytest.mark.parametrize("muon", [torch.optim.Muon, StackedMuon])
+def test_a_skipped_first_step_leaves_no_optimizer_state_behind(muon):
+    w_dev, s_dev, *_ = run(True, False, bad={0}, steps=1, muon=muon)
     model, _ = setup(False)
     assert all(torch.equal(w_dev[k], v) for k, v in model.state_dict().items())
     assert all(not v.any() for v in s_dev.values())  # lazily made state is back at zero
@@ -68,10 +74,10 @@ def test_too_many_bad_steps_in_a_row_abort(on_device):
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_on_cuda_the_device_decision_matches_the_host_one():
-    """As the pretrain stage runs on CUDA (fused AdamW + Muon, the decision on the device) against the host
-    decision on the same GPU."""
-    w_host, s_host, n_host, _ = run(False, True, bad={1, 4}, device="cuda")
-    w_dev, s_dev, n_dev, _ = run(True, True, bad={1, 4}, device="cuda")
+    """As the pretrain stage runs on CUDA (fused AdamW + StackedMuon, the decision on the device) against the
+    host decision on the same GPU."""
+    w_host, s_host, n_host, _ = run(False, True, bad={1, 4}, device="cuda", muon=StackedMuon)
+    w_dev, s_dev, n_dev, _ = run(True, True, bad={1, 4}, device="cuda", muon=StackedMuon)
     assert n_host == n_dev == 2
     for k in w_host:
         torch.testing.assert_close(w_host[k], w_dev[k], rtol=0, atol=1e-6)

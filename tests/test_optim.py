@@ -11,7 +11,7 @@ from dormouse.optim import StackedMuon
 
 def params():
     torch.manual_seed(0)
-    shapes = [(32, 32)] * 3 + [(64, 32), (64, 32), (32, 96), (48, 16)]  # stacks, tall and wide
+    shapes = [(32, 32)] * 3 + [(64, 32), (64, 32), (32, 64), (32, 96), (48, 16)]  # stacks, tall and wide: 64x32 joins 32x64
     return [torch.nn.Parameter(torch.randn(s) * 0.05) for s in shapes]
 
 
