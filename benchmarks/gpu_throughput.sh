@@ -10,7 +10,7 @@
 #                from CUDA graphs as train.cuda_graphs: cuda runs it), loss by loss and counter by counter
 #   table.log, pretrain_h200.tsv   small: the kernel and our layer, our step compiled and as CUDA graphs, the
 #                SDPA Transformer, then the kernel and our layer as CUDA graphs (the GPU time alone) and our
-#                layer with its gates and norms inside chunk_kda (SYSTEMS overrides the list; TABLE_S its limit)
+#                layer with its gates and norms in our compiled region (SYSTEMS overrides the list; TABLE_S its limit)
 #   medium.log, medium.tsv   MEDIUM_SYSTEMS at the medium preset (unset: skipped; MEDIUM_S its limit)
 #   profile.log  torch.profiler tables of our compiled step (device time first) at the preset PROFILE names
 #   triton_autotune.tgz   the lease's Triton autotune results (to merge into benchmarks/triton_autotune_h200.tgz),
@@ -25,7 +25,7 @@ source benchmarks/gpu_env.sh
 nvidia-smi --query-gpu=name,memory.used --format=csv,noheader
 if [ -n "${TESTS:-}" ]; then
   timeout "$(limit "${TESTS_S:-240}")" python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_cuda_graphs.py tests/test_firewall.py \
-    tests/test_kda.py > "$OUT/gpu_tests.log" 2>&1; echo "gpu tests rc $?"; tail -3 "$OUT/gpu_tests.log"
+    tests/test_decode.py tests/test_kda.py > "$OUT/gpu_tests.log" 2>&1; echo "gpu tests rc $?"; tail -3 "$OUT/gpu_tests.log"
 fi
 if [ "${EQUIV:-1}" != 0 ]; then
   timeout "$(limit 200)" python3 benchmarks/pretrain_h200.py --presets small --check-equivalence --compile-backend inductor \
@@ -34,7 +34,7 @@ fi
 t=$(limit "${TABLE_S:-330}")
 if [ "$t" -gt 30 ]; then
   timeout "$t" python3 benchmarks/pretrain_h200.py --presets small --budget-s $(( t - 15 )) \
-    --systems ${SYSTEMS:-kda_kernel kda_layer_ours ours sdpa ours_graphed kda_kernel_graphed kda_layer_graphed kda_layer_fused_graphed} \
+    --systems ${SYSTEMS:-kda_kernel kda_layer_ours ours sdpa ours_graphed kda_kernel_graphed kda_layer_graphed kda_layer_torch_gates_graphed} \
     --out "$OUT/pretrain_h200.tsv" > "$OUT/table.log" 2>&1; echo "table rc $?"; tail -12 "$OUT/table.log"
 else echo "table: no time left"; fi
 if [ -n "${MEDIUM_SYSTEMS:-}" ]; then

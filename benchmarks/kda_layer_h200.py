@@ -6,15 +6,14 @@ reported as ms and as a ratio to the raw kernel measured in the same run:
 
   kernel          fla.ops.kda.chunk_kda on pre-activated inputs (the reference)
   ours            dormouse KDAMixer as the stage runs it: the six input projections as one compiled matmul,
-                  FLA's conv (eager), gates and finish compiled with inductor
-  separate_proj   the layer of run 6: the six projections as separate eager nn.Linear calls, FLA's conv,
-                  gates and finish compiled
+                  FLA's conv (eager), the q/k L2 norms, decay gate and beta's sigmoid inside chunk_kda, finish
+                  compiled with inductor
+  torch_gates     ours with those activations in our compiled `gates` region (the layer until run 6)
+  separate_proj   torch_gates with the six projections as separate eager nn.Linear calls (early run 6)
   torch_conv      the layer until run 5: projections, our torch conv and the gates in one compiled region
   ours_noconv     ours without the short convs (what the three convs cost; its SiLUs run eagerly)
   no_kernel       ours with the core replaced by o = v (all of our code around the kernel)
   fla_norm        ours with FLA's fused gated RMSNorm (sigmoid) in finish
-  fla_modules     ours with FLA's gated norm and the gates/L2 norms/beta inside chunk_kda: our parameters,
-                  FLA's layer's kernels (its output difference from ours is printed)
   fla_layer       fla.layers.kda.KimiDeltaAttention itself (carry .whl: fla.layers ships in flash-linear-attention)
 
 then a torch.profiler table of `ours` (compiled, not graphed) by kernel, device time first.
@@ -40,14 +39,15 @@ sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
 
-from pretrain_h200 import FusedGateMixer, as_graph, fla_layer, kernel_fn, measure, preset_setup, sync  # noqa: E402
+from pretrain_h200 import TorchGatesMixer, as_graph, fla_layer, kernel_fn, measure, preset_setup, sync  # noqa: E402
 from dormouse.model import kda as kda_module  # noqa: E402
 from dormouse.model.kda import KDAMixer  # noqa: E402
 from dormouse.model.regions import compile_regions  # noqa: E402
 from dormouse.runtime import autocast  # noqa: E402
 
-VARIANTS = ["kernel", "ours", "separate_proj", "torch_conv", "ours_noconv", "no_kernel", "fla_norm", "fla_modules", "fla_layer"]
-NEEDS_FLA = {"fla_norm", "fla_modules", "fla_layer"}
+VARIANTS = ["kernel", "ours", "torch_gates", "separate_proj", "torch_conv", "ours_noconv", "no_kernel", "fla_norm",
+            "fla_layer"]
+NEEDS_FLA = {"fla_norm", "fla_layer"}
 
 
 class NoKernelMixer(KDAMixer):
@@ -55,8 +55,8 @@ class NoKernelMixer(KDAMixer):
         return v * beta[..., None].to(v.dtype), None  # keeps every prepare output in the graph
 
 
-class SeparateProjMixer(KDAMixer):
-    """Run 6's layer: each projection its own eager nn.Linear (x cast six times, six dx summed in fp32)."""
+class SeparateProjMixer(TorchGatesMixer):
+    """Early run 6's layer: each projection its own eager nn.Linear (x cast six times, six dx summed in fp32)."""
 
     def in_proj(self, x, norm=None):
         x = x if norm is None else norm(x)
@@ -67,7 +67,7 @@ class SeparateProjMixer(KDAMixer):
         return ("gates", "finish")
 
 
-class TorchConvMixer(KDAMixer):
+class TorchConvMixer(TorchGatesMixer):
     """Run 5's layer: one compiled region from x to the gates, the convs in torch (built and captured under
     `torch_conv()`, so the dispatcher takes its CPU path)."""
 
@@ -99,15 +99,8 @@ class FlaNormMixer(KDAMixer):
         return ("in_proj", "gates")
 
 
-class FlaModulesMixer(FusedGateMixer):  # the activations in chunk_kda, and FLA's gated norm
-    finish = _fla_finish
-
-    def regions(self):
-        return ("in_proj",)
-
-
-MIXERS = {"ours": KDAMixer, "separate_proj": SeparateProjMixer, "no_kernel": NoKernelMixer,
-          "torch_conv": TorchConvMixer, "fla_norm": FlaNormMixer, "fla_modules": FlaModulesMixer}
+MIXERS = {"ours": KDAMixer, "torch_gates": TorchGatesMixer, "separate_proj": SeparateProjMixer,
+          "no_kernel": NoKernelMixer, "torch_conv": TorchConvMixer, "fla_norm": FlaNormMixer}
 
 
 def layer_fn(layer, x, dy, train, call):
@@ -160,6 +153,7 @@ def main(argv=None) -> int:
         if dry and name in NEEDS_FLA:
             rows.append((name, None, "skipped: FLA needs CUDA"))
             continue
+        torch._dynamo.reset()  # the variants share region code objects: their graphs would add up to the recompile limit
         try:
             if name == "kernel":
                 ctx = argparse.Namespace(batch=batch, seq_len=seq_len, cfg=cfg, device=device,
@@ -167,7 +161,7 @@ def main(argv=None) -> int:
                 fn, note = kernel_fn(ctx, torch_standin=dry)[0], ""
             else:
                 note, a = "", None
-                if name in ("separate_proj", "torch_conv", "fla_norm", "fla_modules"):
+                if name in ("torch_gates", "separate_proj", "torch_conv", "fla_norm"):
                     ours, ocall = build("ours", cfg, device, backend)
                     with torch.no_grad(), autocast(device, train):
                         a = ocall(x).float()

@@ -48,9 +48,9 @@ its train section unless --batch-size / --seq-len) it measures, one after the ot
                   and replayed: the GPU time alone, without the host's launches (on small both eager rows are
                   host-bound, so their ratio compares host costs). kda_layer_graphed's ratio is against
                   kda_kernel_graphed
-  kda_layer_fused_graphed   kda_layer_graphed with the q/k L2 norms, the decay gate and beta's sigmoid left to
-                  chunk_kda (use_qk_l2norm_in_kernel, use_gate_in_kernel, use_beta_sigmoid_in_kernel), as FLA's
-                  own layer does: what fusing them would save on the GPU. Its note gives the output's largest
+  kda_layer_torch_gates_graphed   kda_layer_graphed with the q/k L2 norms, the decay gate and beta's sigmoid
+                  in our compiled `gates` region instead of inside chunk_kda (the stage's layer until run 6):
+                  what leaving them to FLA's kernel saves on the GPU. Its note gives the output's largest
                   difference from our layer's with the same weights
 
 Every training system uses the same optimizer split (Muon for the 2-D weights of nn.Linear layers inside
@@ -157,11 +157,11 @@ ONE_PROCESS = distributed.World()  # the benchmark is one process on one GPU (th
 FLA_CHUNK = 64  # FLA's chunk length (BT) in chunk_kda
 # the graphed kernel and layer rows last: a fault inside a capture can leave the CUDA context unusable
 ORDER = ["kda_kernel", "kda_layer_ours", "kda_layer_eager", "fla_kda", "kda_layer_fla", "ours", "ours_eager", "sdpa",
-         "ours_nosync", "ours_graphed", "kda_kernel_graphed", "kda_layer_graphed", "kda_layer_fused_graphed"]
+         "ours_nosync", "ours_graphed", "kda_kernel_graphed", "kda_layer_graphed", "kda_layer_torch_gates_graphed"]
 DEFAULT_SYSTEMS = list(ORDER)
 CUDA_ONLY = {"fla_kda": "FLA needs CUDA", "kda_layer_fla": "FLA needs CUDA", "ours_graphed": "CUDA graphs need CUDA",
              "kda_kernel_graphed": "CUDA graphs need CUDA", "kda_layer_graphed": "CUDA graphs need CUDA",
-             "kda_layer_fused_graphed": "FLA needs CUDA"}
+             "kda_layer_torch_gates_graphed": "FLA needs CUDA"}
 COLUMNS = ["date", "device", "versions", "command", "preset", "system", "status", "batch", "seq_len", "params",
            "params_nonemb", "flop_params", "flops_per_token", "steps", "warmup", "warmup_s", "ms_step",
            "ms_step_median", "tokens_per_s", "peak_gib", "mfu_pct", "matmul_tflops", "ratio", "ratio_of", "note"]
@@ -698,7 +698,8 @@ def kernel_fn(ctx, torch_standin: bool):
     else:
         from fla.ops.kda import chunk_kda as op  # noqa: N813
 
-        dtype, name = torch.bfloat16, "fla.ops.kda.chunk_kda(use_qk_l2norm_in_kernel=False, use_gate_in_kernel=False)"
+        dtype, name = torch.bfloat16, ("fla.ops.kda.chunk_kda(use_qk_l2norm_in_kernel=False, use_gate_in_kernel=False, "
+                                       "disable_recompute=True)")  # as dormouse.model.kda.kda calls it in training
     q, k, v, g, beta, do = kda_inputs(ctx, dtype)
     leaves = (q, k, v, g, beta)
 
@@ -709,7 +710,7 @@ def kernel_fn(ctx, torch_standin: bool):
             o, _ = op(q, k, v, g, beta, output_final_state=True, chunk_size=ctx.cfg.kda_chunk_size)
         else:
             o, _ = op(q, k, v, g, beta, initial_state=None, output_final_state=True,
-                      use_qk_l2norm_in_kernel=False, use_gate_in_kernel=False)
+                      use_qk_l2norm_in_kernel=False, use_gate_in_kernel=False, disable_recompute=True)
         o.backward(do)
 
     return fn, name
@@ -786,40 +787,31 @@ def as_graph(fn, device: torch.device):
     return graph.replay
 
 
-class FusedGateMixer(KDAMixer):
-    """Our layer with the activations between `project` and the core left to FLA's kernel."""
+class TorchGatesMixer(KDAMixer):
+    """Our layer with the activations before the core in our compiled `gates` region on CUDA too (the stage's
+    layer until run 6), not inside FLA's chunk_kda."""
 
-    def regions(self):
-        return ("in_proj", "finish")  # `gates` is never called
-
-    def prepare(self, x, conv=None, counters=None, norm=None):
-        return self.project(x, conv, counters, norm)  # q, k, v, decay-gate logits, beta logits, output-gate logits, caches
-
-    def core(self, q, k, v, f, beta_logits, h0=None, counters=None):
-        from fla.ops.kda import chunk_kda
-
-        return chunk_kda(q, k, v, f, beta_logits, initial_state=h0, output_final_state=True,
-                         use_qk_l2norm_in_kernel=True, use_gate_in_kernel=True, use_beta_sigmoid_in_kernel=True,
-                         A_log=self.A_log, dt_bias=self.dt_bias)
+    def gates_in_kernel(self, q):
+        return False
 
 
-def run_layer_fused_graphed(ctx: Ctx) -> dict:
+def run_layer_torch_gates_graphed(ctx: Ctx) -> dict:
     torch.manual_seed(ctx.args.seed)
     ours = KDAMixer(ctx.cfg).to(ctx.device)
-    fused = FusedGateMixer(ctx.cfg).to(ctx.device)
-    fused.load_state_dict(ours.state_dict())
-    regions = graph_safe_compiled(ctx.args, fused, ctx.device)
+    other = TorchGatesMixer(ctx.cfg).to(ctx.device)
+    other.load_state_dict(ours.state_dict())
+    regions = graph_safe_compiled(ctx.args, other, ctx.device)
     graph_safe_compiled(ctx.args, ours, ctx.device)  # the reference output as the stage computes it
     x = torch.randn(ctx.batch, ctx.seq_len, ctx.cfg.d_model, generator=torch.Generator().manual_seed(ctx.args.seed + 1))
     with torch.no_grad(), autocast(ctx.device, ctx.train):
-        a, b = ours(x.to(ctx.device))[0].float(), fused(x.to(ctx.device))[0].float()
-    diff = f"max |fused - ours| {(a - b).abs().max().item():.3g} of max |ours| {a.abs().max().item():.3g}"
+        a, b = ours(x.to(ctx.device))[0].float(), other(x.to(ctx.device))[0].float()
+    diff = f"max |this - ours| {(a - b).abs().max().item():.3g} of max |ours| {a.abs().max().item():.3g}"
     del ours, a, b
-    fn = _layer_fn(ctx, fused, lambda x: fused(x)[0])
+    fn = _layer_fn(ctx, other, lambda x: other(x)[0])
     r = graphed_measure(fn, ctx)
     how = f"regions {'+'.join(regions)} compiled ({ctx.args.compile_backend})" if regions else "eager"
     return _kernel_row(ctx, r, ctx.args.kernel_reps, ctx.args.kernel_warmup,
-                       f"our layer, gate/L2 norms/beta in chunk_kda ({how}), one CUDA graph; {diff}")
+                       f"our layer, gate/L2 norms/beta in our gates region ({how}), one CUDA graph; {diff}")
 
 
 def fla_layer(cfg: ModelConfig, device: torch.device) -> nn.Module:
@@ -846,7 +838,7 @@ RUNNERS = {
     "kda_layer_eager": lambda ctx: run_layer_ours(ctx, eager=True),
     "kda_kernel_graphed": lambda ctx: run_kda_kernel(ctx, torch_standin=False, graphed=True),
     "kda_layer_graphed": lambda ctx: run_layer_ours(ctx, graphed=True),
-    "kda_layer_fused_graphed": run_layer_fused_graphed,
+    "kda_layer_torch_gates_graphed": run_layer_torch_gates_graphed,
     "kda_layer_fla": run_layer_fla,
     "fla_kda": run_fla,
     "ours": run_ours,

@@ -7,6 +7,7 @@ Relative error throughout: rel(a, b) = max|a - b| / max|b|, with b the reference
 from __future__ import annotations
 
 import collections
+import copy
 import dataclasses
 import importlib.util
 from pathlib import Path
@@ -177,13 +178,13 @@ def test_mixer_trains_on_cpu_and_counts_torch_path():
     y, _ = mixer(x, counters=counters)
     assert y.shape == x.shape
     y.square().mean().backward()
-    assert counters == {"kda_path.torch": 1, "conv_path.torch": 3}
+    assert counters == {"kda_path.torch": 1, "conv_path.torch": 3, "kda_gates.torch": 1}
     for name, p in mixer.named_parameters():
         assert p.grad is not None and torch.isfinite(p.grad).all() and p.grad.abs().max() > 0, name
     q, k, v, g, beta, _ = make_inputs(1, 10, 2, 8, 8)
     kda(q, k, v, g, beta, counters=counters)
     kda(q, k, v, g, beta)  # counters optional
-    assert counters == {"kda_path.torch": 2, "conv_path.torch": 3}
+    assert counters == {"kda_path.torch": 2, "conv_path.torch": 3, "kda_gates.torch": 1}
 
 
 def test_mixer_core_inputs_follow_fla_layer_math():
@@ -253,6 +254,32 @@ def test_fla_kernel_matches_torch_path_on_gpu(dtype, tol):
     assert counters["kda_path.fla"] == 2 and counters["conv_path.fla"] == 3
     assert rel(y_gpu.cpu(), y_cpu) <= 5e-3 and rel(st_gpu.recurrent.cpu(), st_cpu.recurrent) <= 5e-3
     assert all(rel(a.cpu(), b) <= 1e-5 for a, b in zip(st_gpu.conv, st_cpu.conv))  # fp32 projections, cuBLAS vs CPU
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (FLA's Triton kernels)")
+def test_gates_inside_fla_kernel_match_our_gates_region_on_gpu():
+    """On CUDA the mixer leaves the q/k L2 norms, the decay gate and beta's sigmoid to chunk_kda
+    (kda_fused_gates); the same mixer with our `gates` region instead: outputs, states and every parameter's
+    gradient (A_log's and dt_bias' through FLA's gate backward) agree, fp32, with a state carried in."""
+    torch.manual_seed(0)
+    fused = KDAMixer(small_cfg(d_model=256, n_heads=4, head_dim=64)).cuda()
+    with torch.no_grad():
+        fused.dt_bias.normal_()
+    ours = copy.deepcopy(fused)
+    ours.gates_in_kernel = lambda q: False
+    x, dy = torch.randn(2, 200, 256, device="cuda"), torch.randn(2, 200, 256, device="cuda")
+    with torch.no_grad():
+        _, st = fused(x[:, :37])  # a state to continue: the recurrent part and the conv caches
+    (c1, c2), outs = (collections.Counter(), collections.Counter()), []
+    for m, c in ((fused, c1), (ours, c2)):
+        y, s = m(x, counters=c, state=st)
+        (y * dy).sum().backward()
+        outs.append((y.detach(), s.recurrent))
+    assert c1["kda_gates.fla"] == 1 and c2["kda_gates.torch"] == 1 and c1["kda_path.fla"] == c2["kda_path.fla"] == 1
+    assert rel(outs[0][0], outs[1][0]) <= 5e-3 and rel(outs[0][1], outs[1][1]) <= 5e-3
+    for (name, a), (_, b) in zip(fused.named_parameters(), ours.named_parameters()):
+        assert rel(a.grad, b.grad) <= 1.5e-2, (name, rel(a.grad, b.grad))
 
 
 _INTERPRETED_CONV = r"""

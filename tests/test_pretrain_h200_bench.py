@@ -29,7 +29,7 @@ _spec.loader.exec_module(bench)
 
 DRY_SYSTEMS = ["kda_kernel_torch", "kda_layer_ours", "kda_layer_eager", "fla_kda", "kda_layer_fla", "ours", "ours_eager",
                "sdpa", "ours_nosync", "ours_graphed", "kda_kernel_graphed", "kda_layer_graphed",
-               "kda_layer_fused_graphed"]
+               "kda_layer_torch_gates_graphed"]
 TRAINING = {"ours", "ours_eager", "sdpa", "ours_nosync"}
 
 
@@ -73,7 +73,7 @@ def test_dry_run_cpu_tsv_and_table(tmp_path):
         assert r["command"].startswith("python3 benchmarks/pretrain_h200.py --dry-run-cpu"), r["command"]
         assert "torch " in r["versions"] and r["device"].startswith("CPU") and r["date"]
         assert float(r["matmul_tflops"]) > 0
-        if r["system"] in ("fla_kda", "kda_layer_fla", "kda_layer_fused_graphed"):
+        if r["system"] in ("fla_kda", "kda_layer_fla", "kda_layer_torch_gates_graphed"):
             assert r["status"] == "skipped: FLA needs CUDA (dry run)"
             continue
         if r["system"].endswith("_graphed"):
@@ -229,11 +229,11 @@ def test_the_layer_ablation_builds_every_cpu_variant():
     assert r.returncode == 0, r.stderr[-3000:]
     table = r.stdout[r.stdout.index("variant"):].splitlines()[1:]
     rows = {line.split()[0]: line for line in table}
-    assert list(rows) == ["kernel", "ours", "separate_proj", "torch_conv", "ours_noconv", "no_kernel", "fla_norm",
-                          "fla_modules", "fla_layer"]
-    for name in ("kernel", "ours", "separate_proj", "torch_conv", "ours_noconv", "no_kernel"):
+    assert list(rows) == ["kernel", "ours", "torch_gates", "separate_proj", "torch_conv", "ours_noconv", "no_kernel",
+                          "fla_norm", "fla_layer"]
+    for name in ("kernel", "ours", "torch_gates", "separate_proj", "torch_conv", "ours_noconv", "no_kernel"):
         assert rows[name].split()[1] != "n/a" and "failed" not in rows[name], rows[name]
-    assert "max|this-ours| 0 of" in rows["torch_conv"]  # on CPU both layouts run the same torch conv
+    assert all("max|this-ours| 0 of" in rows[n] for n in ("torch_conv", "torch_gates"))  # the same code on CPU
     diff, scale = (float(rows["separate_proj"].split()[i]) for i in (4, 7))  # "max|this-ours| D of max|ours| S"
     assert diff <= 1e-5 * scale, rows["separate_proj"]  # one stacked matmul against six: fp32 rounding only
-    assert all("skipped: FLA needs CUDA" in rows[n] for n in ("fla_norm", "fla_modules", "fla_layer"))
+    assert all("skipped: FLA needs CUDA" in rows[n] for n in ("fla_norm", "fla_layer"))

@@ -228,9 +228,38 @@ def kda(
             output_final_state=output_final_state,
             use_qk_l2norm_in_kernel=False,
             use_gate_in_kernel=False,
+            # training keeps the forward's intermediates (w, u, qg, kg, v_new, h: ~0.45 GB a medium layer)
+            # instead of recomputing them in backward; FLA's option for small models
+            disable_recompute=torch.is_grad_enabled(),
         )
     return chunk_kda_torch(q, k, v, g, beta, initial_state=initial_state,
                            output_final_state=output_final_state, chunk_size=chunk_size)
+
+
+def fused_gates_available(q: torch.Tensor) -> bool:
+    """Whether FLA's `chunk_kda` will apply the layer's activations itself (`kda_fused_gates`): CUDA, fla
+    importable, and a chunk of tokens (a decode step, T == 1, runs the recurrent kernel instead)."""
+    return q.is_cuda and q.shape[1] > 1 and _fla_op("chunk_kda") is not None
+
+
+def kda_fused_gates(q, k, v, f, b, A_log, dt_bias, *, initial_state=None, counters=None):
+    """The KDA core on the raw activations, as FLA's own `KimiDeltaAttention` calls it: `chunk_kda` applies
+    the q/k L2 norms, the decay gate -exp(A_log) * softplus(f + dt_bias) (fused into its chunk cumsum) and
+    beta's sigmoid itself, in fp32, with the gradients of A_log and dt_bias. What `KDAMixer.gates` computes,
+    with fewer passes over [B, T, H, K] (run 5: 0.3-0.5 ms a medium layer). CUDA + fla only (callers check
+    `fused_gates_available`); the CPU tests check `gates` and the GPU test checks the two against each other.
+    Counts `kda_path.fla` once per call. Returns (o [B, T, H, V], final state fp32)."""
+    if counters is not None:
+        counters["kda_path.fla"] = counters.get("kda_path.fla", 0) + 1
+    return _fla_op("chunk_kda")(
+        q, k, v, f, b, A_log=A_log, dt_bias=dt_bias,
+        initial_state=None if initial_state is None else initial_state.float(),
+        output_final_state=True,
+        use_qk_l2norm_in_kernel=True,
+        use_gate_in_kernel=True,
+        use_beta_sigmoid_in_kernel=True,
+        disable_recompute=torch.is_grad_enabled(),  # as in `kda`
+    )
 
 
 @functools.lru_cache(maxsize=None)
@@ -427,22 +456,38 @@ class KDAMixer(nn.Module):
         return q.view(B, T, H, K), k.view(B, T, H, K), v.view(B, T, H, K), f.view(B, T, H, K), b, gate, conv_state
 
     def gates(self, q: torch.Tensor, k: torch.Tensor, f: torch.Tensor, b: torch.Tensor):
-        """The activations FLA's kernel could also apply itself (a torch.compile region, see
-        dormouse.model.regions): q, k [B, T, H, K] -> L2-normed; f -> fp32 log-decay g; b -> beta."""
+        """The activations before the core (a torch.compile region, see dormouse.model.regions): q, k [B, T,
+        H, K] -> L2-normed; f -> fp32 log-decay g; b -> beta. On CUDA FLA's kernel applies them itself
+        (`kda_fused_gates`); this runs on CPU and for decode steps."""
         H, K = self.n_heads, self.head_dim
         g = -self.A_log.float().exp()[:, None] * F.softplus(f.float() + self.dt_bias.float().view(H, K))  # [B, T, H, K]
         return l2norm(q), l2norm(k), g, b.sigmoid()
 
+    def gates_in_kernel(self, q: torch.Tensor) -> bool:
+        """Whether `prepare` leaves the activations to FLA's kernel (`kda_fused_gates`) for these inputs."""
+        return fused_gates_available(q)
+
     def prepare(self, x: torch.Tensor, conv: tuple | None = None, counters=None, norm: nn.Module | None = None):
         """Everything before the KDA core: `project`, then `gates` -> (q, k [B, T, H, K] L2-normed, v
-        [B, T, H, V], g fp32 log-decay, beta [B, T, H], output-gate logits [B, T, H*K], the convs' new caches)."""
+        [B, T, H, V], g fp32 log-decay, beta [B, T, H], output-gate logits [B, T, H*K], the convs' new caches).
+        Where `gates_in_kernel` (CUDA + FLA, T > 1) q, k, g and beta stay raw (un-normed q/k, decay-gate
+        logits f, beta logits) and `core` hands them to FLA's kernel, which applies the activations itself.
+        Counts `kda_gates.fla` / `kda_gates.torch` once per call."""
         q, k, v, f, b, gate, conv_state = self.project(x, conv, counters, norm)
-        q, k, g, beta = self.gates(q, k, f, b)
-        return q, k, v, g, beta, gate, conv_state
+        fused = self.gates_in_kernel(q)
+        if counters is not None:
+            key = "kda_gates.fla" if fused else "kda_gates.torch"
+            counters[key] = counters.get(key, 0) + 1
+        if not fused:
+            q, k, f, b = self.gates(q, k, f, b)
+        return q, k, v, f, b, gate, conv_state
 
     def core(self, q, k, v, g, beta, h0: torch.Tensor | None = None, counters=None):
         """The KDA recurrence (FLA's kernels on CUDA; not compiled): a decode step (T == 1) runs the plain
-        recurrence, longer inputs the chunked form. Returns (o [B, T, H, V], final state fp32)."""
+        recurrence, longer inputs the chunked form (on CUDA with the activations inside FLA's kernel: g and
+        beta are then the raw logits `prepare` left). Returns (o [B, T, H, V], final state fp32)."""
+        if self.gates_in_kernel(q):
+            return kda_fused_gates(q, k, v, g, beta, self.A_log, self.dt_bias, initial_state=h0, counters=counters)
         if q.shape[1] == 1:
             return kda_recurrent(q, k, v, g, beta, initial_state=h0, counters=counters)
         return kda(q, k, v, g, beta, initial_state=h0, output_final_state=True, chunk_size=self.chunk_size,
