@@ -5,9 +5,11 @@ first in the CPU profile of our step); on CPU it shows the host-side share.
     .venv/bin/python benchmarks/muon_bench.py --preset small            # CPU
     python3 benchmarks/muon_bench.py --preset small --device cuda       # device tool
 
-It also times the Newton–Schulz iterations alone on the same stacks (bf16, as StackedMuon runs them) and
-prints their FLOPs and rate: the part of StackedMuon's step that is matmul, against the rest (momentum,
-stacking, the update).
+It also times StackedMuon under the pretrain stage's device firewall both ways: `step(ok=...)` (the
+decision taken inside the step, since run 6) and `firewall.guarded_step`'s generic path (every weight and
+state cloned, then put back with torch.where: what the stage ran before), and the Newton–Schulz iterations
+alone on the same stacks (bf16, wide, as StackedMuon runs them) with their FLOPs and rate: the part of
+StackedMuon's step that is matmul, against the rest (momentum, stacking, the update).
 """
 
 import argparse
@@ -23,10 +25,23 @@ import torch  # noqa: E402
 from dormouse.config import load_preset  # noqa: E402
 from dormouse.model.config import ModelConfig  # noqa: E402
 from dormouse.model.gpt import ByteLM  # noqa: E402
+from dormouse.firewall import guarded_step  # noqa: E402
 from dormouse.optim import StackedMuon, _newton_schulz_stack  # noqa: E402
 
 
-def time_steps(opt, params, device, steps: int, warmup: int) -> float:
+class _Generic:
+    """An optimizer seen as any optimizer: guarded_step takes its clone-and-where path (the stage's before run 6)."""
+
+    def __init__(self, opt):
+        self.opt, self.param_groups, self.state, self.defaults = opt, opt.param_groups, opt.state, opt.defaults
+
+    def step(self):
+        return self.opt.step()
+
+
+def time_steps(opt, params, device, steps: int, warmup: int, step=None) -> float:
+    """Median seconds of `step()` (default opt.step) on fixed random gradients."""
+    step = step or opt.step
     gen = torch.Generator(device=device).manual_seed(0)
     for p in params:
         p.grad = torch.randn(p.shape, generator=gen, device=device)
@@ -35,7 +50,7 @@ def time_steps(opt, params, device, steps: int, warmup: int) -> float:
         if device.type == "cuda":
             torch.cuda.synchronize(device)
         t = time.perf_counter()
-        opt.step()
+        step()
         if device.type == "cuda":
             torch.cuda.synchronize(device)
         if i >= warmup:
@@ -54,8 +69,8 @@ def time_ns(hidden, device, opt, steps: int, warmup: int) -> tuple[float, float]
     """(median seconds, FLOPs) of the Newton–Schulz stacks alone, one call per shape as StackedMuon makes them."""
     group = opt.param_groups[0]
     by_shape: dict[tuple, list] = {}
-    for p in hidden:
-        by_shape.setdefault(tuple(p.shape), []).append(p)
+    for p in hidden:  # a tall matrix joins its transpose's stack, as in StackedMuon
+        by_shape.setdefault((min(p.shape), max(p.shape)), []).append(p)
     gen = torch.Generator(device=device).manual_seed(1)
     stacks = [torch.randn((len(ps), *shape), generator=gen, device=device) for shape, ps in by_shape.items()]
     flops = sum(ns_flops(shape, len(ps), group["ns_steps"]) for shape, ps in by_shape.items())
@@ -84,11 +99,15 @@ def main(argv=None) -> int:
     cfg = ModelConfig.from_dict(load_preset(args.preset)["model"])
     kw = dict(lr=0.02, momentum=0.95, nesterov=True, weight_decay=0.0, adjust_lr_fn="match_rms_adamw")
     res = {}
-    for name, cls in (("torch.optim.Muon", torch.optim.Muon), ("StackedMuon", StackedMuon)):
+    ok = torch.ones((), dtype=torch.bool, device=device)
+    for name, cls in (("torch.optim.Muon", torch.optim.Muon), ("StackedMuon", StackedMuon),
+                      ("+ firewall, ok", StackedMuon), ("+ firewall, where", StackedMuon)):
         torch.manual_seed(0)
         hidden, _ = ByteLM(cfg).to(device).param_groups()
         opt = cls(hidden, **kw)
-        res[name] = time_steps(opt, hidden, device, args.steps, args.warmup)
+        step = {"+ firewall, ok": lambda: guarded_step(opt, ok),  # noqa: B023 - called before the next iteration
+                "+ firewall, where": lambda: guarded_step(_Generic(opt), ok)}.get(name)  # noqa: B023
+        res[name] = time_steps(opt, hidden, device, args.steps, args.warmup, step)
     ns_s, ns_fl = time_ns(hidden, device, opt, args.steps, args.warmup)
     shapes = sorted({tuple(p.shape) for p in hidden})
     print(f"preset {args.preset}: {len(hidden)} hidden matrices in {len(shapes)} shapes {shapes}; device {device}; "

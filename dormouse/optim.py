@@ -110,6 +110,8 @@ def _wide(t: torch.Tensor) -> torch.Tensor:
 
 def _newton_schulz_stack(g: torch.Tensor, coefficients, steps: int, eps: float) -> torch.Tensor:
     """torch.optim._muon._zeropower_via_newtonschulz over a stack [n, A, B] of wide matrices (A <= B)."""
+    if g.size(1) > g.size(2):
+        raise ValueError(f"Newton-Schulz stack {tuple(g.shape)} is tall: pass the transposes (A <= B)")
     a, b, c = coefficients
     x = g.bfloat16()
     x = x / x.flatten(1).norm(dim=1).clamp(min=eps)[:, None, None]
