@@ -699,7 +699,7 @@ def kernel_fn(ctx, torch_standin: bool):
         from fla.ops.kda import chunk_kda as op  # noqa: N813
 
         dtype, name = torch.bfloat16, ("fla.ops.kda.chunk_kda(use_qk_l2norm_in_kernel=False, use_gate_in_kernel=False, "
-                                       "disable_recompute=True)")  # as dormouse.model.kda.kda calls it in training
+                                       "disable_recompute=True)")  # the raw kernel, saving for backward as training does
     q, k, v, g, beta, do = kda_inputs(ctx, dtype)
     leaves = (q, k, v, g, beta)
 

@@ -18,6 +18,7 @@ import torch
 import torch.distributed as dist
 
 from dormouse import distributed
+from dormouse.optim import StackedMuon
 
 
 class BadStepsError(RuntimeError):
@@ -34,8 +35,6 @@ def _state_tensors(opt: torch.optim.Optimizer) -> dict[tuple[int, str], torch.Te
 
 def guarded_step(opt: torch.optim.Optimizer, ok: torch.Tensor) -> None:
     """opt.step(), undone on the device where `ok` (a bool scalar tensor) is False."""
-    from dormouse.optim import StackedMuon
-
     if isinstance(opt, StackedMuon):  # it takes the decision itself: no copies of the weights and state
         opt.step(ok=ok)
         return

@@ -61,7 +61,8 @@ class StackedMuon(torch.optim.Muon):
 
     `step(ok=...)` takes the NaN firewall's decision as a bool 0-d tensor on the device (as fused AdamW
     takes `found_inf`): where it is False the step changes no parameter and no state, and nothing waits
-    for the host. The gradients are masked before they touch anything, so a non-finite one cannot leak."""
+    for the host. The new momentum and the update are selected with torch.where (not scaled by ok), so a
+    non-finite gradient cannot leak into either."""
 
     @torch.no_grad()
     def step(self, closure=None, ok: torch.Tensor | None = None):
@@ -72,7 +73,7 @@ class StackedMuon(torch.optim.Muon):
             with torch.enable_grad():
                 loss = closure()
         ratios = self.__dict__.setdefault("_lr_ratios", {})  # per-matrix lr adjustment, kept on the device
-        for gi, group in enumerate(self.param_groups):
+        for group in self.param_groups:
             params, grads, bufs = [], [], []
             self._init_group(group, params, grads, bufs)
             if not params:
@@ -80,26 +81,27 @@ class StackedMuon(torch.optim.Muon):
             momentum, lr, wd = group["momentum"], group["lr"], group["weight_decay"]
             by_shape: dict[tuple, list[int]] = {}
             for i, p in enumerate(params):
-                by_shape.setdefault((min(p.shape), max(p.shape), p.device), []).append(i)
+                by_shape.setdefault((min(p.shape), max(p.shape), p.device, p.dtype), []).append(i)
             for key, idx in by_shape.items():
                 g, b = torch.stack([_wide(grads[i]) for i in idx]), torch.stack([_wide(bufs[i]) for i in idx])
-                if ok is not None:
-                    g = torch.where(ok, g, 0.0)
                 new_b = b.lerp(g, 1 - momentum)
                 update = g.lerp(new_b, momentum) if group["nesterov"] else new_b
                 if ok is not None:
                     new_b = torch.where(ok, new_b, b)
                 torch._foreach_copy_([_wide(bufs[i]) for i in idx], list(new_b.unbind(0)))
                 ortho = _newton_schulz_stack(update, group["ns_coefficients"], group["ns_steps"], group["eps"])
-                rkey = (gi, key, tuple(idx), group["adjust_lr_fn"])
+                shapes = tuple(tuple(params[i].shape) for i in idx)  # what the ratios depend on (orientation too)
+                rkey = (shapes, group["adjust_lr_fn"], g.device)
                 if rkey not in ratios:
-                    ratios[rkey] = torch.tensor([-_adjust_lr(1.0, group["adjust_lr_fn"], params[i].shape) for i in idx],
+                    ratios[rkey] = torch.tensor([-_adjust_lr(1.0, group["adjust_lr_fn"], sh) for sh in shapes],
                                                 device=g.device)[:, None, None]
-                coef = ratios[rkey] * lr if ok is None else ratios[rkey] * lr * ok
+                delta = ortho * (ratios[rkey] * lr)
+                if ok is not None:
+                    delta = torch.where(ok, delta, -0.0)  # x + -0.0 is x for every x, a -0.0 weight included
                 ps = [_wide(params[i]) for i in idx]
                 if wd:
                     torch._foreach_mul_(ps, 1 - lr * wd if ok is None else torch.where(ok, 1 - lr * wd, 1.0))
-                torch._foreach_add_(ps, list((ortho * coef).unbind(0)))
+                torch._foreach_add_(ps, list(delta.unbind(0)))
         return loss
 
 

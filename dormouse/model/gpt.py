@@ -17,7 +17,7 @@ distinct blocks, 0 .. n_blocks - 1 (prelude, core, coda in that order).
   averaged over the MoE applications of that forward (1.0 = perfectly balanced; a zero tensor without
   MoE); the trainer adds `coef * model.aux_loss` itself (0.01 is the usual coefficient).
 - counters (a collections.Counter, optional): `loop.iterations += n_loop`, and the arms' own counters
-  (`kda_path.*` per mixer call, `conv_path.*` per short conv, `moe.tokens.expert_{i}`, `engram.rows_read`).
+  (`kda_path.*` and `kda_gates.*` per mixer call, `conv_path.*` per short conv, `moe.tokens.expert_{i}`, `engram.rows_read`).
 
 Decoding (`dormouse.decode` builds on these): `prefill(idx, state=None) -> (logits, LMState)` runs a prompt (or
 continues a state), `step(byte [B], state) -> (logits [B, vocab], LMState)` one byte per row. `LMState` holds
