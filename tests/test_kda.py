@@ -295,11 +295,15 @@ W, C = 4, 24
 w = torch.randn(C, 1, W)
 for name, B, T, cached, dtype in [("start", 2, 37, False, torch.float32), ("cached", 2, 21, True, torch.float32),
                                  ("short", 3, 2, True, torch.float32), ("step", 2, 1, True, torch.float32),
-                                 ("bf16", 2, 19, True, torch.bfloat16)]:
-    x = torch.randn(B, T, C).to(dtype)
+                                 ("bf16", 2, 19, True, torch.bfloat16), ("strided", 2, 70, True, torch.bfloat16)]:
+    # "strided": x is the middle C columns of a [B, T, 3C] tensor, as KDAMixer.in_proj hands k to the conv
+    wide = torch.randn(B, T, 3 * C if name == "strided" else C).to(dtype)
+    cols = slice(C, 2 * C) if name == "strided" else slice(0, C)
+    x = wide[..., cols]
     cache = torch.randn(B, W - 1, C).to(dtype) if cached else None
     caches = [cache if cache is None else cache.clone().requires_grad_() for _ in range(2)]
-    xs = [x.clone().requires_grad_() for _ in range(2)]
+    wides = [wide.clone().requires_grad_() for _ in range(2)]
+    xs = [t[..., cols] for t in wides]
     ws = [w.clone().requires_grad_() for _ in range(2)]
     counters = {}
     y_ref, new_cache = short_conv(xs[0], ws[0], caches[0], counters)  # CPU tensors: the torch path
@@ -309,7 +313,7 @@ for name, B, T, cached, dtype in [("start", 2, 37, False, torch.float32), ("cach
     y.backward(dy)
     scale = y_ref.float().abs().max().item()
     out[name] = {"y": (y.float() - y_ref.float()).abs().max().item() / scale,
-                 "dx": (xs[1].grad.float() - xs[0].grad.float()).abs().max().item() / xs[0].grad.float().abs().max().item(),
+                 "dx": (wides[1].grad.float() - wides[0].grad.float()).abs().max().item() / wides[0].grad.float().abs().max().item(),
                  "dw": (ws[1].grad - ws[0].grad).abs().max().item() / ws[0].grad.abs().max().item(),
                  "dcache": 0.0 if not cached else (caches[1].grad.float() - caches[0].grad.float()).abs().max().item()
                            / caches[0].grad.float().abs().max().item(),
@@ -333,7 +337,7 @@ def test_fla_short_conv_matches_the_torch_path_under_triton_interpreter():
     assert proc.returncode == 0, proc.stderr[-3000:]
     res = json.loads(proc.stdout.strip().splitlines()[-1])
     for name, r in res.items():
-        tol = 2e-2 if name == "bf16" else 1e-5
+        tol = 2e-2 if name in ("bf16", "strided") else 1e-5
         assert r["y"] <= tol and r["dx"] <= tol and r["dw"] <= 10 * tol and r["dcache"] <= tol, (name, r)
         assert r["counters"] == {"conv_path.torch": 1} and r["cache_is_last_inputs"], (name, r)
-    assert res["bf16"]["dtype"] == "torch.bfloat16"
+    assert res["bf16"]["dtype"] == res["strided"]["dtype"] == "torch.bfloat16" and len(res) == 6

@@ -278,7 +278,7 @@ def short_conv_fla(x: torch.Tensor, weight: torch.Tensor, cache: torch.Tensor | 
     transposed behind a zero slot. Checked against the torch path under Triton's interpreter on CPU."""
     op = op or _fla_causal_conv1d()
     state = None if cache is None else F.pad(cache.to(x.dtype).transpose(1, 2), (1, 0)).contiguous()
-    return op(x.contiguous(), weight=weight[:, 0], activation="silu", initial_state=state, backend="triton")[0]
+    return op(x, weight=weight[:, 0], activation="silu", initial_state=state, backend="triton")[0]  # x may be strided
 
 
 def short_conv(x: torch.Tensor, weight: torch.Tensor, cache: torch.Tensor | None = None,
@@ -427,14 +427,15 @@ class KDAMixer(nn.Module):
         is read and cast once, and backward makes one dx instead of six summed in fp32 (at medium the separate,
         eager projections cost ~1 ms a layer in casts and adds, benchmarks/README.md "Run 6"). `norm` (the
         block's pre-mixer RMSNorm) is applied first, inside the region. x [B, T, D] -> (q, k, v [B, T, H*K]
-        before the convs, decay-gate logits f [B, T, H*K], beta logits [B, T, H], output-gate logits [B, T, H*K])."""
+        before the convs, column views of the one product (FLA's conv takes strided input; the torch conv
+        copies anyway), decay-gate logits f [B, T, H*K], beta logits [B, T, H], output-gate logits [B, T, H*K])."""
         if norm is not None:
             x = norm(x)
         H, K, HK = self.n_heads, self.head_dim, self.n_heads * self.head_dim
         w = torch.cat([self.q_proj.weight, self.k_proj.weight, self.v_proj.weight, self.f_proj[0].weight,
                        self.g_proj[0].weight, self.b_proj.weight])
         q, k, v, f, g, b = F.linear(x, w).split([HK, HK, HK, K, K, H], -1)
-        return q.contiguous(), k.contiguous(), v.contiguous(), self.f_proj[1](f), b, self.g_proj[1](g)
+        return q, k, v, self.f_proj[1](f), b, self.g_proj[1](g)  # strided views: FLA's conv reads them as they are
 
     def project(self, x: torch.Tensor, conv: tuple | None = None, counters=None, norm: nn.Module | None = None):
         """`in_proj`, then the short convs (eager: FLA's conv kernel is opaque to the compiler): x [B, T, D],
