@@ -16,8 +16,9 @@ shards, the job's batch, sequence length and seed) and are scored on the job's e
 tail from its start, eval_bytes). Same optimizer split (build_optimizers: Muon for the hidden matrices,
 AdamW for the rest), lr, warmup-stable-decay shape and grad clip; ours runs the stage's NaN firewall.
 On CUDA both are compiled: ours as the stage compiles it (its regions, dormouse/model/regions.py), the
-SDPA model whole (torch.compile(model): it has no graph break); ours replays CUDA graphs when the job asks
-(train.cuda_graphs: cuda), as the stage does.
+SDPA model whole (torch.compile(model): it has no graph break). When the job asks (train.cuda_graphs: cuda,
+the default) both replay their forward and backward from CUDA graphs (dormouse.cuda_graphs.GraphedLoss),
+ours as the stage does and the SDPA model the same way, so neither race is run by the host's launch rate.
 The schedule runs on the clock: its progress is training seconds / budget, so both systems decay to
 the end of their budget whatever their step rate. Warm-up (Triton autotune, first-call compiles) runs on
 a throwaway model before the clock starts; evaluation pauses the clock. The SDPA model is
@@ -34,6 +35,7 @@ import json
 import sys
 import time
 from collections import Counter
+from dataclasses import replace
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -96,14 +98,18 @@ def train_for(system: str, cfg: ModelConfig, train: dict, shards, device, budget
     counters = Counter()
     graphed = {}  # model -> its GraphedLoss, captured at its first step
 
-    graphs = cuda_graphs.decide(train, device.type, cfg, 1) if system == "ours" else "eager"
+    # the SDPA model has a dense FFN and one rank: only the job's switch and the device decide for it
+    graphs = cuda_graphs.decide(train, device.type, cfg if system == "ours" else replace(cfg, moe=False), 1)
     if graphs.startswith("refused"):
         log(f"{system}: train.cuda_graphs: {graphs}; eager steps")
+
+    def graph_loss(m, x, y):
+        return cuda_graphs.GraphedLoss(m if system == "ours" else CounterFree(m), x, y, train)
 
     def loss_of(m, x, y):
         if graphs == "graphed":  # as the stage runs under train.cuda_graphs: cuda
             if m not in graphed:
-                graphed[m] = cuda_graphs.GraphedLoss(m, x, y, train)
+                graphed[m] = graph_loss(m, x, y)
             return graphed[m](x, y, counters)
         with autocast(device, train):
             _, loss = m(x, y, counters=counters) if system == "ours" else m(x, y)
@@ -138,7 +144,7 @@ def train_for(system: str, cfg: ModelConfig, train: dict, shards, device, budget
     model.train()
     if graphs == "graphed":  # captured off the clock; any batch of the shape will do (a capture changes no weight)
         blank = torch.zeros((train["batch_size"], train["seq_len"]), dtype=torch.long, device=device)
-        graphed[model] = cuda_graphs.GraphedLoss(model, blank, blank, train)
+        graphed[model] = graph_loss(model, blank, blank)
     note += f"; cuda_graphs {graphs}"
     ckpt_root = state_dir / system if state_dir else None
     last = checkpoint.latest(ckpt_root) if ckpt_root else None
