@@ -311,13 +311,21 @@ for name, B, T, cached, dtype in [("start", 2, 37, False, torch.float32), ("cach
     dy = torch.randn(y.shape).to(dtype)
     y_ref.backward(dy)
     y.backward(dy)
+    same = None
+    if name == "strided":  # FLA on the view against FLA on a contiguous copy: bit for bit
+        assert not xs[1].is_contiguous()
+        xc = x.contiguous().requires_grad_()
+        cc = caches[1].detach().clone().requires_grad_()
+        yc = short_conv_fla(xc, w.clone().requires_grad_(), cc)
+        yc.backward(dy)
+        same = torch.equal(yc, y) and torch.equal(xc.grad, wides[1].grad[..., cols]) and torch.equal(cc.grad, caches[1].grad)
     scale = y_ref.float().abs().max().item()
     out[name] = {"y": (y.float() - y_ref.float()).abs().max().item() / scale,
                  "dx": (wides[1].grad.float() - wides[0].grad.float()).abs().max().item() / wides[0].grad.float().abs().max().item(),
                  "dw": (ws[1].grad - ws[0].grad).abs().max().item() / ws[0].grad.abs().max().item(),
                  "dcache": 0.0 if not cached else (caches[1].grad.float() - caches[0].grad.float()).abs().max().item()
                            / caches[0].grad.float().abs().max().item(),
-                 "dtype": str(y.dtype), "counters": counters,
+                 "dtype": str(y.dtype), "counters": counters, "same_as_contiguous": same,
                  "cache_is_last_inputs": torch.equal(new_cache.detach(), torch.cat([cache if cached else x.new_zeros(B, W - 1, C), x], 1)[:, -(W - 1):])}
 print(json.dumps(out))
 """
@@ -341,3 +349,4 @@ def test_fla_short_conv_matches_the_torch_path_under_triton_interpreter():
         assert r["y"] <= tol and r["dx"] <= tol and r["dw"] <= 10 * tol and r["dcache"] <= tol, (name, r)
         assert r["counters"] == {"conv_path.torch": 1} and r["cache_is_last_inputs"], (name, r)
     assert res["bf16"]["dtype"] == res["strided"]["dtype"] == "torch.bfloat16" and len(res) == 6
+    assert res["strided"]["same_as_contiguous"] is True

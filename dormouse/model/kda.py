@@ -432,9 +432,11 @@ class KDAMixer(nn.Module):
         if norm is not None:
             x = norm(x)
         H, K, HK = self.n_heads, self.head_dim, self.n_heads * self.head_dim
-        w = torch.cat([self.q_proj.weight, self.k_proj.weight, self.v_proj.weight, self.f_proj[0].weight,
-                       self.g_proj[0].weight, self.b_proj.weight])
-        q, k, v, f, g, b = F.linear(x, w).split([HK, HK, HK, K, K, H], -1)
+        ws = [self.q_proj.weight, self.k_proj.weight, self.v_proj.weight, self.f_proj[0].weight,
+              self.g_proj[0].weight, self.b_proj.weight]
+        pad = -(3 * HK + 2 * K + H) % 16  # rows of the product 16-element aligned: Triton vectorises the conv's loads
+        w = torch.cat(ws + [ws[0].new_zeros(pad, ws[0].shape[1])] if pad else ws)
+        q, k, v, f, g, b, _ = F.linear(x, w).split([HK, HK, HK, K, K, H, pad], -1)
         return q, k, v, self.f_proj[1](f), b, self.g_proj[1](g)  # strided views: FLA's conv reads them as they are
 
     def project(self, x: torch.Tensor, conv: tuple | None = None, counters=None, norm: nn.Module | None = None):
