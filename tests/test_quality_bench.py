@@ -2,9 +2,14 @@
 budget and are scored on its eval window (the H200 run is the device's; this proves the script)."""
 
 import csv
+import importlib.util
 import subprocess
 import sys
+from collections import Counter
 from pathlib import Path
+
+import pytest
+import torch
 
 from test_pretrain import TINY_MODEL, TINY_TRAIN, job_json, set_model, shards  # noqa: F401 (fixture)
 
@@ -62,3 +67,44 @@ def test_a_paused_run_resumes_where_it_stopped(shards, tmp_path):  # noqa: F811
     assert float(rows[len(part)]["eval_bpb"]) < float(part[-1]["eval_bpb"]) + 0.1
     wrong = subprocess.run([a if a != "2" else "3" for a in base], cwd=shards, capture_output=True, text=True, timeout=300)
     assert wrong.returncode != 0 and "another run" in wrong.stderr  # another budget would change the schedule
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (CUDA graphs)")
+def test_the_sdpa_baseline_trains_the_same_from_cuda_graphs():
+    """quality_h200's SDPA model (compiled whole) replayed through GraphedLoss(CounterFree(model)), as the race
+    runs it under train.cuda_graphs: cuda, against the same model's eager compiled steps from the same weights."""
+    from dormouse import cuda_graphs
+    from dormouse.model.config import ModelConfig
+    from dormouse.runtime import autocast
+
+    spec = importlib.util.spec_from_file_location("quality_h200", SCRIPT)
+    q = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(q)
+    cfg = ModelConfig.from_dict(TINY_MODEL)
+    train = {**TINY_TRAIN, "device": "cuda", "dtype": "bfloat16", "lr": 3e-3, "muon_lr": 0.02, "optimizer": "muon",
+             "weight_decay": 0.0}
+    dev = torch.device("cuda")
+    g = torch.Generator().manual_seed(1)
+    batches = [torch.randint(0, 256, (4, 65), generator=g).to(dev) for _ in range(2)]
+    batches = [(b[:, :-1].contiguous(), b[:, 1:].contiguous()) for b in batches]
+    losses = {}
+    for name in ("eager", "graphed"):
+        torch.manual_seed(0)
+        model, _, opts, _ = q.build("sdpa", cfg, train, dev)
+        graphed = cuda_graphs.GraphedLoss(q.CounterFree(model), *batches[0], train) if name == "graphed" else None
+        losses[name] = []
+        for i in (0, 1, 0):
+            x, y = batches[i]
+            if graphed is not None:
+                loss = graphed(x, y, Counter())
+            else:
+                with autocast(dev, train):
+                    loss = model(x, y)[1]
+            loss.backward()
+            for o in opts:
+                o.step()
+                o.zero_grad(set_to_none=True)
+            losses[name].append(loss.item())
+    torch.testing.assert_close(torch.tensor(losses["graphed"]), torch.tensor(losses["eager"]), rtol=1e-3, atol=0)
+    assert losses["graphed"][2] != losses["graphed"][0]  # batch 0 again, after two updates
