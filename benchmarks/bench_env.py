@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import platform
 import subprocess
+import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -32,11 +33,22 @@ def mem_gib() -> float:
     return float("nan")
 
 
-def git_rev() -> str:
+def git_rev(root: Path = ROOT) -> str:
+    """HEAD's short hash, and for a changed tree "+dirty tree <hash>": the git tree of the whole working tree
+    (untracked files that git does not ignore included), which `git log --format='%h %T'` matches to the
+    commit holding the same files. The device tool ships a working tree whose .git may be older than it."""
+    def git(*args, env=None):
+        return subprocess.run(["git", *args], cwd=root, capture_output=True, text=True, env=env).stdout.strip()
+
     try:
-        rev = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
-        return rev + ("+dirty" if dirty else "")
+        rev = git("rev-parse", "--short", "HEAD")
+        if not git("status", "--porcelain"):
+            return rev
+        with tempfile.TemporaryDirectory() as tmp:  # a throwaway index: the repo's own is left alone
+            env = {**os.environ, "GIT_INDEX_FILE": str(Path(tmp) / "index")}
+            git("add", "-A", env=env)
+            tree = git("write-tree", env=env)
+        return f"{rev}+dirty tree {tree[:10]}"
     except OSError:
         return "?"
 
