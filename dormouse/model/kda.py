@@ -246,7 +246,7 @@ def kda_fused_gates(q, k, v, f, b, A_log, dt_bias, *, initial_state=None, counte
     """The KDA core on the raw activations, as FLA's own `KimiDeltaAttention` calls it: `chunk_kda` applies
     the q/k L2 norms, the decay gate -exp(A_log) * softplus(f + dt_bias) (fused into its chunk cumsum) and
     beta's sigmoid itself, in fp32, with the gradients of A_log and dt_bias. What `KDAMixer.gates` computes,
-    with fewer passes over [B, T, H, K] (run 5: 0.3-0.5 ms a medium layer). CUDA + fla only (callers check
+    with fewer passes over [B, T, H, K] (7.13 against 7.45 ms a medium layer, benchmarks/README.md "Run 6"). CUDA + fla only (callers check
     `fused_gates_available`); the CPU tests check `gates` and the GPU test checks the two against each other.
     Counts `kda_path.fla` once per call. Returns (o [B, T, H, V], final state fp32)."""
     if counters is not None:
@@ -424,8 +424,8 @@ class KDAMixer(nn.Module):
 
     def in_proj(self, x: torch.Tensor, norm: nn.Module | None = None):
         """The six projections of x as ONE matmul against their weights stacked (a torch.compile region): x
-        is read and cast once, and backward makes one dx instead of six summed in fp32 (at medium the separate,
-        eager projections cost ~1 ms a layer in casts and adds, benchmarks/README.md "Run 6"). `norm` (the
+        is read and cast once, and backward makes one dx instead of six summed in fp32 (medium's graphed step:
+        115.1 against 128.8 ms with six eager nn.Linear calls, benchmarks/README.md "Run 6"). `norm` (the
         block's pre-mixer RMSNorm) is applied first, inside the region. x [B, T, D] -> (q, k, v [B, T, H*K]
         before the convs, column views of the one product (FLA's conv takes strided input; the torch conv
         copies anyway), decay-gate logits f [B, T, H*K], beta logits [B, T, H], output-gate logits [B, T, H*K])."""
