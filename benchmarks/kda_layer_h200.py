@@ -6,8 +6,9 @@ reported as ms and as a ratio to the raw kernel measured in the same run:
 
   kernel          fla.ops.kda.chunk_kda on pre-activated inputs (the reference)
   ours            dormouse KDAMixer as the stage runs it: the six input projections as one compiled matmul,
-                  FLA's conv (eager), the q/k L2 norms, decay gate and beta's sigmoid inside chunk_kda, finish
+                  our Triton conv (dormouse.model.conv_triton, eager), the q/k L2 norms, decay gate and beta's sigmoid inside chunk_kda, finish
                   compiled with inductor
+  fla_conv        ours with FLA's Triton causal_conv1d for the short convs (the layer of run 6)
   torch_gates     ours with those activations in our compiled `gates` region (the layer until run 6)
   separate_proj   torch_gates with the six projections as separate eager nn.Linear calls (early run 6)
   torch_conv      the layer until run 5: projections, our torch conv and the gates in one compiled region
@@ -45,7 +46,7 @@ from dormouse.model.kda import KDAMixer  # noqa: E402
 from dormouse.model.regions import compile_regions  # noqa: E402
 from dormouse.runtime import autocast  # noqa: E402
 
-VARIANTS = ["kernel", "ours", "torch_gates", "separate_proj", "torch_conv", "ours_noconv", "no_kernel", "fla_norm",
+VARIANTS = ["kernel", "ours", "fla_conv", "torch_gates", "separate_proj", "torch_conv", "ours_noconv", "no_kernel", "fla_norm",
             "fla_layer"]
 NEEDS_FLA = {"fla_norm", "fla_layer"}
 
@@ -69,19 +70,27 @@ class SeparateProjMixer(TorchGatesMixer):
 
 class TorchConvMixer(TorchGatesMixer):
     """Run 5's layer: one compiled region from x to the gates, the convs in torch (built and captured under
-    `torch_conv()`, so the dispatcher takes its CPU path)."""
+    `conv_off`, so the dispatcher takes its CPU path)."""
 
     def regions(self):
         return ("prepare", "finish")
 
 
-class torch_conv:  # noqa: N801 - a context manager: short_conv takes its torch path inside
+class conv_off:  # noqa: N801 - a context manager: short_conv does not see the named kernels inside
+    def __init__(self, *names):
+        self.names = names
+
     def __enter__(self):
-        self.saved = kda_module._fla_causal_conv1d
-        kda_module._fla_causal_conv1d = lambda: None
+        self.saved = {n: getattr(kda_module, n) for n in self.names}
+        for n in self.names:
+            setattr(kda_module, n, lambda: None)
 
     def __exit__(self, *exc):
-        kda_module._fla_causal_conv1d = self.saved
+        for n, f in self.saved.items():
+            setattr(kda_module, n, f)
+
+
+CONV_OFF = {"torch_conv": ("_conv_triton", "_fla_causal_conv1d"), "fla_conv": ("_conv_triton",)}
 
 
 def _fla_finish(self, o, gate):
@@ -99,7 +108,7 @@ class FlaNormMixer(KDAMixer):
         return ("in_proj", "gates")
 
 
-MIXERS = {"ours": KDAMixer, "torch_gates": TorchGatesMixer, "separate_proj": SeparateProjMixer,
+MIXERS = {"ours": KDAMixer, "fla_conv": KDAMixer, "torch_gates": TorchGatesMixer, "separate_proj": SeparateProjMixer,
           "no_kernel": NoKernelMixer, "torch_conv": TorchConvMixer, "fla_norm": FlaNormMixer}
 
 
@@ -161,11 +170,11 @@ def main(argv=None) -> int:
                 fn, note = kernel_fn(ctx, torch_standin=dry)[0], ""
             else:
                 note, a = "", None
-                if name in ("torch_gates", "separate_proj", "torch_conv", "fla_norm"):
+                if name in ("fla_conv", "torch_gates", "separate_proj", "torch_conv", "fla_norm"):
                     ours, ocall = build("ours", cfg, device, backend)
                     with torch.no_grad(), autocast(device, train):
                         a = ocall(x).float()
-                with torch_conv() if name == "torch_conv" else contextlib.nullcontext():
+                with conv_off(*CONV_OFF[name]) if name in CONV_OFF else contextlib.nullcontext():
                     layer, call = build(name, cfg, device, backend)
                     fn = layer_fn(layer, x, dy, train, call)
                     if a is not None:

@@ -11,8 +11,8 @@ the delta-rule updates are folded into a WY/UT form by one unit-lower-triangular
 state is carried by a python loop over chunks. `kda` picks FLA's Triton kernel on CUDA and this torch code
 elsewhere, and counts which one ran; `kda_recurrent` does the same for decode steps (FLA's
 `fused_recurrent_kda`, or `recurrent_kda_torch`: the recurrence above one step at a time), and the mixer
-takes it whenever T == 1; `short_conv` picks FLA's Triton `causal_conv1d` on CUDA for the layer's short
-convs and `regions.silu_conv` elsewhere. `KDAMixer` mirrors `fla.layers.kda.KimiDeltaAttention`
+takes it whenever T == 1; `short_conv` picks our Triton conv (`conv_triton`) on CUDA from the sequence
+start, FLA's Triton `causal_conv1d` on CUDA with a cache, and `regions.silu_conv` elsewhere. `KDAMixer` mirrors `fla.layers.kda.KimiDeltaAttention`
 (projections, short conv + SiLU, L2-normalised q/k, low-rank decay gate, sigmoid beta, gated output
 RMSNorm, o_proj) with plain torch modules so the CPU path needs no Triton.
 """
@@ -272,6 +272,17 @@ def _fla_causal_conv1d():
     return causal_conv1d
 
 
+@functools.lru_cache(maxsize=None)
+def _conv_triton():
+    """Our Triton conv from the sequence start (`dormouse.model.conv_triton.silu_conv_triton`), or None when
+    triton is not importable."""
+    try:
+        from dormouse.model.conv_triton import silu_conv_triton
+    except Exception:  # noqa: BLE001 - any import failure means "use FLA's or the torch path"
+        return None
+    return silu_conv_triton
+
+
 def short_conv_fla(x: torch.Tensor, weight: torch.Tensor, cache: torch.Tensor | None, op=None) -> torch.Tensor:
     """`short_conv`'s output through FLA's `causal_conv1d` (SiLU fused): FLA keeps the last W inputs as a
     [B, C, W] state whose oldest slot a width-W kernel never reads, so our [B, W-1, C] cache goes in
@@ -287,17 +298,22 @@ def short_conv(x: torch.Tensor, weight: torch.Tensor, cache: torch.Tensor | None
     previous W-1 inputs [B, W-1, C]; None: sequence start). weight [C, 1, W]. Returns (y [B, T, C] in x's
     dtype, the new cache).
 
-    CUDA + fla importable -> FLA's Triton kernel (0.84 ms less than the torch code under inductor for the
-    three convs of a medium layer, benchmarks/README.md "Run 5"); otherwise `regions.silu_conv`. Counts
+    On CUDA from the sequence start (training, a prompt's first chunk): our Triton kernels
+    (`dormouse.model.conv_triton`; FLA's backward costs ~5 x its memory traffic). On CUDA with a cache: FLA's
+    Triton `causal_conv1d` (0.84 ms less than the torch code under inductor for the three convs of a medium
+    layer, benchmarks/README.md "Run 5"). Otherwise `regions.silu_conv`. Counts `conv_path.triton` /
     `conv_path.fla` / `conv_path.torch` once per call."""
     B, T, C = x.shape
     W = weight.shape[-1]
-    op = _fla_causal_conv1d() if x.is_cuda else None
-    path = "conv_path.fla" if op is not None else "conv_path.torch"
+    ours = _conv_triton() if x.is_cuda and cache is None else None
+    op = _fla_causal_conv1d() if x.is_cuda and ours is None else None
+    path = "conv_path.triton" if ours is not None else "conv_path.fla" if op is not None else "conv_path.torch"
     if counters is not None:
         counters[path] = counters.get(path, 0) + 1
     head = x.new_zeros(B, W - 1, C) if cache is None else cache.to(x.dtype)
     new_cache = x[:, T - (W - 1):] if T >= W - 1 else torch.cat([head, x], 1)[:, T:]  # the last W-1 inputs
+    if ours is not None:
+        return ours(x, weight), new_cache
     if op is not None:  # the kernel reads the cache itself: no [B, W-1+T, C] copy
         return short_conv_fla(x, weight, cache, op), new_cache
     return silu_conv(torch.cat([head, x], 1), weight), new_cache

@@ -1,0 +1,130 @@
+"""The KDA layer's short conv from the sequence start (causal depthwise conv, width W, then SiLU) in Triton,
+forward and backward: the training shape, x [B, T, C] with no cache.
+
+Written by hand because FLA's `causal_conv1d` backward runs its forward again and re-derives SiLU' at every
+tap: 213 + 47 us a call at medium, about 5 x its memory traffic, 7 ms of a 108.6 ms step (benchmarks/README.md,
+"Run 6"). Here backward is two passes over memory: `_bwd_g` forms g = dy * SiLU'(pre) once per element (and
+the weight gradient's per-tile partials from the same registers), `_bwd_dx` sums W shifted taps of g.
+
+g is stored in dy's dtype, as torch's own autograd of `F.silu` on a bf16 tensor stores it; the weight gradient
+uses g before that rounding. Sums are fp32. Inputs may be column views (row stride > C, unit last stride): the
+KDA layer hands q, k and v over as slices of one projection product. Checked against the torch path
+(`regions.silu_conv`) on CPU under TRITON_INTERPRET=1 (tests/test_conv_triton.py).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+BT = 64  # rows per program: the weight gradient's partials are per (batch, BT-row tile)
+
+_CONFIGS = [triton.Config({"BD": bd}, num_warps=nw) for bd in (64, 128) for nw in (4, 8)]
+
+
+@triton.autotune(configs=_CONFIGS, key=["D", "W"], cache_results=True)
+@triton.jit
+def _fwd(x, w, y, T, D, sx_b, sx_t, W: tl.constexpr, BT: tl.constexpr, BD: tl.constexpr):
+    i_d, i_t, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    o_t = i_t * BT + tl.arange(0, BT)
+    o_d = i_d * BD + tl.arange(0, BD)
+    m_d = o_d < D
+    x_b = x + i_b.to(tl.int64) * sx_b
+    pre = tl.zeros([BT, BD], dtype=tl.float32)
+    for i in tl.static_range(W):  # tap i multiplies x[t - (W - 1) + i]
+        src = o_t - (W - 1) + i
+        m = ((src >= 0) & (src < T))[:, None] & m_d[None, :]
+        xi = tl.load(x_b + src[:, None].to(tl.int64) * sx_t + o_d[None, :], mask=m, other=0.0).to(tl.float32)
+        wi = tl.load(w + o_d * W + i, mask=m_d, other=0.0).to(tl.float32)
+        pre += xi * wi[None, :]
+    out = pre * tl.sigmoid(pre)
+    p_y = y + (i_b.to(tl.int64) * T + o_t[:, None]) * D + o_d[None, :]
+    tl.store(p_y, out.to(y.dtype.element_ty), mask=(o_t < T)[:, None] & m_d[None, :])
+
+
+@triton.autotune(configs=_CONFIGS, key=["D", "W"], cache_results=True)
+@triton.jit
+def _bwd_g(x, w, dy, g, dw_part, T, D, NT, sx_b, sx_t, W: tl.constexpr, BT: tl.constexpr, BD: tl.constexpr):
+    i_d, i_t, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    o_t = i_t * BT + tl.arange(0, BT)
+    o_d = i_d * BD + tl.arange(0, BD)
+    m_d = o_d < D
+    m_row = (o_t < T)[:, None] & m_d[None, :]
+    x_b = x + i_b.to(tl.int64) * sx_b
+    pre = tl.zeros([BT, BD], dtype=tl.float32)
+    for i in tl.static_range(W):
+        src = o_t - (W - 1) + i
+        m = ((src >= 0) & (src < T))[:, None] & m_d[None, :]
+        xi = tl.load(x_b + src[:, None].to(tl.int64) * sx_t + o_d[None, :], mask=m, other=0.0).to(tl.float32)
+        wi = tl.load(w + o_d * W + i, mask=m_d, other=0.0).to(tl.float32)
+        pre += xi * wi[None, :]
+    off = (i_b.to(tl.int64) * T + o_t[:, None]) * D + o_d[None, :]
+    s = tl.sigmoid(pre)
+    gv = tl.load(dy + off, mask=m_row, other=0.0).to(tl.float32) * s * (1.0 + pre * (1.0 - s))
+    tl.store(g + off, gv.to(g.dtype.element_ty), mask=m_row)
+    part = dw_part + (i_b.to(tl.int64) * NT + i_t) * D * W
+    for i in tl.static_range(W):  # the same x tiles again (cache hits): dw[:, i] = sum_t g[t] x[t - (W - 1) + i]
+        src = o_t - (W - 1) + i
+        m = ((src >= 0) & (src < T))[:, None] & m_d[None, :]
+        xi = tl.load(x_b + src[:, None].to(tl.int64) * sx_t + o_d[None, :], mask=m, other=0.0).to(tl.float32)
+        tl.store(part + o_d * W + i, tl.sum(gv * xi, axis=0), mask=m_d)
+
+
+@triton.autotune(configs=_CONFIGS, key=["D", "W"], cache_results=True)
+@triton.jit
+def _bwd_dx(w, g, dx, T, D, W: tl.constexpr, BT: tl.constexpr, BD: tl.constexpr):
+    i_d, i_t, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    o_t = i_t * BT + tl.arange(0, BT)
+    o_d = i_d * BD + tl.arange(0, BD)
+    m_d = o_d < D
+    g_b = g + i_b.to(tl.int64) * T * D
+    acc = tl.zeros([BT, BD], dtype=tl.float32)
+    for i in tl.static_range(W):  # x[t] fed tap i of output t + (W - 1) - i
+        dst = o_t + (W - 1) - i
+        m = (dst < T)[:, None] & m_d[None, :]
+        gi = tl.load(g_b + dst[:, None].to(tl.int64) * D + o_d[None, :], mask=m, other=0.0).to(tl.float32)
+        wi = tl.load(w + o_d * W + i, mask=m_d, other=0.0).to(tl.float32)
+        acc += gi * wi[None, :]
+    p = dx + (i_b.to(tl.int64) * T + o_t[:, None]) * D + o_d[None, :]
+    tl.store(p, acc.to(dx.dtype.element_ty), mask=(o_t < T)[:, None] & m_d[None, :])
+
+
+def _grid(D: int, T: int, B: int):
+    return lambda meta: (triton.cdiv(D, meta["BD"]), triton.cdiv(T, BT), B)
+
+
+class SiluConvFunction(torch.autograd.Function):
+    """y = SiLU(causal depthwise conv(x, weight)) from the sequence start; x [B, T, C] (unit last stride),
+    weight [C, W] -> y [B, T, C] contiguous, x's dtype."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        B, T, D = x.shape
+        W = weight.shape[1]
+        if x.stride(-1) != 1:
+            x = x.contiguous()
+        weight = weight.contiguous()
+        y = torch.empty((B, T, D), dtype=x.dtype, device=x.device)
+        _fwd[_grid(D, T, B)](x, weight, y, T, D, x.stride(0), x.stride(1), W=W, BT=BT)
+        ctx.save_for_backward(x, weight)
+        return y
+
+    @staticmethod
+    def backward(ctx, dy: torch.Tensor):
+        x, weight = ctx.saved_tensors
+        B, T, D = x.shape
+        W = weight.shape[1]
+        dy = dy.contiguous()
+        NT = triton.cdiv(T, BT)
+        g = torch.empty_like(dy)
+        dw_part = torch.empty((B * NT, D, W), dtype=torch.float32, device=x.device)
+        _bwd_g[_grid(D, T, B)](x, weight, dy, g, dw_part, T, D, NT, x.stride(0), x.stride(1), W=W, BT=BT)
+        dx = torch.empty((B, T, D), dtype=x.dtype, device=x.device)
+        _bwd_dx[_grid(D, T, B)](weight, g, dx, T, D, W=W, BT=BT)
+        return dx, dw_part.sum(0).to(weight.dtype)
+
+
+def silu_conv_triton(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """`regions.silu_conv` of x with no history: x [B, T, C], weight [C, 1, W] -> [B, T, C] in x's dtype."""
+    return SiluConvFunction.apply(x, weight[:, 0])
