@@ -26,7 +26,7 @@ source benchmarks/gpu_env.sh
 nvidia-smi --query-gpu=name,memory.used --format=csv,noheader
 if [ -n "${TESTS:-}" ]; then
   timeout "$(limit "${TESTS_S:-330}")" python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_cuda_graphs.py tests/test_firewall.py \
-    tests/test_decode.py tests/test_quality_bench.py tests/test_kda.py > "$OUT/gpu_tests.log" 2>&1; echo "gpu tests rc $?"; tail -3 "$OUT/gpu_tests.log"
+    tests/test_decode.py tests/test_quality_bench.py tests/test_conv_triton.py tests/test_kda.py > "$OUT/gpu_tests.log" 2>&1; echo "gpu tests rc $?"; tail -3 "$OUT/gpu_tests.log"
 fi
 if [ "${EQUIV:-1}" != 0 ]; then
   timeout "$(limit 200)" python3 benchmarks/pretrain_h200.py --presets small --check-equivalence --compile-backend inductor \

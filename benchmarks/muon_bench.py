@@ -65,27 +65,33 @@ def ns_flops(shape: tuple, n: int, steps: int) -> float:
     return n * steps * (4 * m * m * k + 2 * m ** 3)
 
 
-def time_ns(hidden, device, opt, steps: int, warmup: int) -> tuple[float, float]:
-    """(median seconds, FLOPs) of the Newton–Schulz stacks alone, one call per shape as StackedMuon makes them."""
+def time_ns(hidden, device, opt, steps: int, warmup: int) -> tuple[float, float, list]:
+    """(median seconds, FLOPs, per-stack [(shape, n, median seconds, FLOPs)]) of the Newton–Schulz stacks
+    alone, one call per shape as StackedMuon makes them."""
     group = opt.param_groups[0]
     by_shape: dict[tuple, list] = {}
     for p in hidden:  # a tall matrix joins its transpose's stack, as in StackedMuon
         by_shape.setdefault((min(p.shape), max(p.shape)), []).append(p)
     gen = torch.Generator(device=device).manual_seed(1)
     stacks = [torch.randn((len(ps), *shape), generator=gen, device=device) for shape, ps in by_shape.items()]
-    flops = sum(ns_flops(shape, len(ps), group["ns_steps"]) for shape, ps in by_shape.items())
-    times = []
-    for i in range(warmup + steps):
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        t = time.perf_counter()
-        for g in stacks:
-            _newton_schulz_stack(g, group["ns_coefficients"], group["ns_steps"], group["eps"])
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        if i >= warmup:
-            times.append(time.perf_counter() - t)
-    return statistics.median(times), flops
+
+    def timed(gs) -> float:
+        times = []
+        for i in range(warmup + steps):
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            t = time.perf_counter()
+            for g in gs:
+                _newton_schulz_stack(g, group["ns_coefficients"], group["ns_steps"], group["eps"])
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            if i >= warmup:
+                times.append(time.perf_counter() - t)
+        return statistics.median(times)
+
+    per = [(shape, len(ps), timed([g]), ns_flops(shape, len(ps), group["ns_steps"]))
+           for (shape, ps), g in zip(by_shape.items(), stacks)]
+    return timed(stacks), sum(f for *_, f in per), per
 
 
 def main(argv=None) -> int:
@@ -108,7 +114,7 @@ def main(argv=None) -> int:
         step = {"+ firewall, ok": lambda: guarded_step(opt, ok),  # noqa: B023 - called before the next iteration
                 "+ firewall, where": lambda: guarded_step(_Generic(opt), ok)}.get(name)  # noqa: B023
         res[name] = time_steps(opt, hidden, device, args.steps, args.warmup, step)
-    ns_s, ns_fl = time_ns(hidden, device, opt, args.steps, args.warmup)
+    ns_s, ns_fl, per = time_ns(hidden, device, opt, args.steps, args.warmup)
     shapes = sorted({tuple(p.shape) for p in hidden})
     print(f"preset {args.preset}: {len(hidden)} hidden matrices in {len(shapes)} shapes {shapes}; device {device}; "
           f"torch {torch.__version__}; threads {torch.get_num_threads()}")
@@ -117,6 +123,8 @@ def main(argv=None) -> int:
         print(f"{name:<18} {t * 1000:9.2f} ms/step   {base / t:5.2f} x torch.optim.Muon")
     print(f"{'Newton-Schulz only':<18} {ns_s * 1000:9.2f} ms/step   {ns_fl / 1e12:.3f} TFLOP at {ns_fl / ns_s / 1e12:.1f} "
           f"TFLOP/s; {100 * ns_s / res['StackedMuon']:.0f}% of StackedMuon's step")
+    for shape, n, t, fl in per:
+        print(f"  stack {n:>3} x {shape[0]}x{shape[1]:<5} {t * 1000:8.3f} ms   {fl / 1e12:.3f} TFLOP at {fl / t / 1e12:.1f} TFLOP/s")
     return 0
 
 
