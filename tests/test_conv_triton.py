@@ -16,14 +16,21 @@ _INTERPRETED = r"""
 import json, torch
 import triton.runtime.autotuner as autotuner
 autotuner.Autotuner._bench = lambda self, *a, **kw: [1.0, 1.0, 1.0]  # the interpreter cannot time configs
+from dormouse.model import conv_triton
 from dormouse.model.conv_triton import silu_conv_triton
 from dormouse.model.regions import silu_conv
 
+default_tiles = conv_triton._tiles_per_program
+
 torch.manual_seed(0)
 out = {}
-for name, B, T, C, W, dtype, wide in [("fp32", 2, 70, 24, 4, torch.float32, 1), ("short", 2, 3, 8, 4, torch.float32, 1),
-                                      ("w3", 1, 130, 72, 3, torch.float32, 1), ("bf16", 2, 67, 16, 4, torch.bfloat16, 1),
-                                      ("strided", 2, 66, 16, 4, torch.bfloat16, 3)]:
+for name, B, T, C, W, dtype, wide, tiles in [
+        ("fp32", 2, 70, 24, 4, torch.float32, 1, None), ("short", 2, 3, 8, 4, torch.float32, 1, None),
+        ("w3", 1, 130, 72, 3, torch.float32, 1, None), ("bf16", 2, 67, 16, 4, torch.bfloat16, 1, None),
+        ("strided", 2, 66, 16, 4, torch.bfloat16, 3, None),
+        # several row tiles a program (the GPU's medium shape takes 8): a last program with empty tiles; W 2
+        ("tiles4", 2, 300, 24, 4, torch.float32, 1, 4), ("tiles2_w2", 1, 200, 8, 2, torch.float32, 1, 2)]:
+    conv_triton._tiles_per_program = default_tiles if tiles is None else (lambda B, T, n=tiles: n)
     # "strided": x is the middle C columns of a [B, T, 3C] tensor, as KDAMixer.in_proj hands k to the conv
     base = torch.randn(B, T, wide * C).to(dtype)
     cols = slice(C, 2 * C) if wide > 1 else slice(0, C)
@@ -52,7 +59,7 @@ def test_triton_short_conv_matches_the_torch_path_under_the_interpreter(tmp_path
                           timeout=300, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr[-3000:]
     res = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert len(res) == 5
+    assert len(res) == 7
     for name, r in res.items():
         # bf16: the torch path rounds the conv to bf16 before SiLU and its SiLU' product to bf16; the kernel
         # keeps both in fp32 until g is stored
@@ -71,8 +78,8 @@ def test_triton_short_conv_matches_the_torch_path_on_gpu():
 
     torch.manual_seed(0)
     dev = torch.device("cuda")
-    B, T, C, W = 3, 517, 320, 4
-    for dtype, tol in ((torch.float32, 1e-5), (torch.bfloat16, 2e-2)):
+    B, T, C = 8, 4100, 320  # 8 row tiles a program in the weight-gradient pass, as at medium
+    for dtype, W, tol in ((torch.float32, 4, 1e-4), (torch.bfloat16, 4, 2e-2), (torch.float32, 3, 1e-4)):
         base = torch.randn(B, T, 3 * C, device=dev).to(dtype)
         w = torch.randn(C, 1, W, device=dev)
         xs = [base.clone().requires_grad_() for _ in range(2)]
@@ -83,4 +90,4 @@ def test_triton_short_conv_matches_the_torch_path_on_gpu():
         y_ref.backward(dy)
         y.backward(dy)
         for a, b in ((y, y_ref), (xs[1].grad, xs[0].grad), (ws[1].grad, ws[0].grad)):
-            assert ((a.float() - b.float()).abs().max() / b.float().abs().max()).item() <= tol, dtype
+            assert ((a.float() - b.float()).abs().max() / b.float().abs().max()).item() <= tol, (dtype, W)

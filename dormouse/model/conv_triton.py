@@ -1,10 +1,11 @@
 """The KDA layer's short conv from the sequence start (causal depthwise conv, width W, then SiLU) in Triton,
 forward and backward: the training shape, x [B, T, C] with no cache.
 
-Written by hand because FLA's `causal_conv1d` backward runs its forward again and re-derives SiLU' at every
-tap: 213 + 47 us a call at medium, about 5 x its memory traffic, 7 ms of a 108.6 ms step (benchmarks/README.md,
-"Run 6"). Here backward is two passes over memory: `_bwd_g` forms g = dy * SiLU'(pre) once per element (and
-the weight gradient's per-tile partials from the same registers), `_bwd_dx` sums W shifted taps of g.
+Written by hand because FLA's `causal_conv1d` backward runs its forward again, re-derives SiLU' at every tap
+and reduces the weight gradient over rows per 64-row tile and tap: 213 + 47 us a call at medium, about 5 x its
+memory traffic, 7 ms of a 108.6 ms step (benchmarks/README.md, "Run 6"). Here backward is two passes over
+memory: `_bwd_g` forms g = dy * SiLU'(pre) once per element, with the weight gradient's products accumulated in
+registers over up to 512 rows, and `_bwd_dx` sums W shifted taps of g.
 
 g is stored in dy's dtype, as torch's own autograd of `F.silu` on a bf16 tensor stores it; the weight gradient
 uses g before that rounding. Sums are fp32. Inputs may be column views (row stride > C, unit last stride): the
@@ -20,7 +21,8 @@ import triton.language as tl
 
 BT = 64  # rows per program: the weight gradient's partials are per (batch, BT-row tile)
 
-_CONFIGS = [triton.Config({"BD": bd}, num_warps=nw) for bd in (64, 128) for nw in (4, 8)]
+_CONFIGS = [triton.Config({"BD": bd}, num_warps=nw) for bd in (32, 64, 128) for nw in (4, 8)]
+MAX_W = 4  # `_bwd_g` keeps one accumulator per tap
 
 
 @triton.autotune(configs=_CONFIGS, key=["D", "W"], cache_results=True)
@@ -43,32 +45,54 @@ def _fwd(x, w, y, T, D, sx_b, sx_t, W: tl.constexpr, BT: tl.constexpr, BD: tl.co
     tl.store(p_y, out.to(y.dtype.element_ty), mask=(o_t < T)[:, None] & m_d[None, :])
 
 
-@triton.autotune(configs=_CONFIGS, key=["D", "W"], cache_results=True)
 @triton.jit
-def _bwd_g(x, w, dy, g, dw_part, T, D, NT, sx_b, sx_t, W: tl.constexpr, BT: tl.constexpr, BD: tl.constexpr):
-    i_d, i_t, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-    o_t = i_t * BT + tl.arange(0, BT)
+def _tap(x_b, o_t, o_d, m_d, T, sx_t, i: tl.constexpr, W: tl.constexpr):
+    """x[t - (W - 1) + i] for the rows o_t, fp32; zeros past the sequence's ends and for taps i >= W."""
+    src = o_t - (W - 1) + i
+    m = ((src >= 0) & (src < T) & (i < W))[:, None] & m_d[None, :]
+    return tl.load(x_b + src[:, None].to(tl.int64) * sx_t + o_d[None, :], mask=m, other=0.0).to(tl.float32)
+
+
+@triton.autotune(configs=_CONFIGS, key=["D", "W", "NSUB"], cache_results=True)
+@triton.jit
+def _bwd_g(x, w, dy, g, dw_part, T, D, NC, sx_b, sx_t, W: tl.constexpr, BT: tl.constexpr, BD: tl.constexpr,
+           NSUB: tl.constexpr):
+    # One program: NSUB consecutive BT-row tiles. The weight gradient's products accumulate elementwise and are
+    # summed over rows once at the end: a cross-warp row reduction per tile and tap cost 3 x the memory time
+    # (178 us a call at medium, benchmarks/README.md "Run 7"). Four tap accumulators: W <= 4, as `silu_conv_triton` checks.
+    i_d, i_c, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     o_d = i_d * BD + tl.arange(0, BD)
     m_d = o_d < D
-    m_row = (o_t < T)[:, None] & m_d[None, :]
     x_b = x + i_b.to(tl.int64) * sx_b
-    pre = tl.zeros([BT, BD], dtype=tl.float32)
-    for i in tl.static_range(W):
-        src = o_t - (W - 1) + i
-        m = ((src >= 0) & (src < T))[:, None] & m_d[None, :]
-        xi = tl.load(x_b + src[:, None].to(tl.int64) * sx_t + o_d[None, :], mask=m, other=0.0).to(tl.float32)
-        wi = tl.load(w + o_d * W + i, mask=m_d, other=0.0).to(tl.float32)
-        pre += xi * wi[None, :]
-    off = (i_b.to(tl.int64) * T + o_t[:, None]) * D + o_d[None, :]
-    s = tl.sigmoid(pre)
-    gv = tl.load(dy + off, mask=m_row, other=0.0).to(tl.float32) * s * (1.0 + pre * (1.0 - s))
-    tl.store(g + off, gv.to(g.dtype.element_ty), mask=m_row)
-    part = dw_part + (i_b.to(tl.int64) * NT + i_t) * D * W
-    for i in tl.static_range(W):  # the same x tiles again (cache hits): dw[:, i] = sum_t g[t] x[t - (W - 1) + i]
-        src = o_t - (W - 1) + i
-        m = ((src >= 0) & (src < T))[:, None] & m_d[None, :]
-        xi = tl.load(x_b + src[:, None].to(tl.int64) * sx_t + o_d[None, :], mask=m, other=0.0).to(tl.float32)
-        tl.store(part + o_d * W + i, tl.sum(gv * xi, axis=0), mask=m_d)
+    w0 = tl.load(w + o_d * W + 0, mask=m_d, other=0.0).to(tl.float32)
+    w1 = tl.load(w + o_d * W + 1, mask=m_d & (1 < W), other=0.0).to(tl.float32)
+    w2 = tl.load(w + o_d * W + 2, mask=m_d & (2 < W), other=0.0).to(tl.float32)
+    w3 = tl.load(w + o_d * W + 3, mask=m_d & (3 < W), other=0.0).to(tl.float32)
+    a0 = tl.zeros([BT, BD], dtype=tl.float32)
+    a1 = tl.zeros([BT, BD], dtype=tl.float32)
+    a2 = tl.zeros([BT, BD], dtype=tl.float32)
+    a3 = tl.zeros([BT, BD], dtype=tl.float32)
+    for s in range(NSUB):
+        o_t = (i_c * NSUB + s) * BT + tl.arange(0, BT)
+        x0 = _tap(x_b, o_t, o_d, m_d, T, sx_t, 0, W)
+        x1 = _tap(x_b, o_t, o_d, m_d, T, sx_t, 1, W)
+        x2 = _tap(x_b, o_t, o_d, m_d, T, sx_t, 2, W)
+        x3 = _tap(x_b, o_t, o_d, m_d, T, sx_t, 3, W)
+        pre = x0 * w0[None, :] + x1 * w1[None, :] + x2 * w2[None, :] + x3 * w3[None, :]
+        m_row = (o_t < T)[:, None] & m_d[None, :]
+        off = (i_b.to(tl.int64) * T + o_t[:, None]) * D + o_d[None, :]
+        sg = tl.sigmoid(pre)
+        gv = tl.load(dy + off, mask=m_row, other=0.0).to(tl.float32) * sg * (1.0 + pre * (1.0 - sg))
+        tl.store(g + off, gv.to(g.dtype.element_ty), mask=m_row)
+        a0 += gv * x0
+        a1 += gv * x1
+        a2 += gv * x2
+        a3 += gv * x3
+    part = dw_part + (i_b.to(tl.int64) * NC + i_c) * D * W + o_d * W
+    tl.store(part + 0, tl.sum(a0, axis=0), mask=m_d)
+    tl.store(part + 1, tl.sum(a1, axis=0), mask=m_d & (1 < W))
+    tl.store(part + 2, tl.sum(a2, axis=0), mask=m_d & (2 < W))
+    tl.store(part + 3, tl.sum(a3, axis=0), mask=m_d & (3 < W))
 
 
 @triton.autotune(configs=_CONFIGS, key=["D", "W"], cache_results=True)
@@ -90,8 +114,17 @@ def _bwd_dx(w, g, dx, T, D, W: tl.constexpr, BT: tl.constexpr, BD: tl.constexpr)
     tl.store(p, acc.to(dx.dtype.element_ty), mask=(o_t < T)[:, None] & m_d[None, :])
 
 
-def _grid(D: int, T: int, B: int):
-    return lambda meta: (triton.cdiv(D, meta["BD"]), triton.cdiv(T, BT), B)
+def _grid(D: int, T: int, B: int, rows: int = BT):
+    return lambda meta: (triton.cdiv(D, meta["BD"]), triton.cdiv(T, rows), B)
+
+
+def _tiles_per_program(B: int, T: int) -> int:
+    """`_bwd_g`'s row tiles per program: up to 8 (512 rows, medium's 2048 in 4 programs a row of the batch)
+    while at least 64 programs stand along batch x time (times the D blocks: enough to fill the GPU)."""
+    n = 8
+    while n > 1 and B * triton.cdiv(T, n * BT) < 64:
+        n //= 2
+    return n
 
 
 class SiluConvFunction(torch.autograd.Function):
@@ -116,15 +149,19 @@ class SiluConvFunction(torch.autograd.Function):
         B, T, D = x.shape
         W = weight.shape[1]
         dy = dy.contiguous()
-        NT = triton.cdiv(T, BT)
+        nsub = _tiles_per_program(B, T)
+        NC = triton.cdiv(T, nsub * BT)
         g = torch.empty_like(dy)
-        dw_part = torch.empty((B * NT, D, W), dtype=torch.float32, device=x.device)
-        _bwd_g[_grid(D, T, B)](x, weight, dy, g, dw_part, T, D, NT, x.stride(0), x.stride(1), W=W, BT=BT)
+        dw_part = torch.empty((B * NC, D, W), dtype=torch.float32, device=x.device)
+        _bwd_g[_grid(D, T, B, nsub * BT)](x, weight, dy, g, dw_part, T, D, NC, x.stride(0), x.stride(1), W=W, BT=BT,
+                                          NSUB=nsub)
         dx = torch.empty((B, T, D), dtype=x.dtype, device=x.device)
         _bwd_dx[_grid(D, T, B)](weight, g, dx, T, D, W=W, BT=BT)
         return dx, dw_part.sum(0).to(weight.dtype)
 
 
 def silu_conv_triton(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """`regions.silu_conv` of x with no history: x [B, T, C], weight [C, 1, W] -> [B, T, C] in x's dtype."""
+    """`regions.silu_conv` of x with no history: x [B, T, C], weight [C, 1, W <= MAX_W] -> [B, T, C] in x's dtype."""
+    if weight.shape[-1] > MAX_W:
+        raise ValueError(f"conv_triton: conv width {weight.shape[-1]} > {MAX_W}")
     return SiluConvFunction.apply(x, weight[:, 0])
