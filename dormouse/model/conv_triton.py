@@ -19,10 +19,12 @@ import torch
 import triton
 import triton.language as tl
 
-BT = 64  # rows per program: the weight gradient's partials are per (batch, BT-row tile)
-
-_CONFIGS = [triton.Config({"BD": bd}, num_warps=nw) for bd in (32, 64, 128) for nw in (4, 8)]
 MAX_W = 4  # `_bwd_g` keeps one accumulator per tap
+# BT rows x BD channels a tile; the product bounded so that W tap tiles (and `_bwd_g`'s W accumulators) stay in registers
+_CONFIGS = [triton.Config({"BT": bt, "BD": bd}, num_warps=nw)
+            for bt in (32, 64, 128) for bd in (32, 64, 128) for nw in (4, 8) if bt * bd <= 8192]
+_CONFIGS_G = [triton.Config({"BT": bt, "BD": bd}, num_warps=nw)
+              for bt in (16, 32, 64) for bd in (32, 64, 128) for nw in (4, 8) if bt * bd <= 4096]
 
 
 @triton.autotune(configs=_CONFIGS, key=["D", "W"], cache_results=True)
@@ -53,13 +55,13 @@ def _tap(x_b, o_t, o_d, m_d, T, sx_t, i: tl.constexpr, W: tl.constexpr):
     return tl.load(x_b + src[:, None].to(tl.int64) * sx_t + o_d[None, :], mask=m, other=0.0).to(tl.float32)
 
 
-@triton.autotune(configs=_CONFIGS, key=["D", "W", "NSUB"], cache_results=True)
+@triton.autotune(configs=_CONFIGS_G, key=["D", "W", "ROWS"], cache_results=True)
 @triton.jit
-def _bwd_g(x, w, dy, g, dw_part, T, D, NC, sx_b, sx_t, W: tl.constexpr, BT: tl.constexpr, BD: tl.constexpr,
-           NSUB: tl.constexpr):
-    # One program: NSUB consecutive BT-row tiles. The weight gradient's products accumulate elementwise and are
+def _bwd_g(x, w, dy, g, dw_part, T, D, NC, sx_b, sx_t, W: tl.constexpr, ROWS: tl.constexpr, BT: tl.constexpr,
+           BD: tl.constexpr):
+    # One program: ROWS rows, BT at a time. The weight gradient's products accumulate elementwise and are
     # summed over rows once at the end: a cross-warp row reduction per tile and tap cost 3 x the memory time
-    # (178 us a call at medium, benchmarks/README.md "Run 7"). Four tap accumulators: W <= 4, as `silu_conv_triton` checks.
+    # (178 us a call at medium against 119 us with 8 tiles of 64 rows, benchmarks/README.md "Run 7"). Four tap accumulators: W <= 4, as `silu_conv_triton` checks.
     i_d, i_c, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     o_d = i_d * BD + tl.arange(0, BD)
     m_d = o_d < D
@@ -72,8 +74,8 @@ def _bwd_g(x, w, dy, g, dw_part, T, D, NC, sx_b, sx_t, W: tl.constexpr, BT: tl.c
     a1 = tl.zeros([BT, BD], dtype=tl.float32)
     a2 = tl.zeros([BT, BD], dtype=tl.float32)
     a3 = tl.zeros([BT, BD], dtype=tl.float32)
-    for s in range(NSUB):
-        o_t = (i_c * NSUB + s) * BT + tl.arange(0, BT)
+    for s in range(ROWS // BT):
+        o_t = i_c * ROWS + s * BT + tl.arange(0, BT)
         x0 = _tap(x_b, o_t, o_d, m_d, T, sx_t, 0, W)
         x1 = _tap(x_b, o_t, o_d, m_d, T, sx_t, 1, W)
         x2 = _tap(x_b, o_t, o_d, m_d, T, sx_t, 2, W)
@@ -114,17 +116,18 @@ def _bwd_dx(w, g, dx, T, D, W: tl.constexpr, BT: tl.constexpr, BD: tl.constexpr)
     tl.store(p, acc.to(dx.dtype.element_ty), mask=(o_t < T)[:, None] & m_d[None, :])
 
 
-def _grid(D: int, T: int, B: int, rows: int = BT):
-    return lambda meta: (triton.cdiv(D, meta["BD"]), triton.cdiv(T, rows), B)
+def _grid(D: int, T: int, B: int, rows: int | None = None):
+    return lambda meta: (triton.cdiv(D, meta["BD"]), triton.cdiv(T, rows or meta["BT"]), B)
 
 
-def _tiles_per_program(B: int, T: int) -> int:
-    """`_bwd_g`'s row tiles per program: up to 8 (512 rows, medium's 2048 in 4 programs a row of the batch)
-    while at least 64 programs stand along batch x time (times the D blocks: enough to fill the GPU)."""
-    n = 8
-    while n > 1 and B * triton.cdiv(T, n * BT) < 64:
-        n //= 2
-    return n
+def _rows_per_program(B: int, T: int) -> int:
+    """`_bwd_g`'s rows per program (the weight gradient's partials are per batch row and ROWS rows): up to 512
+    (medium's 2048 in 4 programs) while at least 64 programs stand along batch x time (times the D blocks:
+    enough to fill the GPU); at least 64, the largest tile."""
+    rows = 512
+    while rows > 64 and B * triton.cdiv(T, rows) < 64:
+        rows //= 2
+    return rows
 
 
 class SiluConvFunction(torch.autograd.Function):
@@ -139,7 +142,7 @@ class SiluConvFunction(torch.autograd.Function):
             x = x.contiguous()
         weight = weight.contiguous()
         y = torch.empty((B, T, D), dtype=x.dtype, device=x.device)
-        _fwd[_grid(D, T, B)](x, weight, y, T, D, x.stride(0), x.stride(1), W=W, BT=BT)
+        _fwd[_grid(D, T, B)](x, weight, y, T, D, x.stride(0), x.stride(1), W=W)
         ctx.save_for_backward(x, weight)
         return y
 
@@ -149,14 +152,13 @@ class SiluConvFunction(torch.autograd.Function):
         B, T, D = x.shape
         W = weight.shape[1]
         dy = dy.contiguous()
-        nsub = _tiles_per_program(B, T)
-        NC = triton.cdiv(T, nsub * BT)
+        rows = _rows_per_program(B, T)
+        NC = triton.cdiv(T, rows)
         g = torch.empty_like(dy)
         dw_part = torch.empty((B * NC, D, W), dtype=torch.float32, device=x.device)
-        _bwd_g[_grid(D, T, B, nsub * BT)](x, weight, dy, g, dw_part, T, D, NC, x.stride(0), x.stride(1), W=W, BT=BT,
-                                          NSUB=nsub)
+        _bwd_g[_grid(D, T, B, rows)](x, weight, dy, g, dw_part, T, D, NC, x.stride(0), x.stride(1), W=W, ROWS=rows)
         dx = torch.empty((B, T, D), dtype=x.dtype, device=x.device)
-        _bwd_dx[_grid(D, T, B)](weight, g, dx, T, D, W=W, BT=BT)
+        _bwd_dx[_grid(D, T, B)](weight, g, dx, T, D, W=W)
         return dx, dw_part.sum(0).to(weight.dtype)
 
 
