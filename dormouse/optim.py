@@ -59,6 +59,11 @@ class StackedMuon(torch.optim.Muon):
     bf16 rounding (tests/test_optim.py). On small (H200) its step is 9.1x torch's and the whole train step
     1.42x (benchmarks/README.md, "Run 2").
 
+    The elementwise work around the iterations is two functions over every stack of a group, `_momentum`
+    (momentum, the firewall's selection, the bf16 cast and the per-matrix norm) and `_apply` (decay and
+    update). On CUDA each is one torch.compile graph: eagerly they were ~13 passes over the fp32 weights and
+    state, 4.7 of medium's 11 ms a step (benchmarks/README.md, "Run 7").
+
     `step(ok=...)` takes the NaN firewall's decision as a bool 0-d tensor on the device (as fused AdamW
     takes `found_inf`): where it is False the step changes no parameter and no state, and nothing waits
     for the host. The new momentum and the update are selected with torch.where (not scaled by ok), so a
@@ -82,27 +87,66 @@ class StackedMuon(torch.optim.Muon):
             by_shape: dict[tuple, list[int]] = {}
             for i, p in enumerate(params):
                 by_shape.setdefault((min(p.shape), max(p.shape), p.device, p.dtype), []).append(i)
-            for key, idx in by_shape.items():
-                g, b = torch.stack([_wide(grads[i]) for i in idx]), torch.stack([_wide(bufs[i]) for i in idx])
-                new_b = b.lerp(g, 1 - momentum)
-                update = g.lerp(new_b, momentum) if group["nesterov"] else new_b
-                if ok is not None:
-                    new_b = torch.where(ok, new_b, b)
-                torch._foreach_copy_([_wide(bufs[i]) for i in idx], list(new_b.unbind(0)))
-                ortho = _newton_schulz_stack(update, group["ns_coefficients"], group["ns_steps"], group["eps"])
+            stacks = list(by_shape.values())
+            cuda = params[0].is_cuda
+            xs = _fused(_momentum, cuda)([[_wide(grads[i]) for i in idx] for idx in stacks],
+                                         [[_wide(bufs[i]) for i in idx] for idx in stacks],
+                                         momentum, group["nesterov"], group["eps"], ok)
+            orthos = [_newton_schulz_iterations(x, group["ns_coefficients"], group["ns_steps"]) for x in xs]
+            scales = []
+            for idx, x in zip(stacks, xs):
                 shapes = tuple(tuple(params[i].shape) for i in idx)  # what the ratios depend on (orientation too)
-                rkey = (shapes, group["adjust_lr_fn"], g.device)
+                rkey = (shapes, group["adjust_lr_fn"], x.device)
                 if rkey not in ratios:
                     ratios[rkey] = torch.tensor([-_adjust_lr(1.0, group["adjust_lr_fn"], sh) for sh in shapes],
-                                                device=g.device)[:, None, None]
-                delta = ortho * (ratios[rkey] * lr)
-                if ok is not None:
-                    delta = torch.where(ok, delta, -0.0)  # x + -0.0 is x for every x, a -0.0 weight included
-                ps = [_wide(params[i]) for i in idx]
-                if wd:
-                    torch._foreach_mul_(ps, 1 - lr * wd if ok is None else torch.where(ok, 1 - lr * wd, 1.0))
-                torch._foreach_add_(ps, list(delta.unbind(0)))
+                                                device=x.device)[:, None, None]
+                scales.append(ratios[rkey] * lr)  # a device op: lr changes every step, no recompile, no copy
+            decay = None
+            if wd:  # a 0-d device tensor too (where(ok, ...) or a fill): the compiled graph takes it as an input
+                decay = torch.where(ok, 1 - lr * wd, 1.0) if ok is not None else scales[0].new_full((), 1 - lr * wd)
+            _fused(_apply, cuda)([[_wide(params[i]) for i in idx] for idx in stacks], orthos, scales, decay, ok)
         return loss
+
+
+_COMPILED: dict = {}
+
+
+def _fused(fn, cuda: bool):
+    """fn compiled (one inductor graph over every stack of the group) on CUDA; fn itself elsewhere."""
+    if not cuda:
+        return fn
+    if fn not in _COMPILED:
+        _COMPILED[fn] = torch.compile(fn, fullgraph=True, dynamic=False)
+    return _COMPILED[fn]
+
+
+def _momentum(gs: list[list[torch.Tensor]], bs: list[list[torch.Tensor]], momentum: float, nesterov: bool,
+              eps: float, ok: torch.Tensor | None) -> list[torch.Tensor]:
+    """Per stack (lists of same-shape wide views): the new momentum into bs (where ok), and the Newton–Schulz
+    input, the update stacked in bf16 with each matrix divided by its norm (torch's Muon's first steps)."""
+    xs = []
+    for g_list, b_list in zip(gs, bs):
+        updates = []
+        for g, b in zip(g_list, b_list):  # matrix by matrix: compiled, each is one kernel writing its slice of the stack
+            new_b = b.lerp(g, 1 - momentum)
+            updates.append(g.lerp(new_b, momentum) if nesterov else new_b)
+            b.copy_(new_b if ok is None else torch.where(ok, new_b, b))
+        xs.append(_normalized_bf16(torch.stack(updates), eps))
+    return xs
+
+
+def _apply(ps: list[list[torch.Tensor]], orthos: list[torch.Tensor], scales: list[torch.Tensor],
+           decay: torch.Tensor | None, ok: torch.Tensor | None) -> None:
+    """Per stack: p <- p * decay + ortho * scale (scale: -lr times the per-matrix ratio; both skipped where not ok:
+    decay is then 1 and the update -0.0, and x + -0.0 is x for every x, a -0.0 weight included)."""
+    for p_list, ortho, scale in zip(ps, orthos, scales):
+        delta = ortho * scale
+        if ok is not None:
+            delta = torch.where(ok, delta, -0.0)
+        for i, p in enumerate(p_list):
+            if decay is not None:
+                p.mul_(decay)
+            p.add_(delta[i])
 
 
 def _wide(t: torch.Tensor) -> torch.Tensor:
@@ -110,14 +154,21 @@ def _wide(t: torch.Tensor) -> torch.Tensor:
     return t.mT if t.shape[0] > t.shape[1] else t
 
 
-def _newton_schulz_stack(g: torch.Tensor, coefficients, steps: int, eps: float) -> torch.Tensor:
-    """torch.optim._muon._zeropower_via_newtonschulz over a stack [n, A, B] of wide matrices (A <= B)."""
-    if g.size(1) > g.size(2):
-        raise ValueError(f"Newton-Schulz stack {tuple(g.shape)} is tall: pass the transposes (A <= B)")
-    a, b, c = coefficients
+def _normalized_bf16(g: torch.Tensor, eps: float) -> torch.Tensor:
     x = g.bfloat16()
-    x = x / x.flatten(1).norm(dim=1).clamp(min=eps)[:, None, None]
+    return x / x.flatten(1).norm(dim=1).clamp(min=eps)[:, None, None]
+
+
+def _newton_schulz_iterations(x: torch.Tensor, coefficients, steps: int) -> torch.Tensor:
+    a, b, c = coefficients
     for _ in range(steps):
         gram = torch.bmm(x, x.transpose(1, 2))
         x = torch.baddbmm(x, torch.baddbmm(gram, gram, gram, beta=b, alpha=c), x, beta=a)
     return x
+
+
+def _newton_schulz_stack(g: torch.Tensor, coefficients, steps: int, eps: float) -> torch.Tensor:
+    """torch.optim._muon._zeropower_via_newtonschulz over a stack [n, A, B] of wide matrices (A <= B)."""
+    if g.size(1) > g.size(2):
+        raise ValueError(f"Newton-Schulz stack {tuple(g.shape)} is tall: pass the transposes (A <= B)")
+    return _newton_schulz_iterations(_normalized_bf16(g, eps), coefficients, steps)

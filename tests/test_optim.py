@@ -73,3 +73,78 @@ def test_a_step_refused_on_the_device_changes_no_bit():
     b.step(ok=torch.tensor(False))
     for y, w, m in zip(b_p, *before):
         assert torch.equal(bits(y.detach()), w) and torch.equal(bits(b.state[y]["momentum_buffer"]), m)
+
+
+def test_the_compiled_elementwise_graphs_trace_whole_and_match_the_eager_step(monkeypatch):
+    """On CUDA `_momentum` and `_apply` run as torch.compile graphs. Traced here with aot_eager (the same
+    fullgraph capture, no C++ build): no graph break, the same bits as the eager step over steps with a new lr
+    each (no recompile for it), a refused step included; one graph per function and firewall form."""
+    from torch._dynamo.utils import counters
+
+    from dormouse import optim
+
+    torch._dynamo.reset()
+    counters.clear()
+    compiled = {}
+
+    def fused(fn, cuda):
+        return compiled.setdefault(fn, torch.compile(fn, fullgraph=True, dynamic=False, backend="aot_eager"))
+
+    kw = dict(lr=0.02, momentum=0.95, nesterov=True, weight_decay=0.1, adjust_lr_fn="match_rms_adamw")
+    a_p, b_p = params(), params()
+    a, b = StackedMuon(a_p, **kw), StackedMuon(b_p, **kw)
+    gen = torch.Generator().manual_seed(3)
+    for step in range(4):
+        for x, y in zip(a_p, b_p):
+            x.grad = torch.randn(x.shape, generator=gen)
+            y.grad = x.grad.clone()
+        for opt in (a, b):
+            opt.param_groups[0]["lr"] = 0.02 * (1 - step / 8)
+        ok = torch.tensor(step != 2)
+        a.step(ok=ok)
+        monkeypatch.setattr(optim, "_fused", fused)
+        b.step(ok=ok)
+        monkeypatch.undo()
+        for x, y in zip(a_p, b_p):
+            assert torch.equal(bits(x.detach()), bits(y.detach())), step
+            assert torch.equal(bits(a.state[x]["momentum_buffer"]), bits(b.state[y]["momentum_buffer"])), step
+    assert counters["stats"]["unique_graphs"] == 2, dict(counters["stats"])
+    assert not counters["graph_break"]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (the inductor graphs of the step)")
+def test_the_inductor_step_on_cuda_matches_the_eager_step():
+    """The CUDA path (`_momentum` and `_apply` as inductor graphs) against the same functions eager on CUDA:
+    momentum to fp32 rounding, weights to bf16 rounding of the Newton–Schulz input; a refused step changes
+    no bit."""
+    from dormouse import optim
+
+    kw = dict(lr=0.02, momentum=0.95, nesterov=True, weight_decay=0.1, adjust_lr_fn="match_rms_adamw")
+    a_p, b_p = [p.cuda() for p in params()], [p.cuda() for p in params()]
+    a_p, b_p = [torch.nn.Parameter(p.detach()) for p in a_p], [torch.nn.Parameter(p.detach()) for p in b_p]
+    a, b = StackedMuon(a_p, **kw), StackedMuon(b_p, **kw)
+    start = [p.detach().clone() for p in a_p]
+    gen = torch.Generator(device="cuda").manual_seed(4)
+    eager = optim._fused
+    for step in range(4):
+        for x, y in zip(a_p, b_p):
+            x.grad = torch.randn(x.shape, generator=gen, device="cuda")
+            y.grad = x.grad.clone()
+        if step == 2:
+            b_p[3].grad[0, 0] = float("nan")
+            before = [bits(y.detach()).clone() for y in b_p]
+        ok = torch.tensor(step != 2, device="cuda")
+        optim._fused = lambda fn, cuda: fn
+        try:
+            a.step(ok=ok)
+        finally:
+            optim._fused = eager
+        b.step(ok=ok)
+        if step == 2:
+            assert all(torch.equal(bits(y.detach()), w) for y, w in zip(b_p, before))
+    for x, y, s in zip(a_p, b_p, start):
+        moved = (x - s).abs().max()
+        assert (x - y).abs().max() <= 0.02 * moved
+        mx, my = a.state[x]["momentum_buffer"], b.state[y]["momentum_buffer"]
+        assert (mx - my).abs().max() <= 1e-6 * mx.abs().max()
