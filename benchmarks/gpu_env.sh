@@ -4,9 +4,9 @@ python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upg
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 TRITON_CACHE_DIR=${TRITON_CACHE_DIR:-$PWD/.triton}
 mkdir -p "$TRITON_CACHE_DIR"
 # .cache_h200/ holds the latest lease's (ignored); benchmarks/triton_autotune_h200.tgz is the committed copy
-# (168 results: the small and medium presets' chunk_kda with and without the activations inside, FLA's
-# KDAForCausalLM at small, the layer variants of benchmarks/kda_layer_h200.py at small and medium, the fp32 GPU
-# tests of test_kda.py; H200 + triton 3.6 + fla-core 0.6.0, 2026-12-04), so a fresh
+# (217 results: the small and medium presets' chunk_kda with and without the activations inside, FLA's
+# KDAForCausalLM at small and medium, the layer variants of benchmarks/kda_layer_h200.py at small and medium, the fp32
+# GPU tests of test_kda.py, dormouse.model.conv_triton at medium; H200 + triton 3.6 + fla-core 0.6.0, 2026-12-04), so a fresh
 # checkout starts warm too. Results for other shapes or versions are simply not hit.
 for t in benchmarks/triton_autotune_h200.tgz .cache_h200/triton_autotune.tgz; do
   [ -f "$t" ] && tar -xzf "$t" -C "$TRITON_CACHE_DIR"

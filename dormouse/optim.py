@@ -62,7 +62,8 @@ class StackedMuon(torch.optim.Muon):
     The elementwise work around the iterations is two functions over every stack of a group, `_momentum`
     (momentum, the firewall's selection, the bf16 cast and the per-matrix norm) and `_apply` (decay and
     update). On CUDA each is one torch.compile graph: eagerly they were ~13 passes over the fp32 weights and
-    state, 4.7 of medium's 11 ms a step (benchmarks/README.md, "Run 7").
+    state, ~4.7 of medium's 11 ms a step; with the graphs medium's step went 104.9 -> 100.8 ms (benchmarks/README.md,
+    "Run 7"). The first step compiles them (~10 s at medium).
 
     `step(ok=...)` takes the NaN firewall's decision as a bool 0-d tensor on the device (as fused AdamW
     takes `found_inf`): where it is False the step changes no parameter and no state, and nothing waits
