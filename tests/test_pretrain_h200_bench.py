@@ -229,11 +229,11 @@ def test_the_layer_ablation_builds_every_cpu_variant():
     assert r.returncode == 0, r.stderr[-3000:]
     table = r.stdout[r.stdout.index("variant"):].splitlines()[1:]
     rows = {line.split()[0]: line for line in table}
-    assert list(rows) == ["kernel", "ours", "torch_gates", "separate_proj", "torch_conv", "ours_noconv", "no_kernel",
-                          "fla_norm", "fla_layer"]
-    for name in ("kernel", "ours", "torch_gates", "separate_proj", "torch_conv", "ours_noconv", "no_kernel"):
+    assert list(rows) == ["kernel", "ours", "fla_conv", "torch_gates", "separate_proj", "torch_conv", "ours_noconv",
+                          "no_kernel", "fla_norm", "fla_layer"]
+    for name in ("kernel", "ours", "fla_conv", "torch_gates", "separate_proj", "torch_conv", "ours_noconv", "no_kernel"):
         assert rows[name].split()[1] != "n/a" and "failed" not in rows[name], rows[name]
-    assert all("max|this-ours| 0 of" in rows[n] for n in ("torch_conv", "torch_gates"))  # the same code on CPU
+    assert all("max|this-ours| 0 of" in rows[n] for n in ("fla_conv", "torch_conv", "torch_gates"))  # the same code on CPU
     diff, scale = (float(rows["separate_proj"].split()[i]) for i in (4, 7))  # "max|this-ours| D of max|ours| S"
     assert diff <= 1e-5 * scale, rows["separate_proj"]  # one stacked matmul against six: fp32 rounding only
     assert all("skipped: FLA needs CUDA" in rows[n] for n in ("fla_norm", "fla_layer"))
