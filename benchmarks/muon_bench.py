@@ -5,11 +5,14 @@ first in the CPU profile of our step); on CPU it shows the host-side share.
     .venv/bin/python benchmarks/muon_bench.py --preset small            # CPU
     python3 benchmarks/muon_bench.py --preset small --device cuda       # device tool
 
-It also times StackedMuon under the pretrain stage's device firewall both ways: `step(ok=...)` (the
-decision taken inside the step, since run 6) and `firewall.guarded_step`'s generic path (every weight and
-state cloned, then put back with torch.where: what the stage ran before), and the Newton–Schulz iterations
-alone on the same stacks (bf16, wide, as StackedMuon runs them) with their FLOPs and rate: the part of
-StackedMuon's step that is matmul, against the rest (momentum, stacking, the update).
+"StackedMuon, eager" runs its elementwise work (`_momentum`, `_apply`) eagerly, as before run 7; the other
+StackedMuon rows take its inductor graphs on CUDA, which the first warm-up step compiles for the ok and the no-ok
+form (run 7's call of this script ran out of its 120 s before printing: give it 300 s). It also times StackedMuon
+under the pretrain stage's device firewall both ways: `step(ok=...)` (the decision taken inside the step, since
+run 6) and `firewall.guarded_step`'s generic path (every weight and state cloned, then put back with torch.where:
+what the stage ran before), and the Newton–Schulz iterations alone on the same stacks (bf16, wide, as StackedMuon
+runs them) with their FLOPs and rate: the part of StackedMuon's step that is matmul, against the rest (momentum,
+stacking, the update).
 """
 
 import argparse
@@ -26,6 +29,7 @@ from dormouse.config import load_preset  # noqa: E402
 from dormouse.model.config import ModelConfig  # noqa: E402
 from dormouse.model.gpt import ByteLM  # noqa: E402
 from dormouse.firewall import guarded_step  # noqa: E402
+from dormouse import optim  # noqa: E402
 from dormouse.optim import StackedMuon, _newton_schulz_stack  # noqa: E402
 
 
@@ -106,14 +110,17 @@ def main(argv=None) -> int:
     kw = dict(lr=0.02, momentum=0.95, nesterov=True, weight_decay=0.0, adjust_lr_fn="match_rms_adamw")
     res = {}
     ok = torch.ones((), dtype=torch.bool, device=device)
-    for name, cls in (("torch.optim.Muon", torch.optim.Muon), ("StackedMuon", StackedMuon),
-                      ("+ firewall, ok", StackedMuon), ("+ firewall, where", StackedMuon)):
+    fused = optim._fused
+    for name, cls in (("torch.optim.Muon", torch.optim.Muon), ("StackedMuon, eager", StackedMuon),
+                      ("StackedMuon", StackedMuon), ("+ firewall, ok", StackedMuon), ("+ firewall, where", StackedMuon)):
+        optim._fused = (lambda fn, cuda: fn) if name == "StackedMuon, eager" else fused
         torch.manual_seed(0)
         hidden, _ = ByteLM(cfg).to(device).param_groups()
         opt = cls(hidden, **kw)
         step = {"+ firewall, ok": lambda: guarded_step(opt, ok),  # noqa: B023 - called before the next iteration
                 "+ firewall, where": lambda: guarded_step(_Generic(opt), ok)}.get(name)  # noqa: B023
         res[name] = time_steps(opt, hidden, device, args.steps, args.warmup, step)
+    optim._fused = fused
     ns_s, ns_fl, per = time_ns(hidden, device, opt, args.steps, args.warmup)
     shapes = sorted({tuple(p.shape) for p in hidden})
     print(f"preset {args.preset}: {len(hidden)} hidden matrices in {len(shapes)} shapes {shapes}; device {device}; "

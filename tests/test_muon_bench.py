@@ -13,7 +13,7 @@ def test_muon_bench_prints_every_row(capsys):
     assert bench.main(["--preset", "tiny", "--steps", "1", "--warmup", "1"]) == 0
     lines = capsys.readouterr().out.splitlines()[1:]
     rows = {line[:18].strip(): line for line in lines if not line.startswith("  stack ")}
-    assert list(rows) == ["torch.optim.Muon", "StackedMuon", "+ firewall, ok", "+ firewall, where",
+    assert list(rows) == ["torch.optim.Muon", "StackedMuon, eager", "StackedMuon", "+ firewall, ok", "+ firewall, where",
                           "Newton-Schulz only"]
     assert all(" ms/step " in r for r in rows.values())
     stacks = [line for line in lines if line.startswith("  stack ")]  # one per wide shape of the tiny preset
