@@ -48,17 +48,26 @@ def bits(t: torch.Tensor) -> torch.Tensor:
     return t.view(torch.int32)  # fp32 bit patterns: torch.equal alone takes -0.0 for 0.0
 
 
+def twins(kw: dict, device: str = "cpu"):
+    """Two StackedMuons over equal copies of `params()`."""
+    a_p, b_p = ([torch.nn.Parameter(p.detach().to(device)) for p in params()] for _ in range(2))
+    return a_p, b_p, StackedMuon(a_p, **kw), StackedMuon(b_p, **kw)
+
+
+def same_grads(a_p, b_p, gen: torch.Generator) -> None:
+    for x, y in zip(a_p, b_p):
+        x.grad = torch.randn(x.shape, generator=gen, device=x.device)
+        y.grad = x.grad.clone()
+
+
 def test_a_step_refused_on_the_device_changes_no_bit():
     """step(ok=False) with non-finite gradients (NaN in one matrix, inf in another) leaves every weight and
     momentum bit as it was, a -0.0 weight included; step(ok=True) is step() bit for bit."""
     kw = dict(lr=0.02, momentum=0.95, nesterov=True, weight_decay=0.1, adjust_lr_fn=None)
-    a_p, b_p = params(), params()
-    a, b = StackedMuon(a_p, **kw), StackedMuon(b_p, **kw)
+    a_p, b_p, a, b = twins(kw)
     gen = torch.Generator().manual_seed(2)
     for _ in range(2):
-        for x, y in zip(a_p, b_p):
-            x.grad = torch.randn(x.shape, generator=gen)
-            y.grad = x.grad.clone()
+        same_grads(a_p, b_p, gen)
         a.step()
         b.step(ok=torch.tensor(True))
     for x, y in zip(a_p, b_p):
@@ -91,13 +100,10 @@ def test_the_compiled_elementwise_graphs_trace_whole_and_match_the_eager_step(mo
         return compiled.setdefault(fn, torch.compile(fn, fullgraph=True, dynamic=False, backend="aot_eager"))
 
     kw = dict(lr=0.02, momentum=0.95, nesterov=True, weight_decay=0.1, adjust_lr_fn="match_rms_adamw")
-    a_p, b_p = params(), params()
-    a, b = StackedMuon(a_p, **kw), StackedMuon(b_p, **kw)
+    a_p, b_p, a, b = twins(kw)
     gen = torch.Generator().manual_seed(3)
     for step in range(4):
-        for x, y in zip(a_p, b_p):
-            x.grad = torch.randn(x.shape, generator=gen)
-            y.grad = x.grad.clone()
+        same_grads(a_p, b_p, gen)
         for opt in (a, b):
             opt.param_groups[0]["lr"] = 0.02 * (1 - step / 8)
         ok = torch.tensor(step != 2)
@@ -121,16 +127,12 @@ def test_the_inductor_step_on_cuda_matches_the_eager_step():
     from dormouse import optim
 
     kw = dict(lr=0.02, momentum=0.95, nesterov=True, weight_decay=0.1, adjust_lr_fn="match_rms_adamw")
-    a_p, b_p = [p.cuda() for p in params()], [p.cuda() for p in params()]
-    a_p, b_p = [torch.nn.Parameter(p.detach()) for p in a_p], [torch.nn.Parameter(p.detach()) for p in b_p]
-    a, b = StackedMuon(a_p, **kw), StackedMuon(b_p, **kw)
+    a_p, b_p, a, b = twins(kw, "cuda")
     start = [p.detach().clone() for p in a_p]
     gen = torch.Generator(device="cuda").manual_seed(4)
     eager = optim._fused
     for step in range(4):
-        for x, y in zip(a_p, b_p):
-            x.grad = torch.randn(x.shape, generator=gen, device="cuda")
-            y.grad = x.grad.clone()
+        same_grads(a_p, b_p, gen)
         if step == 2:
             b_p[3].grad[0, 0] = float("nan")
             before = [bits(y.detach()).clone() for y in b_p]
