@@ -6,11 +6,13 @@ reported as ms and as a ratio to the raw kernel measured in the same run:
 
   kernel          fla.ops.kda.chunk_kda on pre-activated inputs (the reference)
   ours            dormouse KDAMixer as the stage runs it: the six input projections as one compiled matmul,
-                  our Triton conv (dormouse.model.conv_triton, eager), the q/k L2 norms, decay gate and beta's sigmoid inside chunk_kda, finish
-                  compiled with inductor
+                  our Triton conv (dormouse.model.conv_triton, eager), the q/k L2 norms, decay gate and beta's
+                  sigmoid inside chunk_kda, finish compiled with inductor
   fla_conv        ours with FLA's Triton causal_conv1d for the short convs (the layer of run 6)
-  torch_gates     ours with those activations in our compiled `gates` region (the layer until run 6)
-  separate_proj   torch_gates with the six projections as separate eager nn.Linear calls (early run 6)
+  torch_gates     ours with those activations in our compiled `gates` region (the layer until run 6, but with
+                  our conv since run 7: not comparable with its earlier rows)
+  separate_proj   torch_gates with the six projections as separate eager nn.Linear calls (early run 6; our conv
+                  since run 7)
   torch_conv      the layer until run 5: projections, our torch conv and the gates in one compiled region
   ours_noconv     ours without the short convs (what the three convs cost; its SiLUs run eagerly)
   no_kernel       ours with the core replaced by o = v (all of our code around the kernel)

@@ -16,6 +16,7 @@ stacking, the update).
 """
 
 import argparse
+import contextlib
 import statistics
 import sys
 import time
@@ -31,6 +32,17 @@ from dormouse.model.gpt import ByteLM  # noqa: E402
 from dormouse.firewall import guarded_step  # noqa: E402
 from dormouse import optim  # noqa: E402
 from dormouse.optim import StackedMuon, _newton_schulz_stack  # noqa: E402
+
+
+@contextlib.contextmanager
+def eager_elementwise():
+    """StackedMuon's `_momentum` and `_apply` run eagerly inside (as before run 7), compiled or not."""
+    fused = optim._fused
+    optim._fused = lambda fn, cuda, layout: fn
+    try:
+        yield
+    finally:
+        optim._fused = fused
 
 
 class _Generic:
@@ -110,17 +122,15 @@ def main(argv=None) -> int:
     kw = dict(lr=0.02, momentum=0.95, nesterov=True, weight_decay=0.0, adjust_lr_fn="match_rms_adamw")
     res = {}
     ok = torch.ones((), dtype=torch.bool, device=device)
-    fused = optim._fused
     for name, cls in (("torch.optim.Muon", torch.optim.Muon), ("StackedMuon, eager", StackedMuon),
                       ("StackedMuon", StackedMuon), ("+ firewall, ok", StackedMuon), ("+ firewall, where", StackedMuon)):
-        optim._fused = (lambda fn, cuda: fn) if name == "StackedMuon, eager" else fused
         torch.manual_seed(0)
         hidden, _ = ByteLM(cfg).to(device).param_groups()
         opt = cls(hidden, **kw)
         step = {"+ firewall, ok": lambda: guarded_step(opt, ok),  # noqa: B023 - called before the next iteration
                 "+ firewall, where": lambda: guarded_step(_Generic(opt), ok)}.get(name)  # noqa: B023
-        res[name] = time_steps(opt, hidden, device, args.steps, args.warmup, step)
-    optim._fused = fused
+        with eager_elementwise() if name == "StackedMuon, eager" else contextlib.nullcontext():
+            res[name] = time_steps(opt, hidden, device, args.steps, args.warmup, step)
     ns_s, ns_fl, per = time_ns(hidden, device, opt, args.steps, args.warmup)
     shapes = sorted({tuple(p.shape) for p in hidden})
     print(f"preset {args.preset}: {len(hidden)} hidden matrices in {len(shapes)} shapes {shapes}; device {device}; "

@@ -7,6 +7,8 @@ then linear decay to `min_lr_frac` of the peak over the last `decay_frac` of the
 
 from __future__ import annotations
 
+import types
+
 import torch
 
 
@@ -63,7 +65,8 @@ class StackedMuon(torch.optim.Muon):
     (momentum, the firewall's selection, the bf16 cast and the per-matrix norm) and `_apply` (decay and
     update). On CUDA each is one torch.compile graph: eagerly they were ~13 passes over the fp32 weights and
     state, ~4.7 of medium's 11 ms a step; with the graphs medium's step went 104.9 -> 100.8 ms (benchmarks/README.md,
-    "Run 7"). The first step compiles them (~10 s at medium).
+    "Run 7"). The first step compiles them (~10 s at medium). Every stack's bf16 Newton–Schulz input and output
+    now exist at once (not one stack at a time): ~4 more bytes per hidden-matrix weight at the peak.
 
     `step(ok=...)` takes the NaN firewall's decision as a bool 0-d tensor on the device (as fused AdamW
     takes `found_inf`): where it is False the step changes no parameter and no state, and nothing waits
@@ -90,7 +93,8 @@ class StackedMuon(torch.optim.Muon):
                 by_shape.setdefault((min(p.shape), max(p.shape), p.device, p.dtype), []).append(i)
             stacks = list(by_shape.values())
             cuda = params[0].is_cuda
-            xs = _fused(_momentum, cuda)([[_wide(grads[i]) for i in idx] for idx in stacks],
+            layout = tuple((key, len(idx)) for key, idx in by_shape.items())  # what the compiled graphs are for
+            xs = _fused(_momentum, cuda, layout)([[_wide(grads[i]) for i in idx] for idx in stacks],
                                          [[_wide(bufs[i]) for i in idx] for idx in stacks],
                                          momentum, group["nesterov"], group["eps"], ok)
             orthos = [_newton_schulz_iterations(x, group["ns_coefficients"], group["ns_steps"]) for x in xs]
@@ -105,20 +109,25 @@ class StackedMuon(torch.optim.Muon):
             decay = None
             if wd:  # a 0-d device tensor too (where(ok, ...) or a fill): the compiled graph takes it as an input
                 decay = torch.where(ok, 1 - lr * wd, 1.0) if ok is not None else scales[0].new_full((), 1 - lr * wd)
-            _fused(_apply, cuda)([[_wide(params[i]) for i in idx] for idx in stacks], orthos, scales, decay, ok)
+            _fused(_apply, cuda, layout)([[_wide(params[i]) for i in idx] for idx in stacks], orthos, scales, decay, ok)
         return loss
 
 
 _COMPILED: dict = {}
+_BACKEND = "inductor"  # the tests trace with aot_eager (no C++ build on CPU)
 
 
-def _fused(fn, cuda: bool):
-    """fn compiled (one inductor graph over every stack of the group) on CUDA; fn itself elsewhere."""
+def _fused(fn, cuda: bool, layout: tuple):
+    """fn compiled (one inductor graph over every stack of the group) on CUDA; fn itself elsewhere. One
+    torch.compile per (fn, stack layout), each on its own copy of fn's code object: dynamo keeps its graphs and its
+    limit of 8 recompiles per code object, and one process can hold more layouts than that (the GPU tests, a
+    benchmark's several models), past which a fullgraph compile raises instead of compiling."""
     if not cuda:
         return fn
-    if fn not in _COMPILED:
-        _COMPILED[fn] = torch.compile(fn, fullgraph=True, dynamic=False)
-    return _COMPILED[fn]
+    if (fn, layout) not in _COMPILED:
+        own = types.FunctionType(fn.__code__.replace(), fn.__globals__, fn.__name__, fn.__defaults__, fn.__closure__)
+        _COMPILED[fn, layout] = torch.compile(own, fullgraph=True, dynamic=False, backend=_BACKEND)
+    return _COMPILED[fn, layout]
 
 
 def _momentum(gs: list[list[torch.Tensor]], bs: list[list[torch.Tensor]], momentum: float, nesterov: bool,

@@ -6,6 +6,7 @@ import copy
 import pytest
 import torch
 
+from dormouse import optim
 from dormouse.optim import StackedMuon
 
 
@@ -84,38 +85,64 @@ def test_a_step_refused_on_the_device_changes_no_bit():
         assert torch.equal(bits(y.detach()), w) and torch.equal(bits(b.state[y]["momentum_buffer"]), m)
 
 
-def test_the_compiled_elementwise_graphs_trace_whole_and_match_the_eager_step(monkeypatch):
-    """On CUDA `_momentum` and `_apply` run as torch.compile graphs. Traced here with aot_eager (the same
-    fullgraph capture, no C++ build): no graph break, the same bits as the eager step over steps with a new lr
-    each (no recompile for it), a refused step included; one graph per function and firewall form."""
-    from torch._dynamo.utils import counters
-
-    from dormouse import optim
-
+def compiled_on_cpu(monkeypatch):
+    """Route StackedMuon through `optim._fused`'s compiled path on CPU, traced with aot_eager (the same fullgraph
+    capture as on CUDA, no C++ build)."""
     torch._dynamo.reset()
-    counters.clear()
-    compiled = {}
+    monkeypatch.setattr(optim, "_COMPILED", {})
+    monkeypatch.setattr(optim, "_BACKEND", "aot_eager")
+    real = optim._fused
+    monkeypatch.setattr(optim, "_fused", lambda fn, cuda, layout: real(fn, True, layout))
 
-    def fused(fn, cuda):
-        return compiled.setdefault(fn, torch.compile(fn, fullgraph=True, dynamic=False, backend="aot_eager"))
+
+def test_the_compiled_elementwise_graphs_trace_whole_and_match_the_eager_step(monkeypatch):
+    """On CUDA `_momentum` and `_apply` run as torch.compile graphs: no graph break, the same bits as the eager
+    step over steps with a new lr each (no recompile for it), and a refused step with a NaN gradient and a -0.0
+    weight changes no bit; one graph per function and firewall form."""
+    from torch._dynamo.utils import counters
 
     kw = dict(lr=0.02, momentum=0.95, nesterov=True, weight_decay=0.1, adjust_lr_fn="match_rms_adamw")
     a_p, b_p, a, b = twins(kw)
     gen = torch.Generator().manual_seed(3)
+    compiled_on_cpu(monkeypatch)
+    counters.clear()
     for step in range(4):
         same_grads(a_p, b_p, gen)
         for opt in (a, b):
             opt.param_groups[0]["lr"] = 0.02 * (1 - step / 8)
         ok = torch.tensor(step != 2)
-        a.step(ok=ok)
-        monkeypatch.setattr(optim, "_fused", fused)
+        if step == 2:
+            with torch.no_grad():
+                a_p[3][0, 0] = b_p[3][0, 0] = -0.0
+            a_p[5].grad[1, 1] = b_p[5].grad[1, 1] = float("nan")
+            before = [bits(y.detach()).clone() for y in b_p], [bits(b.state[y]["momentum_buffer"]).clone() for y in b_p]
+        with monkeypatch.context() as eager:
+            eager.setattr(optim, "_fused", lambda fn, cuda, layout: fn)
+            a.step(ok=ok)
         b.step(ok=ok)
-        monkeypatch.undo()
+        if step == 2:
+            for y, w, m in zip(b_p, *before):
+                assert torch.equal(bits(y.detach()), w) and torch.equal(bits(b.state[y]["momentum_buffer"]), m)
         for x, y in zip(a_p, b_p):
             assert torch.equal(bits(x.detach()), bits(y.detach())), step
             assert torch.equal(bits(a.state[x]["momentum_buffer"]), bits(b.state[y]["momentum_buffer"])), step
     assert counters["stats"]["unique_graphs"] == 2, dict(counters["stats"])
     assert not counters["graph_break"]
+
+
+def test_more_stack_layouts_than_dynamos_recompile_limit_each_compile_once(monkeypatch):
+    """Dynamo allows 8 recompiles per code object and a fullgraph compile past them raises; a process can hold more
+    optimizer layouts than that (the GPU tests, a benchmark's models), so each layout compiles its own copy."""
+    from torch._dynamo.utils import counters
+
+    compiled_on_cpu(monkeypatch)
+    counters.clear()
+    for n in range(1, 11):  # ten layouts: 1..10 matrices of 8 x 16
+        ps = [torch.nn.Parameter(torch.randn(8, 16)) for _ in range(n)]
+        for p in ps:
+            p.grad = torch.randn_like(p)
+        StackedMuon(ps, lr=0.02, weight_decay=0.1).step(ok=torch.tensor(True))
+    assert counters["stats"]["unique_graphs"] == 20, dict(counters["stats"])
 
 
 @pytest.mark.gpu
@@ -124,8 +151,6 @@ def test_the_inductor_step_on_cuda_matches_the_eager_step():
     """The CUDA path (`_momentum` and `_apply` as inductor graphs) against the same functions eager on CUDA:
     momentum to fp32 rounding, weights to bf16 rounding of the Newton–Schulz input; a refused step changes
     no bit."""
-    from dormouse import optim
-
     kw = dict(lr=0.02, momentum=0.95, nesterov=True, weight_decay=0.1, adjust_lr_fn="match_rms_adamw")
     a_p, b_p, a, b = twins(kw, "cuda")
     start = [p.detach().clone() for p in a_p]
@@ -137,7 +162,7 @@ def test_the_inductor_step_on_cuda_matches_the_eager_step():
             b_p[3].grad[0, 0] = float("nan")
             before = [bits(y.detach()).clone() for y in b_p]
         ok = torch.tensor(step != 2, device="cuda")
-        optim._fused = lambda fn, cuda: fn
+        optim._fused = lambda fn, cuda, layout: fn
         try:
             a.step(ok=ok)
         finally:

@@ -20,7 +20,7 @@ import torch
 import triton
 import triton.language as tl
 
-MAX_W = 4  # `_bwd_g` keeps one accumulator per tap
+MAX_W = 4  # `_bwd_g` keeps one accumulator per tap; `kda.short_conv` sends wider convs elsewhere
 # BT rows x BD channels a tile; the product bounded so that W tap tiles (and `_bwd_g`'s W accumulators) stay in registers
 _CONFIGS = [triton.Config({"BT": bt, "BD": bd}, num_warps=nw)
             for bt in (32, 64, 128) for bd in (32, 64, 128) for nw in (4, 8) if bt * bd <= 8192]
@@ -125,9 +125,10 @@ def _grid(D: int, T: int, B: int, rows: int | None = None):
 def _rows_per_program(B: int, T: int) -> int:
     """`_bwd_g`'s rows per program (the weight gradient's partials are per batch row and ROWS rows): up to 512
     (medium's 2048 in 4 programs) while at least 64 programs stand along batch x time (times the D blocks:
-    enough to fill the GPU); at least 64, the largest tile."""
+    enough to fill the GPU) and no more than T needs; at least the largest tile (the kernel loops ROWS // BT)."""
+    least = max(c.kwargs["BT"] for c in _CONFIGS_G)
     rows = 512
-    while rows > 64 and B * triton.cdiv(T, rows) < 64:
+    while rows > least and (B * triton.cdiv(T, rows) < 64 or rows // 2 >= T):
         rows //= 2
     return rows
 

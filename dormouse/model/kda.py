@@ -274,13 +274,12 @@ def _fla_causal_conv1d():
 
 @functools.lru_cache(maxsize=None)
 def _conv_triton():
-    """Our Triton conv from the sequence start (`dormouse.model.conv_triton.silu_conv_triton`), or None when
-    triton is not importable."""
+    """`dormouse.model.conv_triton` (our Triton conv from the sequence start), or None when triton is not importable."""
     try:
-        from dormouse.model.conv_triton import silu_conv_triton
+        from dormouse.model import conv_triton
     except Exception:  # noqa: BLE001 - any import failure means "use FLA's or the torch path"
         return None
-    return silu_conv_triton
+    return conv_triton
 
 
 def short_conv_fla(x: torch.Tensor, weight: torch.Tensor, cache: torch.Tensor | None, op=None) -> torch.Tensor:
@@ -298,7 +297,7 @@ def short_conv(x: torch.Tensor, weight: torch.Tensor, cache: torch.Tensor | None
     previous W-1 inputs [B, W-1, C]; None: sequence start). weight [C, 1, W]. Returns (y [B, T, C] in x's
     dtype, the new cache).
 
-    On CUDA from the sequence start (training, a prompt's first chunk): our Triton kernels
+    On CUDA from the sequence start with W <= 4 (training, a prompt's first chunk): our Triton kernels
     (`dormouse.model.conv_triton`; FLA's backward costs ~5 x its memory traffic). On CUDA with a cache: FLA's
     Triton `causal_conv1d` (0.84 ms less than the torch code under inductor for the three convs of a medium
     layer, benchmarks/README.md "Run 5"). Otherwise `regions.silu_conv`. Counts `conv_path.triton` /
@@ -306,6 +305,7 @@ def short_conv(x: torch.Tensor, weight: torch.Tensor, cache: torch.Tensor | None
     B, T, C = x.shape
     W = weight.shape[-1]
     ours = _conv_triton() if x.is_cuda and cache is None else None
+    ours = ours if ours is not None and W <= ours.MAX_W else None  # wider: FLA's or the torch path
     op = _fla_causal_conv1d() if x.is_cuda and ours is None else None
     path = "conv_path.triton" if ours is not None else "conv_path.fla" if op is not None else "conv_path.torch"
     if counters is not None:
@@ -313,7 +313,7 @@ def short_conv(x: torch.Tensor, weight: torch.Tensor, cache: torch.Tensor | None
     head = x.new_zeros(B, W - 1, C) if cache is None else cache.to(x.dtype)
     new_cache = x[:, T - (W - 1):] if T >= W - 1 else torch.cat([head, x], 1)[:, T:]  # the last W-1 inputs
     if ours is not None:
-        return ours(x, weight), new_cache
+        return ours.silu_conv_triton(x, weight), new_cache
     if op is not None:  # the kernel reads the cache itself: no [B, W-1+T, C] copy
         return short_conv_fla(x, weight, cache, op), new_cache
     return silu_conv(torch.cat([head, x], 1), weight), new_cache
