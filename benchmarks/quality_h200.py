@@ -121,19 +121,21 @@ def train_for(system: str, cfg: ModelConfig, train: dict, shards, device, budget
     if warmup_steps:  # autotune and compile on a throwaway model of the same shapes: the timed one starts at its init
         w_model, w_scored, w_opts, _ = build(system, cfg, train, device)
         w_stream = TrainStream(bins, train["batch_size"], train["seq_len"], train["seed"] + 1)
+        # the timed step's own path (clip, firewall, `step(ok=...)`): the optimizer's graphs compile here too
+        w_fw = Firewall(w_opts, w_model.parameters(), train["grad_clip"], train["max_bad_steps"], distributed.World(),
+                        on_device=device.type == "cuda")
         t = time.time()
         for _ in range(warmup_steps):
             x, y = (a.to(device) for a in w_stream.next_batch())
-            loss_of(w_model, x, y).backward()
-            for o in w_opts:
-                o.step()
-                o.zero_grad(set_to_none=True)
+            loss = loss_of(w_model, x, y)
+            w_fw.step(loss, loss, "warm-up")
+        w_fw.read("warm-up")
         evaluate(w_scored, ex[: train["batch_size"]], ey[: train["batch_size"]], train["batch_size"], device, train, Counter())
         if device.type == "cuda":
             torch.cuda.synchronize(device)
         log(f"{system}: warm-up {warmup_steps} steps + one eval batch on a throwaway model: {time.time() - t:.1f} s")
         graphed.clear()  # the throwaway model's graphs go with it
-        del w_model, w_scored, w_opts
+        del w_model, w_scored, w_opts, w_fw
         gc.collect()  # a GraphedLoss sits in a reference cycle: free its graphs and pool before the clock starts
         if device.type == "cuda":
             torch.cuda.empty_cache()
