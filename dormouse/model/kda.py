@@ -20,6 +20,7 @@ RMSNorm, o_proj) with plain torch modules so the CPU path needs no Triton.
 from __future__ import annotations
 
 import functools
+import importlib
 import math
 from typing import NamedTuple
 
@@ -190,14 +191,19 @@ def chunk_kda_torch(
 # Dispatcher
 # --------------------------------------------------------------------------------------------------
 @functools.lru_cache(maxsize=None)
-def _fla_op(name: str):
-    """FLA's Triton op `fla.ops.kda.<name>`, or None when fla is not importable (imported lazily: CPU
-    runs never pay for it)."""
+def _optional(module: str, attr: str | None = None):
+    """`module` (or its `attr`), or None when it is not importable: FLA needs triton and CUDA-capable builds, and
+    is imported lazily, so CPU runs never pay for it. Any import failure means "use the next path"."""
     try:
-        import fla.ops.kda as ops
-    except Exception:  # noqa: BLE001 - any import failure means "use the torch path"
+        m = importlib.import_module(module)
+    except Exception:  # noqa: BLE001
         return None
-    return getattr(ops, name)
+    return getattr(m, attr) if attr else m
+
+
+def _fla_op(name: str):
+    """FLA's Triton op `fla.ops.kda.<name>`, or None."""
+    return _optional("fla.ops.kda", name)
 
 
 def kda(
@@ -262,24 +268,14 @@ def kda_fused_gates(q, k, v, f, b, A_log, dt_bias, *, initial_state=None, counte
     )
 
 
-@functools.lru_cache(maxsize=None)
 def _fla_causal_conv1d():
-    """FLA's Triton `causal_conv1d`, or None when fla is not importable."""
-    try:
-        from fla.modules.causal_conv1d.ops import causal_conv1d
-    except Exception:  # noqa: BLE001 - any import failure means "use the torch path"
-        return None
-    return causal_conv1d
+    """FLA's Triton `causal_conv1d`, or None."""
+    return _optional("fla.modules.causal_conv1d.ops", "causal_conv1d")
 
 
-@functools.lru_cache(maxsize=None)
 def _conv_triton():
-    """`dormouse.model.conv_triton` (our Triton conv from the sequence start), or None when triton is not importable."""
-    try:
-        from dormouse.model import conv_triton
-    except Exception:  # noqa: BLE001 - any import failure means "use FLA's or the torch path"
-        return None
-    return conv_triton
+    """`dormouse.model.conv_triton` (our Triton conv from the sequence start), or None."""
+    return _optional("dormouse.model.conv_triton")
 
 
 def short_conv_fla(x: torch.Tensor, weight: torch.Tensor, cache: torch.Tensor | None, op=None) -> torch.Tensor:
