@@ -42,11 +42,37 @@ def write_training_file(path: Path, examples: list[tuple[str, str]], seed: int) 
     path.write_text("\n".join(rows) + "\n", encoding="utf-8")
 
 
-def train(train_file: Path, cfg: dict) -> fasttext.FastText._FastText:
+NAN_HALVINGS = 3
+
+
+def train(train_file: Path, cfg: dict, counters, source: str) -> tuple[fasttext.FastText._FastText, float]:
+    """Train on `train_file`; returns the model and the learning rate it trained at.
+
+    fastText raises "Encountered NaN." when training diverges, which its authors put down to too high
+    a learning rate for the data. Policy: retry once at the same rate (a fault that does not repeat
+    leaves the model every other machine gets), then halve the rate up to NAN_HALVINGS times. Each NaN
+    is counted in `quality.train_nan`; `source` names the example sets in the final error."""
+    lr = cfg["lr"]
+    counters["quality.train_nan"] += 0
+    for attempt in range(2 + NAN_HALVINGS):
+        if attempt >= 2:
+            lr /= 2
+        try:
+            return _train_once(train_file, cfg, lr), lr
+        except RuntimeError as e:
+            if "NaN" not in str(e):
+                raise
+            counters["quality.train_nan"] += 1
+            print(f"[quality] fastText diverged (NaN) at lr {lr:g}; retrying", flush=True)
+    raise SystemExit(f"{source}: fastText training diverged (NaN) at every learning rate tried, "
+                     f"{cfg['lr']:g} down to {lr:g}; lower data.filter.quality.train.lr")
+
+
+def _train_once(train_file: Path, cfg: dict, lr: float) -> fasttext.FastText._FastText:
     return fasttext.train_supervised(
         input=str(train_file),
         epoch=cfg["epoch"],
-        lr=cfg["lr"],
+        lr=lr,
         wordNgrams=cfg["word_ngrams"],
         dim=cfg["dim"],
         minCount=cfg["min_count"],

@@ -35,6 +35,8 @@ def test_manifest_names_inputs_and_corpus_content(built):
     assert set(m["inputs"]) == {"corpus", "positive", "negative"}
     assert len(m["corpus_files"]) > 10 and all(len(f["sha256"]) == 64 for f in m["corpus_files"])
     assert m["quality_model"]["trained"] and 0.5 < m["quality_model"]["valid_precision_at_1"] <= 1
+    assert "quality.train_nan" in m["counters"]  # fastText's NaN retries are counted, zero or not
+    assert m["quality_model"]["train_lr"] == 0.5 / 2 ** max(0, m["counters"]["quality.train_nan"] - 1)
 
 
 def test_eval_tail_never_reaches_a_train_shard(built):

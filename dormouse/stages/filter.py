@@ -70,12 +70,13 @@ def train_classifier(job, art, qcfg, reader_cfg, counters) -> tuple[object, dict
     with tempfile.TemporaryDirectory() as tmp:
         train_file, valid_file = Path(tmp) / "train.txt", Path(tmp) / "valid.txt"
         quality.write_training_file(train_file, examples["train"], tcfg["seed"])
-        model = quality.train(train_file, tcfg)
-        metrics = {}
+        source = f"the example sets {job['inputs']['positive']['specs']} / {job['inputs']['negative']['specs']}"
+        model, lr = quality.train(train_file, tcfg, counters, source)
+        metrics = {"train_lr": lr}
         if examples["valid"]:
             quality.write_training_file(valid_file, examples["valid"], tcfg["seed"])
             n, precision, recall = model.test(str(valid_file))
-            metrics = {"valid_examples": n, "valid_precision_at_1": precision, "valid_recall_at_1": recall}
+            metrics |= {"valid_examples": n, "valid_precision_at_1": precision, "valid_recall_at_1": recall}
     model.save_model(str(art.path("quality_model.bin")))
     print(f"[filter] quality classifier trained: {metrics}", flush=True)
     return model, metrics
