@@ -135,7 +135,7 @@ def train_for(system: str, cfg: ModelConfig, train: dict, shards, device, budget
             torch.cuda.synchronize(device)
         log(f"{system}: warm-up {warmup_steps} steps + one eval batch on a throwaway model: {time.time() - t:.1f} s")
         graphed.clear()  # the throwaway model's graphs go with it
-        del w_model, w_scored, w_opts, w_fw
+        del w_model, w_scored, w_opts, w_fw, w_stream, loss, x, y  # the loss's autograd chain holds the graphs too
         gc.collect()  # a GraphedLoss sits in a reference cycle: free its graphs and pool before the clock starts
         if device.type == "cuda":
             torch.cuda.empty_cache()

@@ -107,8 +107,8 @@ class StackedMuon(torch.optim.Muon):
                                                 device=x.device)[:, None, None]
                 scales.append(ratios[rkey] * lr)  # a device op: lr changes every step, no recompile, no copy
             decay = None
-            if wd:  # a 0-d device tensor too (where(ok, ...) or a fill): the compiled graph takes it as an input
-                decay = torch.where(ok, 1 - lr * wd, 1.0) if ok is not None else scales[0].new_full((), 1 - lr * wd)
+            if wd:  # a 0-d device tensor too: the compiled graph takes it as an input, so a new lr does not recompile
+                decay = scales[0].new_full((), 1 - lr * wd)
             _fused(_apply, cuda, layout)([[_wide(params[i]) for i in idx] for idx in stacks], orthos, scales, decay, ok)
         return loss
 
@@ -147,16 +147,13 @@ def _momentum(gs: list[list[torch.Tensor]], bs: list[list[torch.Tensor]], moment
 
 def _apply(ps: list[list[torch.Tensor]], orthos: list[torch.Tensor], scales: list[torch.Tensor],
            decay: torch.Tensor | None, ok: torch.Tensor | None) -> None:
-    """Per stack: p <- p * decay + ortho * scale (scale: -lr times the per-matrix ratio; both skipped where not ok:
-    decay is then 1 and the update -0.0, and x + -0.0 is x for every x, a -0.0 weight included)."""
+    """Per stack: p <- p * decay + ortho * scale (scale: -lr times the per-matrix ratio). Where not ok, p is
+    selected back whole (torch.where, not an update of -0.0: inductor and triton may drop a constant's sign)."""
     for p_list, ortho, scale in zip(ps, orthos, scales):
         delta = ortho * scale
-        if ok is not None:
-            delta = torch.where(ok, delta, -0.0)
         for i, p in enumerate(p_list):
-            if decay is not None:
-                p.mul_(decay)
-            p.add_(delta[i])
+            new = (p * decay if decay is not None else p) + delta[i]
+            p.copy_(new if ok is None else torch.where(ok, new, p))
 
 
 def _wide(t: torch.Tensor) -> torch.Tensor:
