@@ -150,18 +150,26 @@ def test_more_stack_layouts_than_dynamos_recompile_limit_each_compile_once(monke
 def test_the_inductor_step_on_cuda_matches_the_eager_step():
     """The CUDA path (`_momentum` and `_apply` as inductor graphs) against the same functions eager on CUDA:
     momentum to fp32 rounding, weights to bf16 rounding of the Newton–Schulz input; a refused step changes
-    no bit."""
+    no bit, a -0.0 weight included; steps with and without the firewall's flag compile at most one graph
+    per function and form (none when an earlier test compiled this layout)."""
+    from torch._dynamo.utils import counters
+
     kw = dict(lr=0.02, momentum=0.95, nesterov=True, weight_decay=0.1, adjust_lr_fn="match_rms_adamw")
     a_p, b_p, a, b = twins(kw, "cuda")
     start = [p.detach().clone() for p in a_p]
     gen = torch.Generator(device="cuda").manual_seed(4)
     eager = optim._fused
-    for step in range(4):
+    counters.clear()
+    for step in range(5):
         same_grads(a_p, b_p, gen)
+        for opt in (a, b):
+            opt.param_groups[0]["lr"] = 0.02 * (1 - step / 8)
         if step == 2:
+            with torch.no_grad():
+                a_p[3][0, 0] = b_p[3][0, 0] = -0.0
             b_p[3].grad[0, 0] = float("nan")
-            before = [bits(y.detach()).clone() for y in b_p]
-        ok = torch.tensor(step != 2, device="cuda")
+            before = [bits(y.detach()).clone() for y in b_p], [bits(b.state[y]["momentum_buffer"]).clone() for y in b_p]
+        ok = None if step == 4 else torch.tensor(step != 2, device="cuda")
         optim._fused = lambda fn, cuda, layout: fn
         try:
             a.step(ok=ok)
@@ -169,7 +177,9 @@ def test_the_inductor_step_on_cuda_matches_the_eager_step():
             optim._fused = eager
         b.step(ok=ok)
         if step == 2:
-            assert all(torch.equal(bits(y.detach()), w) for y, w in zip(b_p, before))
+            for y, w, m in zip(b_p, *before):
+                assert torch.equal(bits(y.detach()), w) and torch.equal(bits(b.state[y]["momentum_buffer"]), m)
+    assert counters["stats"]["unique_graphs"] <= 4, dict(counters["stats"])  # (_momentum, _apply) x (ok, None)
     for x, y, s in zip(a_p, b_p, start):
         moved = (x - s).abs().max()
         assert (x - y).abs().max() <= 0.02 * moved
