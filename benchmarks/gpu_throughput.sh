@@ -3,7 +3,8 @@
 # `bash benchmarks/prepare_device.sh` here; carry .whl_chain (WHL=.whl_chain; .whl adds FLA's model row,
 # whose first step autotunes for ~400 s cold). Every step gets min(its own limit, what is left of TOTAL_S,
 # default 560 s, so a 600 s device command ends with the outputs in place). Everything lands in $OUT:
-#   gpu_tests.log   with TESTS=1: the GPU tests (pytest -m gpu) of CUDA graphs, the KDA dispatcher and the firewall
+#   gpu_tests.log   with TESTS=1: the GPU tests (pytest -m gpu) of CUDA graphs, the KDA dispatcher, the firewall,
+#                the conv kernels and StackedMuon's inductor graphs
 #                (TESTS_S, default 330 s: run 6 took 96 s for the graph and firewall tests and 175 s for test_kda,
 #                whose fp32 kernels autotune cold on a fresh lease, so it runs last)
 #   equiv.log    item 4 (EQUIV=0 skips it): plain step (host firewall, torch Muon, eager) vs fast (device
@@ -26,7 +27,7 @@ source benchmarks/gpu_env.sh
 nvidia-smi --query-gpu=name,memory.used --format=csv,noheader
 if [ -n "${TESTS:-}" ]; then
   timeout "$(limit "${TESTS_S:-330}")" python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_cuda_graphs.py tests/test_firewall.py \
-    tests/test_decode.py tests/test_quality_bench.py tests/test_conv_triton.py tests/test_kda.py > "$OUT/gpu_tests.log" 2>&1; echo "gpu tests rc $?"; tail -3 "$OUT/gpu_tests.log"
+    tests/test_decode.py tests/test_quality_bench.py tests/test_conv_triton.py tests/test_optim.py tests/test_kda.py > "$OUT/gpu_tests.log" 2>&1; echo "gpu tests rc $?"; tail -3 "$OUT/gpu_tests.log"
 fi
 if [ "${EQUIV:-1}" != 0 ]; then
   timeout "$(limit 200)" python3 benchmarks/pretrain_h200.py --presets small --check-equivalence --compile-backend inductor \
