@@ -3,10 +3,10 @@
 # `bash benchmarks/prepare_device.sh` here; carry .whl_chain (WHL=.whl_chain; .whl adds FLA's model row,
 # whose first step autotunes for ~400 s cold). Every step gets min(its own limit, what is left of TOTAL_S,
 # default 560 s, so a 600 s device command ends with the outputs in place). Everything lands in $OUT:
-#   gpu_tests.log   with TESTS=1: the GPU tests (pytest -m gpu) of CUDA graphs, the KDA dispatcher, the firewall,
-#                the conv kernels and StackedMuon's inductor graphs
-#                (TESTS_S, default 330 s: run 6 took 96 s for the graph and firewall tests and 175 s for test_kda,
-#                whose fp32 kernels autotune cold on a fresh lease, so it runs last)
+#   gpu_tests.log   with TESTS=1: the GPU tests (pytest -m gpu) of CUDA graphs, the firewall, decoding, the quality
+#                race, the conv kernels, StackedMuon's inductor graphs and the KDA dispatcher (TESTS_S, default
+#                330 s: in run 6 the graph and firewall tests took 96 s and test_kda 175 s, its fp32 kernels
+#                autotuning cold on a fresh lease, so it runs last; the files added since were not timed together)
 #   equiv.log    item 4 (EQUIV=0 skips it): plain step (host firewall, torch Muon, eager) vs fast (device
 #                firewall, StackedMuon, the model's regions compiled with inductor) vs graphed (fast, replayed
 #                from CUDA graphs as train.cuda_graphs: cuda runs it), loss by loss and counter by counter

@@ -31,7 +31,7 @@ from dormouse.model.config import ModelConfig  # noqa: E402
 from dormouse.model.gpt import ByteLM  # noqa: E402
 from dormouse.firewall import guarded_step  # noqa: E402
 from dormouse import optim  # noqa: E402
-from dormouse.optim import StackedMuon, _newton_schulz_stack  # noqa: E402
+from dormouse.optim import StackedMuon, _newton_schulz_iterations, _normalized_bf16  # noqa: E402
 
 
 @contextlib.contextmanager
@@ -98,7 +98,7 @@ def time_ns(hidden, device, opt, steps: int, warmup: int) -> tuple[float, float,
                 torch.cuda.synchronize(device)
             t = time.perf_counter()
             for g in gs:
-                _newton_schulz_stack(g, group["ns_coefficients"], group["ns_steps"], group["eps"])
+                _newton_schulz_iterations(_normalized_bf16(g, group["eps"]), group["ns_coefficients"], group["ns_steps"])
             if device.type == "cuda":
                 torch.cuda.synchronize(device)
             if i >= warmup:

@@ -150,9 +150,8 @@ def _apply(ps: list[list[torch.Tensor]], orthos: list[torch.Tensor], scales: lis
     """Per stack: p <- p * decay + ortho * scale (scale: -lr times the per-matrix ratio). Where not ok, p is
     selected back whole (torch.where, not an update of -0.0: inductor and triton may drop a constant's sign)."""
     for p_list, ortho, scale in zip(ps, orthos, scales):
-        delta = ortho * scale
         for i, p in enumerate(p_list):
-            new = (p * decay if decay is not None else p) + delta[i]
+            new = (p * decay if decay is not None else p) + ortho[i] * scale[i]
             p.copy_(new if ok is None else torch.where(ok, new, p))
 
 
@@ -167,15 +166,11 @@ def _normalized_bf16(g: torch.Tensor, eps: float) -> torch.Tensor:
 
 
 def _newton_schulz_iterations(x: torch.Tensor, coefficients, steps: int) -> torch.Tensor:
+    """torch.optim._muon._zeropower_via_newtonschulz's iterations over a stack [n, A, B] of normalised wide
+    matrices (A <= B): one bmm and two baddbmm a step for the whole stack."""
     a, b, c = coefficients
     for _ in range(steps):
         gram = torch.bmm(x, x.transpose(1, 2))
         x = torch.baddbmm(x, torch.baddbmm(gram, gram, gram, beta=b, alpha=c), x, beta=a)
     return x
 
-
-def _newton_schulz_stack(g: torch.Tensor, coefficients, steps: int, eps: float) -> torch.Tensor:
-    """torch.optim._muon._zeropower_via_newtonschulz over a stack [n, A, B] of wide matrices (A <= B)."""
-    if g.size(1) > g.size(2):
-        raise ValueError(f"Newton-Schulz stack {tuple(g.shape)} is tall: pass the transposes (A <= B)")
-    return _newton_schulz_iterations(_normalized_bf16(g, eps), coefficients, steps)

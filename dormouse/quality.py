@@ -53,7 +53,7 @@ def train(train_file: Path, cfg: dict, counters, source: str) -> tuple[fasttext.
     leaves the model every other machine gets), then halve the rate up to NAN_HALVINGS times. Each NaN
     is counted in `quality.train_nan`; `source` names the example sets in the final error."""
     lr = cfg["lr"]
-    counters["quality.train_nan"] += 0
+    counters["quality.train_nan"] += 0  # the key is in the manifest, zero or not
     for attempt in range(2 + NAN_HALVINGS):
         if attempt >= 2:
             lr /= 2
@@ -63,7 +63,7 @@ def train(train_file: Path, cfg: dict, counters, source: str) -> tuple[fasttext.
             if "NaN" not in str(e):
                 raise
             counters["quality.train_nan"] += 1
-            print(f"[quality] fastText diverged (NaN) at lr {lr:g}; retrying", flush=True)
+            print(f"[quality] fastText diverged (NaN) at lr {lr:g}", flush=True)
     raise SystemExit(f"{source}: fastText training diverged (NaN) at every learning rate tried, "
                      f"{cfg['lr']:g} down to {lr:g}; lower data.filter.quality.train.lr")
 

@@ -350,3 +350,25 @@ def test_fla_short_conv_matches_the_torch_path_under_triton_interpreter():
         assert r["counters"] == {"conv_path.torch": 1} and r["cache_is_last_inputs"], (name, r)
     assert res["bf16"]["dtype"] == res["strided"]["dtype"] == "torch.bfloat16" and len(res) == 6
     assert res["strided"]["same_as_contiguous"] is True
+
+
+def test_optional_imports_hide_a_missing_dependency_not_a_broken_module_of_ours(tmp_path, monkeypatch):
+    """`_optional` is how the dispatcher finds FLA and our Triton conv: a missing module means "the next path",
+    but an error inside one of our own modules must surface, not quietly switch the run to FLA's conv."""
+    from dormouse.model import kda as kda_module
+
+    assert kda_module._optional("surely_no_such_module_dormouse_test") is None
+    pkg = tmp_path / "dormouse_optional_probe"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "needs_missing.py").write_text("import surely_no_such_dependency_dormouse_test\n")
+    (pkg / "broken.py").write_text("raise RuntimeError('a bug in our module')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    real = importlib.import_module  # our modules are looked up in the probe package instead
+    monkeypatch.setattr(kda_module.importlib, "import_module",
+                        lambda name: real(name.replace("dormouse.", "dormouse_optional_probe.", 1)))
+    assert kda_module._optional("dormouse.needs_missing") is None  # triton absent: the next path
+    with pytest.raises(RuntimeError, match="a bug in our module"):
+        kda_module._optional("dormouse.broken")
+    with pytest.raises(ModuleNotFoundError):
+        kda_module._optional("dormouse.no_such_module_of_ours")

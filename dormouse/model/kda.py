@@ -12,7 +12,8 @@ state is carried by a python loop over chunks. `kda` picks FLA's Triton kernel o
 elsewhere, and counts which one ran; `kda_recurrent` does the same for decode steps (FLA's
 `fused_recurrent_kda`, or `recurrent_kda_torch`: the recurrence above one step at a time), and the mixer
 takes it whenever T == 1; `short_conv` picks our Triton conv (`conv_triton`) on CUDA from the sequence
-start, FLA's Triton `causal_conv1d` on CUDA with a cache, and `regions.silu_conv` elsewhere. `KDAMixer` mirrors `fla.layers.kda.KimiDeltaAttention`
+start for convs up to 4 wide, FLA's Triton `causal_conv1d` on CUDA otherwise (a cache, a wider conv), and
+`regions.silu_conv` elsewhere. `KDAMixer` mirrors `fla.layers.kda.KimiDeltaAttention`
 (projections, short conv + SiLU, L2-normalised q/k, low-rank decay gate, sigmoid beta, gated output
 RMSNorm, o_proj) with plain torch modules so the CPU path needs no Triton.
 """
@@ -193,10 +194,17 @@ def chunk_kda_torch(
 @functools.lru_cache(maxsize=None)
 def _optional(module: str, attr: str | None = None):
     """`module` (or its `attr`), or None when it is not importable: FLA needs triton and CUDA-capable builds, and
-    is imported lazily, so CPU runs never pay for it. Any import failure means "use the next path"."""
+    is imported lazily, so CPU runs never pay for it. For FLA any import failure means "use the next path"; our
+    own modules give None only for a missing dependency (triton), and any other error surfaces."""
     try:
         m = importlib.import_module(module)
+    except ModuleNotFoundError as e:
+        if module.startswith("dormouse.") and (e.name or "").startswith("dormouse"):
+            raise
+        return None
     except Exception:  # noqa: BLE001
+        if module.startswith("dormouse."):
+            raise
         return None
     return getattr(m, attr) if attr else m
 
@@ -306,13 +314,16 @@ def short_conv(x: torch.Tensor, weight: torch.Tensor, cache: torch.Tensor | None
     path = "conv_path.triton" if ours is not None else "conv_path.fla" if op is not None else "conv_path.torch"
     if counters is not None:
         counters[path] = counters.get(path, 0) + 1
-    head = x.new_zeros(B, W - 1, C) if cache is None else cache.to(x.dtype)
-    new_cache = x[:, T - (W - 1):] if T >= W - 1 else torch.cat([head, x], 1)[:, T:]  # the last W-1 inputs
+
+    def head():  # the W-1 inputs before x (zeros at the sequence start), built only on the paths that read them
+        return x.new_zeros(B, W - 1, C) if cache is None else cache.to(x.dtype)
+
+    new_cache = x[:, T - (W - 1):] if T >= W - 1 else torch.cat([head(), x], 1)[:, T:]  # the last W-1 inputs
     if ours is not None:
         return ours.silu_conv_triton(x, weight), new_cache
     if op is not None:  # the kernel reads the cache itself: no [B, W-1+T, C] copy
         return short_conv_fla(x, weight, cache, op), new_cache
-    return silu_conv(torch.cat([head, x], 1), weight), new_cache
+    return silu_conv(torch.cat([head(), x], 1), weight), new_cache
 
 
 # --------------------------------------------------------------------------------------------------
@@ -439,7 +450,7 @@ class KDAMixer(nn.Module):
         is read and cast once, and backward makes one dx instead of six summed in fp32 (medium's graphed step:
         115.1 against 128.8 ms with six eager nn.Linear calls, benchmarks/README.md "Run 6"). `norm` (the
         block's pre-mixer RMSNorm) is applied first, inside the region. x [B, T, D] -> (q, k, v [B, T, H*K]
-        before the convs, column views of the one product (FLA's conv takes strided input; the torch conv
+        before the convs, column views of the one product (both Triton convs take strided input; the torch conv
         copies anyway), decay-gate logits f [B, T, H*K], beta logits [B, T, H], output-gate logits [B, T, H*K])."""
         if norm is not None:
             x = norm(x)
@@ -449,10 +460,10 @@ class KDAMixer(nn.Module):
         pad = -(3 * HK + 2 * K + H) % 16  # rows of the product 16-element aligned: Triton vectorises the conv's loads
         w = torch.cat(ws + [ws[0].new_zeros(pad, ws[0].shape[1])] if pad else ws)
         q, k, v, f, g, b, _ = F.linear(x, w).split([HK, HK, HK, K, K, H, pad], -1)
-        return q, k, v, self.f_proj[1](f), b, self.g_proj[1](g)  # strided views: FLA's conv reads them as they are
+        return q, k, v, self.f_proj[1](f), b, self.g_proj[1](g)  # strided views: the Triton convs read them as they are
 
     def project(self, x: torch.Tensor, conv: tuple | None = None, counters=None, norm: nn.Module | None = None):
-        """`in_proj`, then the short convs (eager: FLA's conv kernel is opaque to the compiler): x [B, T, D],
+        """`in_proj`, then the short convs (eager: the Triton conv kernels are opaque to the compiler): x [B, T, D],
         conv the short convs' caches (None: sequence start) -> (q, k, v [B, T, H, K] after conv + SiLU,
         decay-gate logits f [B, T, H, K], beta logits [B, T, H], output-gate logits [B, T, H*K], the convs'
         new caches)."""
