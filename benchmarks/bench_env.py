@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import platform
+import shutil
 import subprocess
 import tempfile
 from pathlib import Path
@@ -44,8 +45,12 @@ def git_rev(root: Path = ROOT) -> str:
         rev = git("rev-parse", "--short", "HEAD")
         if not git("status", "--porcelain"):
             return rev
-        with tempfile.TemporaryDirectory() as tmp:  # a throwaway index: the repo's own is left alone
-            env = {**os.environ, "GIT_INDEX_FILE": str(Path(tmp) / "index")}
+        with tempfile.TemporaryDirectory() as tmp:  # a throwaway index (a copy: unchanged files skip hashing);
+            index = Path(tmp) / "index"  # the repo's index and HEAD are left alone, new blobs join its objects
+            own = root / git("rev-parse", "--git-path", "index")
+            if own.is_file():
+                shutil.copyfile(own, index)
+            env = {**os.environ, "GIT_INDEX_FILE": str(index)}
             git("add", "-A", env=env)
             tree = git("write-tree", env=env)
         return f"{rev}+dirty tree {tree[:10]}"
