@@ -566,9 +566,18 @@ def run_ours_graphed(ctx: Ctx) -> dict:
                       kda_flops_per_token(cfg.depth, cfg.n_heads, cfg.head_dim), ctx.args.steps, ctx.args.warmup, note)
 
 
+# Small eager ops between the compiled regions and kernels (run 7 at medium: ~85 add_, ~85 sum, ~158 copy_ and ~100
+# fill_ a step, ~4 ms together); the autograd engine runs most of them, with no Python stack to name them by.
+SMALL_OPS = ("aten::copy_", "aten::add_", "aten::add", "aten::sum", "aten::fill_", "aten::zero_", "aten::cat",
+             "aten::mul", "aten::clone", "aten::_to_copy")
+
+
 def profile_ours(ctx: Ctx, steps: int = 5, rows: int = 30) -> str:
     """torch.profiler over `steps` warm steps of our pretrain step (firewall on, regions compiled on CUDA): where a step's time goes
-    (the kernel rows say the KDA op is a small share of it). Returns the tables to print."""
+    (the kernel rows say the KDA op is a small share of it), and the SMALL_OPS by input shape, which says what
+    tensors they touch (a [B, T, D] add_ is the residual stream's gradient, a [C, W] sum a conv weight's).
+    Returns the tables to print."""
+    from torch.autograd.profiler_util import EventList
     from torch.profiler import ProfilerActivity, profile
 
     cfg, train, dev = ctx.cfg, ctx.train, ctx.device
@@ -581,16 +590,20 @@ def profile_ours(ctx: Ctx, steps: int = 5, rows: int = 30) -> str:
         step()
     sync(dev)
     acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if dev.type == "cuda" else [])
-    with profile(activities=acts) as prof:
+    with profile(activities=acts, record_shapes=True) as prof:
         for _ in range(steps):
             step()
         sync(dev)
     ka = prof.key_averages()
     dev_key = "device_time_total" if dev.type == "cuda" else "cpu_time_total"
     self_key = "self_device_time_total" if dev.type == "cuda" else "self_cpu_time_total"
+    small = EventList([e for e in prof.key_averages(group_by_input_shape=True) if e.key in SMALL_OPS],
+                      use_device="cuda" if dev.type == "cuda" else None)
     return (f"== {ctx.preset}: {steps} steps, by {dev_key}\n{ka.table(sort_by=dev_key, row_limit=rows)}\n"
             f"== {ctx.preset}: kernels by {self_key} (whole names: which region a fused kernel belongs to)\n"
             f"{ka.table(sort_by=self_key, row_limit=rows, max_name_column_width=160)}\n"
+            f"== {ctx.preset}: small eager ops by input shape, by {self_key}\n"
+            f"{small.table(sort_by=self_key, row_limit=rows, max_shapes_column_width=120)}\n"
             f"== {ctx.preset}: by self_cpu_time_total (host overhead)\n{ka.table(sort_by='self_cpu_time_total', row_limit=rows)}")
 
 
