@@ -37,12 +37,12 @@ from dormouse.optim import StackedMuon, _newton_schulz_iterations, _normalized_b
 @contextlib.contextmanager
 def eager_elementwise():
     """StackedMuon's `_momentum` and `_apply` run eagerly inside (as before run 7), compiled or not."""
-    fused = optim._fused
-    optim._fused = lambda fn, cuda, layout: fn
+    backend = optim.ELEMENTWISE_BACKEND
+    optim.ELEMENTWISE_BACKEND = None
     try:
         yield
     finally:
-        optim._fused = fused
+        optim.ELEMENTWISE_BACKEND = backend
 
 
 class _Generic:

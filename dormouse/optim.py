@@ -113,21 +113,26 @@ class StackedMuon(torch.optim.Muon):
         return loss
 
 
+# How StackedMuon runs `_momentum` and `_apply`: "auto" = inductor graphs on CUDA and eager elsewhere; a
+# torch.compile backend name = compiled with it on any device (the CPU tests trace with "aot_eager", which needs no
+# C++ build); None = eager everywhere (muon_bench's "StackedMuon, eager" row, the GPU test's reference).
+ELEMENTWISE_BACKEND: str | None = "auto"
 _COMPILED: dict = {}
-_BACKEND = "inductor"  # the tests trace with aot_eager (no C++ build on CPU)
 
 
 def _fused(fn, cuda: bool, layout: tuple):
-    """fn compiled (one inductor graph over every stack of the group) on CUDA; fn itself elsewhere. One
-    torch.compile per (fn, stack layout), each on its own copy of fn's code object: dynamo keeps its graphs and its
-    limit of 8 recompiles per code object, and one process can hold more layouts than that (the GPU tests, a
+    """fn as ELEMENTWISE_BACKEND says: compiled, one graph over every stack of the group, or fn itself. One
+    torch.compile per (fn, backend, stack layout), each on its own copy of fn's code object: dynamo keeps its graphs
+    and its limit of 8 recompiles per code object, and one process can hold more layouts than that (the GPU tests, a
     benchmark's several models), past which a fullgraph compile raises instead of compiling."""
-    if not cuda:
+    backend = ("inductor" if cuda else None) if ELEMENTWISE_BACKEND == "auto" else ELEMENTWISE_BACKEND
+    if backend is None:
         return fn
-    if (fn, layout) not in _COMPILED:
+    key = (fn, backend, layout)
+    if key not in _COMPILED:
         own = types.FunctionType(fn.__code__.replace(), fn.__globals__, fn.__name__, fn.__defaults__, fn.__closure__)
-        _COMPILED[fn, layout] = torch.compile(own, fullgraph=True, dynamic=False, backend=_BACKEND)
-    return _COMPILED[fn, layout]
+        _COMPILED[key] = torch.compile(own, fullgraph=True, dynamic=False, backend=backend)
+    return _COMPILED[key]
 
 
 def _momentum(gs: list[list[torch.Tensor]], bs: list[list[torch.Tensor]], momentum: float, nesterov: bool,

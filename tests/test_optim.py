@@ -90,9 +90,7 @@ def compiled_on_cpu(monkeypatch):
     capture as on CUDA, no C++ build)."""
     torch._dynamo.reset()
     monkeypatch.setattr(optim, "_COMPILED", {})
-    monkeypatch.setattr(optim, "_BACKEND", "aot_eager")
-    real = optim._fused
-    monkeypatch.setattr(optim, "_fused", lambda fn, cuda, layout: real(fn, True, layout))
+    monkeypatch.setattr(optim, "ELEMENTWISE_BACKEND", "aot_eager")
 
 
 def test_the_compiled_elementwise_graphs_trace_whole_and_match_the_eager_step(monkeypatch):
@@ -117,7 +115,7 @@ def test_the_compiled_elementwise_graphs_trace_whole_and_match_the_eager_step(mo
             a_p[5].grad[1, 1] = b_p[5].grad[1, 1] = float("nan")
             before = [bits(y.detach()).clone() for y in b_p], [bits(b.state[y]["momentum_buffer"]).clone() for y in b_p]
         with monkeypatch.context() as eager:
-            eager.setattr(optim, "_fused", lambda fn, cuda, layout: fn)
+            eager.setattr(optim, "ELEMENTWISE_BACKEND", None)
             a.step(ok=ok)
         b.step(ok=ok)
         if step == 2:
@@ -147,7 +145,7 @@ def test_more_stack_layouts_than_dynamos_recompile_limit_each_compile_once(monke
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (the inductor graphs of the step)")
-def test_the_inductor_step_on_cuda_matches_the_eager_step():
+def test_the_inductor_step_on_cuda_matches_the_eager_step(monkeypatch):
     """The CUDA path (`_momentum` and `_apply` as inductor graphs) against the same functions eager on CUDA:
     momentum to fp32 rounding, weights to bf16 rounding of the Newton–Schulz input; a refused step changes
     no bit, a -0.0 weight included; steps with and without the firewall's flag compile at most one graph
@@ -158,7 +156,6 @@ def test_the_inductor_step_on_cuda_matches_the_eager_step():
     a_p, b_p, a, b = twins(kw, "cuda")
     start = [p.detach().clone() for p in a_p]
     gen = torch.Generator(device="cuda").manual_seed(4)
-    eager = optim._fused
     counters.clear()
     for step in range(5):
         same_grads(a_p, b_p, gen)
@@ -170,11 +167,9 @@ def test_the_inductor_step_on_cuda_matches_the_eager_step():
             b_p[3].grad[0, 0] = float("nan")
             before = [bits(y.detach()).clone() for y in b_p], [bits(b.state[y]["momentum_buffer"]).clone() for y in b_p]
         ok = None if step == 4 else torch.tensor(step != 2, device="cuda")
-        optim._fused = lambda fn, cuda, layout: fn
-        try:
+        with monkeypatch.context() as eager:
+            eager.setattr(optim, "ELEMENTWISE_BACKEND", None)
             a.step(ok=ok)
-        finally:
-            optim._fused = eager
         b.step(ok=ok)
         if step == 2:
             for y, w, m in zip(b_p, *before):
