@@ -86,10 +86,18 @@ class TrainStream:
         return self.bytes_seen() / self.epoch_bytes
 
 
+def eval_targets(n_tail_bytes: int, eval_bytes: int, seq_len: int) -> tuple[int, int]:
+    """[start, stop) of the eval tail's bytes that the eval window scores: rows of seq_len targets from byte 1
+    (each row's inputs start one byte earlier), as many whole rows as eval_bytes and the tail allow. The
+    anchors stage scores the same bytes."""
+    rows = min(eval_bytes, n_tail_bytes - 1) // seq_len
+    return 1, 1 + max(rows, 0) * seq_len
+
+
 def eval_window(eval_bin: Path, eval_bytes: int, seq_len: int) -> tuple[torch.Tensor, torch.Tensor, int]:
     """(inputs, targets, n_target_bytes): rows of seq_len+1 bytes from the start of the eval tail."""
     data = np.fromfile(eval_bin, dtype=np.uint8)
-    rows = min(eval_bytes, len(data) - 1) // seq_len
+    rows = (eval_targets(len(data), eval_bytes, seq_len)[1] - 1) // seq_len
     if rows < 1:
         raise ValueError(f"{eval_bin}: {len(data)} bytes; cannot fill one eval row of {seq_len + 1}")
     usable = data[: rows * seq_len + 1]

@@ -8,7 +8,7 @@ import sys
 COMMANDS = {
     "filter": ("dormouse.stages.filter", "quality-filter the raw corpus"),
     "shard": ("dormouse.stages.shard", "route documents into train shards and the eval tail"),
-    "anchors": ("dormouse.stages.anchors", "n-gram anchor ladder (bits per byte) on the eval tail"),
+    "anchors": ("dormouse.stages.anchors", "n-gram anchor ladder (bits per byte) on the eval window and the whole eval tail"),
     "pretrain": ("dormouse.stages.pretrain", "train the byte LM; eval BPB on a fixed window of the eval tail"),
     "sft": ("dormouse.stages.sft", "fine-tune on the verifiable tasks (loss on assistant bytes only)"),
     "rl": ("dormouse.stages.rl", "GRPO on the verifiable tasks with exact-verifier rewards"),

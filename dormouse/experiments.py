@@ -97,9 +97,11 @@ def judge(control: list[float], arm: list[float]) -> tuple[str, float]:
 
 def verdict(spec: dict, runs: dict[str, dict[str, dict]]) -> dict:
     """runs: arm -> seed (str) -> {"digest", "manifest", "curve"}; the control under "control"."""
-    windows = {r["manifest"]["final"]["eval_bytes"] for seeds in runs.values() for r in seeds.values()}
+    # one window: the same byte count of the same eval tail (an arm that changes the data changes the shards)
+    windows = {(r["manifest"]["inputs"]["shard"], r["manifest"]["final"]["eval_bytes"])
+               for seeds in runs.values() for r in seeds.values()}
     if len(windows) != 1:
-        raise ValueError(f"runs were scored on different eval windows: {sorted(windows)} bytes")
+        raise ValueError(f"runs were scored on different eval windows (shard digest, bytes): {sorted(windows)}")
     arms, invalid = {}, {}
     for arm, seeds in runs.items():
         problems = []
@@ -128,7 +130,8 @@ def verdict(spec: dict, runs: dict[str, dict[str, dict]]) -> dict:
         "rule": "per arm: mean and spread (max - min) of final eval BPB over seeds on one eval window; "
                 "delta = arm mean - control mean; WIN if delta < 0 and |delta| > control spread and arm spread, "
                 "LOSE if delta > 0 likewise, else TIE; INVALID if any run shows an enabled arm inert",
-        "eval_window_bytes": windows.pop(),
+        "eval_window_bytes": next(iter(windows))[1],
+        "eval_window_shard": next(iter(windows))[0],
         "budget": {"steps": spec["steps"], "base": spec["base"]},
         "seeds": spec["seeds"],
         "arms": arms,

@@ -259,23 +259,32 @@ class EvalSet:
     start: tuple[np.ndarray, ...]
 
 
-def prepare_eval(docs: Iterable[bytes], max_order: int) -> EvalSet:
-    """Group eval documents for scoring models of order <= max_order (reusable across rungs)."""
+def prepare_eval(docs: Iterable[bytes], max_order: int, scored: tuple[int, int] | None = None) -> EvalSet:
+    """Group eval documents for scoring models of order <= max_order (reusable across rungs).
+
+    scored: only the bytes at [start, stop) of the documents' concatenation are scored (a model's eval window);
+    their contexts still reach back into their documents. None: every byte."""
     _check_order(max_order)
     data, pos = _concat(docs)
+    keep = np.ones(len(data), bool)
+    if scored is not None:
+        a, b = scored
+        if not 0 <= a <= b <= len(data):
+            raise ValueError(f"scored bytes [{a}, {b}) outside the documents' {len(data)} bytes")
+        keep[:a] = keep[b:] = False
     grams, suffix = [np.zeros(1, np.uint64)], [np.zeros(1, np.intp)]
-    weight, start = [np.array([len(data)])], [np.zeros(1, np.int64)]
+    weight, start = [np.array([int(keep.sum())])], [np.zeros(1, np.int64)]
     for n, keys in _gram_keys(data, max_order):
-        uniq, cnt = _unique_counts(keys[pos >= n - 1], n)
+        uniq, cnt = _unique_counts(keys[(pos >= n - 1) & keep], n)
         grams.append(uniq)
         weight.append(cnt)
         # grams[n-1] is small next to the train tables, so unsorted queries are cheap here
         mask = np.uint64((1 << (8 * (n - 1))) - 1)
         suffix.append(np.searchsorted(grams[n - 1], uniq & mask))
-        first, num = _unique_counts(keys[pos == n - 1], n)  # one n-gram per document at most
+        first, num = _unique_counts(keys[(pos == n - 1) & keep], n)  # one n-gram per document at most
         start.append(np.zeros(len(uniq), np.int64))
         start[n][np.searchsorted(uniq, first)] = num
-    return EvalSet(max_order, len(data), tuple(grams), tuple(suffix), tuple(weight), tuple(start))
+    return EvalSet(max_order, int(keep.sum()), tuple(grams), tuple(suffix), tuple(weight), tuple(start))
 
 
 def _as_eval(eval_docs: Iterable[bytes] | EvalSet, order: int) -> EvalSet:

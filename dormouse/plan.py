@@ -36,11 +36,11 @@ STAGES = {
     for s in (
         StageSpec("filter", 2, ()),  # 2: documents holding the chat template bytes 0x01-0x03 are dropped (fastText's NaN retries add manifest keys only: the documents are the same, so no bump)
         StageSpec("shard", 2, ("filter",)),  # 2: documents in hash order
-        StageSpec("anchors", 1, ("shard",)),
+        StageSpec("anchors", 2, ("shard",)),  # 2: the ladder scores the model's eval window; ladder_tail the whole tail
         StageSpec("pretrain", 8, ("shard",)),  # 2: batch rows from B lanes; 3: epochs exclude lane tails; 4: StackedMuon, compiled regions, shifted-sum convs; 5: those convs sum in fp32; 6: FLA's conv kernel on CUDA, CUDA graphs by default; 7: the mixer's input projections as one matmul, its activations inside chunk_kda on CUDA, no recompute in FLA's backward; 8: our Triton short conv on CUDA from the sequence start
         StageSpec("sft", 7, ("pretrain", "shard")),  # 2: held-out accuracy with the constant-reply baseline; 3: StackedMuon; 4: convs sum in fp32; 5: FLA's conv kernel on CUDA; 6: one input matmul; 7: our Triton conv
         StageSpec("rl", 9, ("sft", "shard")),  # 2: no dev-split prompt in training; 3: as sft 2; 4: paired selection; 5: StackedMuon; 6: as sft 4; 7: as sft 5; 8: as sft 6; 9: as sft 7
-        StageSpec("export", 1, ("rl", "shard")),
+        StageSpec("export", 2, ("rl", "shard")),  # 2: reference_bpb computed in fp32 (it ran under the bf16 autocast on CUDA)
         StageSpec("bench", 2, ("pretrain", "sft", "rl", "export", "anchors", "shard")),  # 2: as sft 2
     )
 }
@@ -59,8 +59,8 @@ def stage_params(stage: str, preset: dict) -> dict:
         return {"reader": data["reader"], **{k: v for k, v in data["filter"].items() if k != "quality"}, "quality": quality}
     if stage == "shard":
         return dict(data["shard"])
-    if stage == "anchors":
-        return dict(preset["anchors"])
+    if stage == "anchors":  # the ladder scores the model's eval window: its size is a param
+        return {**preset["anchors"], "eval": {k: preset["train"][k] for k in ("eval_bytes", "seq_len")}}
     if stage == "pretrain":
         from dormouse.model.config import ModelConfig  # torch-free
 

@@ -137,8 +137,8 @@ def plot_curves(data: dict, path: Path) -> None:
         top.axhline(a["bpb"], ls="--", lw=1.2, color=color, label=f"{a['name']}-{a['order']} {a['bpb']:.2f}")
     window = bench.get("eval_window", {}).get("bytes")
     top.set_title(f"{bench.get('preset', '?')}: pretrain BPB against n-gram anchors (dashed)\n"
-                  f"anchors score the whole eval tail per document; the model scores a window of it"
-                  f"{f' ({window:,} B)' if window else ''}", fontsize=10)
+                  f"both on the eval window's bytes{f' ({window:,} B)' if window else ''}; the anchors' context "
+                  f"is the document, the model's its row", fontsize=10)
     top.set_xlabel("pretrain step")
     top.set_ylabel("bits per byte")
     top.legend(loc="upper right", fontsize=9)

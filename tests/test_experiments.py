@@ -10,11 +10,11 @@ from pipeline_util import configure
 from test_workflow import job_counts, snakemake
 
 
-def run(bpb: float, engram_rows: int = 10, engram: bool = True, window: int = 1000) -> dict:
+def run(bpb: float, engram_rows: int = 10, engram: bool = True, window: int = 1000, shard: str = "s" * 20) -> dict:
     counters = {"train.kda_path.torch": 4, "eval.kda_path.torch": 2, "train.loop.iterations": 4,
                 "eval.loop.iterations": 2, "train.engram.rows_read": engram_rows, "eval.engram.rows_read": engram_rows}
     return {"digest": f"{int(bpb * 1e4):020d}", "curve": [],
-            "manifest": {"params": {"model": {"engram": engram}}, "counters": counters,
+            "manifest": {"params": {"model": {"engram": engram}}, "counters": counters, "inputs": {"shard": shard},
                          "final": {"eval_bpb": bpb, "eval_bytes": window}}}
 
 
@@ -56,6 +56,10 @@ def test_verdict_names_window_budget_seeds_and_digests():
 
 def test_runs_on_different_windows_are_refused():
     runs = {"control": {"0": run(2.0)}, "a": {"0": run(1.9, window=999)}}
+    with pytest.raises(ValueError, match="different eval windows"):
+        verdict({**SPEC, "seeds": [0]}, runs)
+    # as many bytes, but of another eval tail (an arm that changes data.filter or data.shard)
+    runs = {"control": {"0": run(2.0)}, "a": {"0": run(1.9, shard="t" * 20)}}
     with pytest.raises(ValueError, match="different eval windows"):
         verdict({**SPEC, "seeds": [0]}, runs)
 

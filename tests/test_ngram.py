@@ -178,6 +178,24 @@ def test_prob_vector_agrees_with_bulk_scoring(small, rung):
     assert got == pytest.approx(want, rel=1e-9)
 
 
+
+@pytest.mark.parametrize("rung", ["backoff", "kneser_ney"])
+def test_a_scored_range_counts_only_its_bytes_with_their_document_context(small, rung):
+    """prepare_eval(scored=(a, b)) scores the bytes a..b-1 of the documents' concatenation (a model's eval window),
+    each with its in-document history: the same bits as scoring those positions one by one."""
+    counts, _ = small
+    k, docs = 4, [d for d in SMALL_EVAL if d]
+    flat = [(d, i) for d in docs for i in range(len(d))]  # (document, position) of each concatenated byte
+    a, b = 3, len(flat) - 40  # starts inside the first document, ends inside a later one
+    want = -sum(math.log2(ngram.prob_vector(counts, d[max(0, i - k + 1) : i], rung, k)[d[i]]) for d, i in flat[a:b])
+    fn = {"backoff": ngram.backoff_bits, "kneser_ney": ngram.kneser_ney_bits}[rung]
+    got = fn(counts, ngram.prepare_eval(SMALL_EVAL, k, scored=(a, b)), k)
+    assert got.n_bytes == b - a and got.bits == pytest.approx(want, rel=1e-9)
+    whole = ngram.prepare_eval(SMALL_EVAL, k, scored=(0, len(flat)))
+    assert fn(counts, whole, k).bits == pytest.approx(fn(counts, SMALL_EVAL, k).bits, rel=1e-12)
+    with pytest.raises(ValueError, match="outside"):
+        ngram.prepare_eval(SMALL_EVAL, k, scored=(0, len(flat) + 1))
+
 # --------------------------------------------------------------------------------------------
 # NLTK (nltk.lm) where its conventions can be matched.
 #

@@ -5,6 +5,7 @@ import json
 import numpy as np
 import pytest
 
+from dormouse.byte_stream import eval_window
 from dormouse.stages.anchors import iter_docs
 from pipeline_util import configure, manifest, run_chain
 
@@ -62,7 +63,15 @@ def test_anchor_ladder_is_ordered(built):
     bpb = {(r["name"], r["order"]): r["bpb"] for r in result["ladder"]}
     assert bpb[("uniform", 0)] == 8.0
     assert bpb[("kneser_ney", 4)] < bpb[("kneser_ney", 2)] < bpb[("unigram", 1)] < 8.0
-    assert result["eval_bytes"] == manifest(workdir, plan, "shard")["counters"]["eval_bytes"]
+    assert result["tail_bytes"] == manifest(workdir, plan, "shard")["counters"]["eval_bytes"]
+    # the ladder scores the bytes the model's eval window scores (byte_stream.eval_window, as pretrain reads it)
+    train = plan.presets["tiny"]["train"]
+    shard = workdir / plan.artifact_dir("shard", plan.chain["tiny"]["shard"])
+    _, y, n = eval_window(shard / "eval" / "tail.bin", train["eval_bytes"], train["seq_len"])
+    assert result["eval_bytes"] == n == y.numel() < result["tail_bytes"]
+    assert result["eval_window"]["bytes"] == [1, 1 + n]
+    tail = {(r["name"], r["order"]): r["bpb"] for r in result["ladder_tail"]}
+    assert tail[("uniform", 0)] == 8.0 and tail != bpb
 
 
 def test_consumer_refuses_a_tampered_upstream(built):

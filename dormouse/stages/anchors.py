@@ -3,8 +3,12 @@
     dormouse anchors --job "$(dormouse plan --preset tiny --stage anchors)"
 
 Rungs (dormouse.ngram): uniform (exactly 8.0), unigram, and for k = 2..max_order a simple backoff
-model and interpolated Kneser-Ney, trained on every train shard and scored on the whole eval tail.
-Output: anchors.json {ladder, train_bytes, train_docs, eval_bytes, eval_docs}.
+model and interpolated Kneser-Ney, trained on every train shard. `ladder` scores exactly the bytes the
+model's eval window scores (`byte_stream.eval_targets`: the preset's train.eval_bytes and seq_len), each
+with its in-document history (the model's context is its row instead); `ladder_tail` scores the whole
+eval tail. Where the window covers the tail the two differ only in the tail's first byte.
+Output: anchors.json {ladder, eval_bytes, eval_docs, eval_window, ladder_tail, tail_bytes, tail_docs,
+train_bytes, train_docs, max_order}.
 """
 
 from __future__ import annotations
@@ -16,14 +20,15 @@ from pathlib import Path
 import numpy as np
 
 from dormouse import ngram
+from dormouse.byte_stream import eval_targets
 from dormouse.stage import input_artifact, parse_job, summary, writer
 
 
 def iter_docs(bin_path: Path, idx_path: Path):
     data = np.fromfile(bin_path, dtype=np.uint8)
     offsets = np.load(idx_path)
-    if offsets[-1] != len(data):
-        raise SystemExit(f"{idx_path}: last offset {offsets[-1]} != {len(data)} bytes in {bin_path}")
+    if offsets[0] != 0 or offsets[-1] != len(data):  # the documents are the file's bytes, as the eval window reads them
+        raise SystemExit(f"{idx_path}: offsets {offsets[0]}..{offsets[-1]} do not span the {len(data)} bytes of {bin_path}")
     buf = data.tobytes()
     for a, b in zip(offsets[:-1].tolist(), offsets[1:].tolist()):
         yield buf[a:b]
@@ -46,24 +51,41 @@ def main(argv=None) -> int:
         c["train_bytes"] = int(counts.n_bytes)
         t1 = time.time()
         eval_docs = list(shard_docs(shards, ["eval/tail"]))
-        ladder = ngram.anchor_ladder(counts, ngram.prepare_eval(eval_docs, p["max_order"]), p["max_order"], alpha=p["alpha"])
+        tail_bytes = sum(map(len, eval_docs))
+        start, stop = eval_targets(tail_bytes, p["eval"]["eval_bytes"], p["eval"]["seq_len"])
+        if stop <= start:
+            raise SystemExit(f"anchors: the eval tail has {tail_bytes} bytes; the eval window needs one row of "
+                             f"{p['eval']['seq_len'] + 1}")
+        lens = np.array([len(d) for d in eval_docs], np.int64)
+        ends = np.cumsum(lens)
+        window_docs = int(((lens > 0) & (ends - lens < stop) & (ends > start)).sum())  # documents it touches
+        ladder = ngram.anchor_ladder(counts, ngram.prepare_eval(eval_docs, p["max_order"], scored=(start, stop)),
+                                     p["max_order"], alpha=p["alpha"])
+        ladder_tail = ngram.anchor_ladder(counts, ngram.prepare_eval(eval_docs, p["max_order"]), p["max_order"],
+                                          alpha=p["alpha"])
         t2 = time.time()
-        c["eval_docs"] = len(eval_docs)
-        c["eval_bytes"] = sum(map(len, eval_docs))
+        c["eval_bytes"], c["eval_docs"] = stop - start, window_docs
+        c["tail_bytes"], c["tail_docs"] = tail_bytes, len(eval_docs)
         info = json.loads(shards.file("shards.json").read_text())
         result = {
             "ladder": ladder,
+            "eval_bytes": c["eval_bytes"],
+            "eval_docs": c["eval_docs"],
+            "eval_window": {"bytes": [start, stop], "seq_len": p["eval"]["seq_len"],
+                            "source": "eval/tail.bin; contexts within each document"},
+            "ladder_tail": ladder_tail,
+            "tail_bytes": tail_bytes,
+            "tail_docs": len(eval_docs),
             "train_docs": sum(s["docs"] for s in info["train"]),
             "train_bytes": sum(s["bytes"] for s in info["train"]),
-            "eval_docs": c["eval_docs"],
-            "eval_bytes": c["eval_bytes"],
             "max_order": p["max_order"],
             "seconds": {"count": round(t1 - t0, 3), "eval": round(t2 - t1, 3)},
         }
         if c["train_bytes"] != result["train_bytes"]:
             raise SystemExit(f"anchors: counted {c['train_bytes']} train bytes, shards.json says {result['train_bytes']}")
         art.path("anchors.json").write_text(json.dumps(result, indent=2) + "\n")
-        for row in ladder:
-            print(f"[anchors] {row['name']:10s} k={row['order']} bpb={row['bpb']:.4f}", flush=True)
+        for row, whole in zip(ladder, ladder_tail):
+            print(f"[anchors] {row['name']:10s} k={row['order']} bpb={row['bpb']:.4f} on the eval window "
+                  f"({whole['bpb']:.4f} on the whole tail)", flush=True)
         summary("anchors", c)
     return 0

@@ -102,6 +102,8 @@ def main(argv=None) -> int:
             c.update({f"rl@{rung}.{k}": v for k, v in counters.items()})
             print(f"[bench] rl@{rung}: bpb {r['bpb']:.4f} tasks_gen {rungs[rung]['tasks_gen']['accuracy']}", flush=True)
         anchors = json.loads(arts["anchors"].file("anchors.json").read_text())
+        if anchors["eval_bytes"] != eval_bytes:
+            raise SystemExit(f"bench: the anchors scored {anchors['eval_bytes']} eval bytes, bench {eval_bytes}: not one window")
         bench = {
             "format": BENCH_FORMAT,
             "eval_window": {"bytes": eval_bytes, "seq_len": params["eval"]["seq_len"], "source": "eval/tail.bin from its start"},

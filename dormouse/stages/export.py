@@ -5,7 +5,7 @@
 One file per rung, `rungs/<rung>.safetensors` (packed storage and recipe: dormouse/quant.py). Each file
 is read back, dequantized into a fresh model (strict keys) and scored on the pretrain eval window; the
 manifest's `final.rungs` gives bytes on disk, BPB and dBPB against the bf16 rung (and the unquantized
-fp32 model as `reference_bpb`). Embeddings, head, norms and (unless `quantize_tables`) the Engram
+fp32 model, computed in fp32 without autocast, as `reference_bpb`). Embeddings, head, norms and (unless `quantize_tables`) the Engram
 tables stay bf16 in every rung, as does a matrix narrower than an fp4 rung's block (listed and
 counted): the recipe in each file lists what was quantized.
 """
@@ -69,7 +69,8 @@ def main(argv=None) -> int:
     with writer(job) as art:
         c = art.counters
         counters = Counter()
-        reference = evaluate(model, ex, ey, batch, device, params, counters)
+        # the reference is computed in fp32: under the preset's bf16 autocast it would be the bf16 rung's arithmetic
+        reference = evaluate(model, ex, ey, batch, device, {**params, "dtype": "float32"}, counters)
         rungs = {}
         for rung in params["export"]["rungs"]:
             path = art.path(f"rungs/{rung}.safetensors")
