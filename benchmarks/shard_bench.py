@@ -17,7 +17,7 @@ Rows (median of --reps, each after one untimed warm-up):
   py decompress   zstandard stream_reader over the parts, 1 MiB reads (as docs_io.read_parts opens them)
   py read_parts   dormouse.docs_io.read_parts: decompress + readline + json.loads (one pass)
   shard work      dormouse.stages.shard.shard_documents, the stage's own work (pass 1: decode each document
-                  once into scratch bytes, fnv1a_64(id); cutoff; pass 2: route from the scratch bytes,
+                  once into scratch bytes, doc_hash(id); cutoff; pass 2: route from the scratch bytes,
                   write .bin/.ids.jsonl/.idx.npy) into a temp dir
   shard stage     `dormouse shard --job` end to end in a subprocess on a temp store (the filter artifact
                   symlinked in): imports, sha256 verification of the whole input artifact (its 83 MB
@@ -122,7 +122,7 @@ def shard_work(parts: list[Path], n_shards: int, eval_target: int, out: Path) ->
     art = _Dir(out)
     shard_documents(parts, n_shards, eval_target, art)
     return {"total_s": time.perf_counter() - t0, "counters": dict(art.counters),
-            "cutoff": art.extra["shards"]["eval_cutoff_fnv1a64"]}
+            "cutoff": art.extra["shards"]["eval_cutoff_hash"]}
 
 
 # ------------------------------------------------------------------------------------------ baselines

@@ -1,14 +1,16 @@
-"""shard: filtered documents -> N train shards routed by FNV-1a 64 of the id, plus an eval tail.
+"""shard: filtered documents -> N train shards routed by a hash of the id, plus an eval tail.
 
     dormouse shard --job "$(dormouse plan --preset tiny --stage shard)"
 
-The eval tail is the documents with the smallest FNV-1a hashes, taken until `eval_tail_bytes`; a
-document is eval iff its hash <= the recorded cutoff, so membership depends on the id alone. Train
-documents go to shard `hash % num_shards`. A train document whose text is byte-identical to an eval
+The hash is `fnv.doc_hash` (FNV-1a 64 of the id, then mixed: FNV-1a's top bits alone group ids that
+differ in a suffix, which would make the tail runs of neighbouring ids). The eval tail is the documents
+with the smallest hashes, taken until `eval_tail_bytes`; a document is eval iff its hash <= the recorded
+cutoff, so membership depends on the id alone: a uniform sample of documents. Train documents go to
+shard `hash % num_shards`. A train document whose text is byte-identical to an eval
 document is dropped (counted): the eval tail never trains, not even through a copy.
 
 Layout: train/shard-NNNN.{bin,idx.npy,ids.jsonl}, eval/tail.{bin,idx.npy,ids.jsonl}, shards.json.
-`.bin` is the documents' UTF-8 bytes back to back, in FNV-1a order (domains mixed, not corpus
+`.bin` is the documents' UTF-8 bytes back to back, in hash order (domains mixed, not corpus
 order); `.idx.npy` the int64 offsets (n_docs + 1).
 """
 
@@ -25,7 +27,7 @@ import numpy as np
 from tqdm import tqdm
 
 from dormouse.docs_io import read_parts
-from dormouse.fnv import fnv1a_64
+from dormouse.fnv import doc_hash
 from dormouse.stage import input_artifact, parse_job, summary, writer
 
 
@@ -80,7 +82,7 @@ def shard_documents(parts: list[Path], n_shards: int, eval_target: int, art) -> 
                 data = doc["text"].encode("utf-8")
                 texts.write(data)
                 ids.append(doc["id"])
-                hashes.append(fnv1a_64(doc["id"]))
+                hashes.append(doc_hash(doc["id"]))
                 offsets.append(offsets[-1] + len(data))
         h = np.asarray(hashes, dtype=np.uint64)
         off = np.asarray(offsets, dtype=np.int64)
@@ -136,7 +138,7 @@ def shard_documents(parts: list[Path], n_shards: int, eval_target: int, art) -> 
         summary_doc = {
             "balance": balance(shard_bytes, sz[~is_eval]),
             "num_shards": n_shards,
-            "eval_cutoff_fnv1a64": f"{cutoff:016x}",
+            "eval_cutoff_hash": f"{cutoff:016x}",  # fnv.doc_hash
             "eval": tail_info,
             "train": shard_info,
             "train_bytes_max_over_mean": float(shard_bytes.max() / shard_bytes.mean()) if shard_bytes.mean() else None,
