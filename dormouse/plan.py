@@ -74,7 +74,9 @@ def stage_params(stage: str, preset: dict) -> dict:
     run = {"device": train["device"], "dtype": train["dtype"],
            "eval": {k: train[k] for k in ("eval_bytes", "seq_len", "batch_size")}}
     if stage in ("sft", "rl"):
-        return {"tasks": dict(preset["tasks"]), stage: dict(preset[stage]), **run}
+        # an MoE keeps pretrain's balancing loss while it trains on (a param only then: other digests stay)
+        moe = {"moe_aux_coef": train["moe_aux_coef"]} if preset["model"].get("moe") else {}
+        return {"tasks": dict(preset["tasks"]), stage: dict(preset[stage]), **run, **moe}
     if stage == "export":
         return {"export": dict(preset["export"]), **run}
     if stage == "bench":

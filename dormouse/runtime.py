@@ -75,6 +75,16 @@ def evaluate(model, x, y, batch_size, device, train, counters) -> float:
     return bits_per_byte(nats, y.numel())
 
 
+
+def with_moe_aux(loss: torch.Tensor, model, cfg: ModelConfig, coef: float | None) -> torch.Tensor:
+    """loss plus `coef * model.aux_loss` (the balancing loss of the last forward) for an MoE model; loss otherwise.
+    sft and rl take coef from their params, which carry pretrain's train.moe_aux_coef exactly when the model is an MoE."""
+    if not cfg.moe:
+        return loss
+    if coef is None:
+        raise SystemExit("the model is an MoE but the job has no moe_aux_coef: plan it again")
+    return loss + coef * model.aux_loss
+
 def check_arms_active(cfg: ModelConfig, counters: Counter, where: str, stage: str = "pretrain") -> None:
     """An enabled arm that left no trace is a defect (a memory arm once got None in eval)."""
     problems = inert_arms(cfg.to_dict(), counters)

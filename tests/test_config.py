@@ -33,3 +33,33 @@ def test_bad_key_or_value_names_it(workdir, edit, needle):
 def test_bad_top_level_config_names_it(workdir):
     with pytest.raises(ConfigError, match="corpuss"):
         build_plan({"preset": "tiny", "presets": ["tiny"], "corpus": "x", "corpuss": "y"}, workdir)
+
+
+def test_sft_and_rl_carry_the_moe_balancing_coefficient_only_for_an_moe(workdir):
+    """An MoE keeps pretrain's balancing loss in sft and rl; a dense model's sft and rl params (digests) do not
+    change for it."""
+    from dormouse.plan import stage_params
+
+    dense = load_preset("tiny", workdir)
+    moe = load_preset("b1", workdir)
+    assert moe["model"]["moe"] and not dense["model"].get("moe")
+    for stage in ("sft", "rl"):
+        assert "moe_aux_coef" not in stage_params(stage, dense)
+        assert stage_params(stage, moe)["moe_aux_coef"] == moe["train"]["moe_aux_coef"]
+    assert "moe_aux_coef" not in stage_params("export", moe)
+
+
+def test_the_balancing_term_is_added_for_an_moe_and_refused_without_its_coefficient():
+    import torch
+
+    from dormouse.model.config import ModelConfig
+    from dormouse.runtime import with_moe_aux
+
+    class Model:
+        aux_loss = torch.tensor(2.0)
+
+    loss = torch.tensor(1.0)
+    assert with_moe_aux(loss, Model(), ModelConfig(), None) is loss  # dense: untouched
+    assert with_moe_aux(loss, Model(), ModelConfig(moe=True), 0.01).item() == pytest.approx(1.02)
+    with pytest.raises(SystemExit, match="moe_aux_coef"):
+        with_moe_aux(loss, Model(), ModelConfig(moe=True), None)

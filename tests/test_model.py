@@ -137,6 +137,22 @@ def test_moe_is_dropless_top_k_of_its_experts():
     assert moe.aux_loss.item() == pytest.approx(1.0)
 
 
+
+@pytest.mark.parametrize("top_k", [1, 2])
+def test_the_language_model_loss_reaches_the_router(top_k):
+    """With top-1 routing the expert's weight is its router probability (Switch), not p / p = 1: the loss of the
+    output alone (no balancing term) must give the router a gradient, as it does with top-2."""
+    torch.manual_seed(0)
+    moe = MoE(16, 24, n_experts=4, top_k=top_k)
+    for ex in moe.experts:  # nonzero expert outputs (w_down is zero-initialised by the model, not by SwiGLU)
+        torch.nn.init.normal_(ex.w_down.weight, std=0.1)
+    x = torch.randn(3, 20, 16)
+    moe(x).square().mean().backward()
+    assert moe.router.weight.grad.norm() > 1e-3, moe.router.weight.grad.norm()
+    _, _, w = moe.route(x.reshape(-1, 16))
+    if top_k == 1:  # the weight is the top probability, below 1 for a router that is not one-hot
+        assert (w < 1).all()
+
 def test_moe_counters_sum_to_tokens_times_top_k_per_application():
     cfg = tiny(**ALL_ON)
     m = live_model(cfg)

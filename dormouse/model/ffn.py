@@ -2,7 +2,9 @@
 
 MoE contract (what the trainer and the pipeline rely on):
 - Router: a bias-free linear d_model -> n_experts, run in fp32 (autocast off); softmax over experts, then
-  top-k, the k weights renormalised to sum to one.
+  top-k. With k >= 2 the k weights are renormalised to sum to one; with k = 1 the weight is the top
+  probability itself, as in the Switch Transformer (renormalised it would be p / p = 1, and the language-model
+  loss would give the router no gradient: only the balancing loss would train it).
 - Dropless: NO capacity limit. Every token is processed by exactly its k experts, so the output at a
   position depends only on that position's input (never on the other tokens of the batch).
 - Experts are separate `SwiGLU` modules (2-D `nn.Linear` weights each), so Muon sees 2-D matrices.
@@ -52,12 +54,12 @@ class MoE(nn.Module):
         self.aux_loss: torch.Tensor | None = None
 
     def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """x [N, D] -> (probs [N, E] fp32, top-k expert ids [N, k], renormalised weights [N, k] fp32)."""
+        """x [N, D] -> (probs [N, E] fp32, top-k expert ids [N, k], the experts' weights [N, k] fp32)."""
         with torch.autocast(device_type=x.device.type, enabled=False):
             logits = F.linear(x.float(), self.router.weight.float())
         probs = logits.softmax(dim=-1)
         top_w, top_i = probs.topk(self.top_k, dim=-1)
-        return probs, top_i, top_w / top_w.sum(dim=-1, keepdim=True)
+        return probs, top_i, (top_w if self.top_k == 1 else top_w / top_w.sum(dim=-1, keepdim=True))
 
     def forward(self, x: torch.Tensor, counters: Counter | None = None) -> torch.Tensor:
         shape = x.shape

@@ -38,7 +38,8 @@ from dormouse.firewall import BadStepsError, Firewall  # noqa: F401 (BadStepsErr
 from dormouse.model.config import ModelConfig
 from dormouse.model.gpt import ByteLM, count_params
 from dormouse.optim import build_optimizers, set_lr, wsd_multiplier
-from dormouse.runtime import LN2, autocast, check_arms_active, compile_for, deterministic_cpu, device_for, evaluate
+from dormouse.runtime import (LN2, autocast, check_arms_active, compile_for, deterministic_cpu, device_for, evaluate,
+                              with_moe_aux)
 from dormouse.stage import input_artifact, parse_job, summary, writer
 from dormouse.store import scratch_dir
 
@@ -123,7 +124,7 @@ def run(job: dict, cfg: ModelConfig, train: dict, shards, world: distributed.Wor
             else:
                 with autocast(device, train):
                     _, loss = net(x, y, counters=train_counters)
-                    total = loss + train["moe_aux_coef"] * model.aux_loss if cfg.moe else loss
+                    total = with_moe_aux(loss, model, cfg, train["moe_aux_coef"])
             firewall.step(loss, total, f"step {step}")
             c["train.steps_run_this_process"] += 1
             bytes_last += x.numel() * world.size

@@ -37,7 +37,7 @@ from dormouse.byte_stream import eval_window
 from dormouse.decode import generate
 from dormouse.optim import build_optimizers, set_lr, wsd_multiplier
 from dormouse.runtime import (autocast, checked_counters, deterministic_cpu, device_for, load_model, pad_width,
-                              save_model_artifact, update)
+                              save_model_artifact, update, with_moe_aux)
 from dormouse.stage import input_artifact, parse_job, summary, writer
 from dormouse.stages.sft import held_out, held_out_line
 
@@ -218,7 +218,8 @@ def main(argv=None) -> int:
                     with autocast(device, params):
                         new_lp, _ = reply_logprobs(model, prompts, kept, temp, device, train_counters)
                     loss = grpo_loss(new_lp, old_lp, ref_lp, adv, mask, rl["clip_eps"], rl["kl_coef"])
-                    update(loss, params_list, opts, rl["grad_clip"], "rl", step)
+                    update(with_moe_aux(loss, model, cfg, params.get("moe_aux_coef")), params_list, opts, rl["grad_clip"],
+                           "rl", step)
                     c["rl.updates"] += 1
             row = {"step": step + 1, "reward": round(float(rewards.mean()), 4), "groups_trained": len(keep),
                    "loss": None if loss is None else round(loss.item(), 5), "malformed": tally["malformed"],

@@ -23,7 +23,7 @@ from dormouse import chat, task_eval
 from dormouse.byte_stream import TrainStream, eval_window
 from dormouse.optim import build_optimizers, set_lr, wsd_multiplier
 from dormouse.runtime import (LN2, autocast, checked_counters, deterministic_cpu, device_for, evaluate, load_model, pad_width,
-                              save_model_artifact, update)
+                              save_model_artifact, update, with_moe_aux)
 from dormouse.stage import input_artifact, parse_job, summary, writer
 
 
@@ -89,14 +89,16 @@ def main(argv=None) -> int:
             x, y, n_bytes = sft_batch([next(stream) for _ in range(sft["batch_size"])], device)
             with autocast(device, params):
                 _, loss = model(x, y, counters=train_counters)
+                total = with_moe_aux(loss, model, cfg, params.get("moe_aux_coef"))
                 if replay is not None:
                     rx, ry = replay.next_batch()
                     _, replay_loss = model(rx.to(device), ry.to(device), counters=train_counters)
+                    total = total + sft["replay_weight"] * with_moe_aux(replay_loss, model, cfg, params.get("moe_aux_coef"))
                     c["train.replay_bytes"] += ry.numel()
             if replay is not None:
                 task_loss = loss
                 loss = loss + sft["replay_weight"] * replay_loss
-            update(loss, params_list, opts, sft["grad_clip"], "sft", step)
+            update(total, params_list, opts, sft["grad_clip"], "sft", step)
             c["train.assistant_bytes"] += n_bytes
             c["train.examples"] += len(x)
             if (step + 1) % sft["log_every"] == 0 or step + 1 == sft["steps"]:
