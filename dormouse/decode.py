@@ -15,7 +15,8 @@
   when top_k is set, sampled with `generator` (sampling happens on the generator's device, so a CPU
   generator gives the same draws whatever device the model runs on).
 - Log-probs (`return_logprobs=True`): log_softmax of the RAW logits (no temperature, no top-k) at each
-  sampled byte, fp32 on the CPU: the old policy's log-probs GRPO's ratio needs.
+  sampled byte, fp32 on the CPU. Not the sampling policy's at T != 1: rl scores its replies with
+  `reply_logprobs` at the sampling temperature, for the old and the new policy alike.
 - Runs under `torch.inference_mode()` (states and log-probs carry no autograd) and, on CUDA, bf16 autocast
   as training does (`bf16=False` for fp32). The model must be in eval mode (asserted): the caller's job.
 Counters: `decode.prompt_bytes`, `decode.new_bytes`, `decode.rows_stopped.stop_byte`,

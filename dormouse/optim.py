@@ -2,7 +2,10 @@
 
 Muon (StackedMuon below: torch.optim.Muon's math, batched) for the 2-D weight matrices inside blocks; AdamW for everything else
 (embeddings, head, norms, gains, Engram tables, gates). Warmup-stable-decay: linear warmup, flat,
-then linear decay to `min_lr_frac` of the peak over the last `decay_frac` of the steps.
+then linear decay toward `min_lr_frac` of the peak over the last `decay_frac` of the steps (decay_start =
+int(total * (1 - decay_frac))). Step decay_start runs at the peak and the line reaches `min_lr_frac` one step after
+the last, so the last of n decay steps runs at min + (1 - min) / n (tiny's pretrain: 0.115 for 0.1). Kept as is:
+moving the line one step would change every trained artifact for a 1/n difference.
 """
 
 from __future__ import annotations
