@@ -150,7 +150,7 @@ from dormouse.model.gpt import ByteLM, count_params  # noqa: E402
 from dormouse.model.kda import KDAMixer, chunk_kda_torch, l2norm  # noqa: E402
 from dormouse.model.regions import compile_regions  # noqa: E402
 from dormouse.optim import StackedMuon, build_optimizers, set_lr, wsd_multiplier  # noqa: E402
-from dormouse.runtime import autocast  # noqa: E402
+from dormouse.runtime import autocast, with_moe_aux  # noqa: E402
 
 DEFAULT_OUT = ROOT / "benchmarks" / "pretrain_h200.tsv"
 ONE_PROCESS = distributed.World()  # the benchmark is one process on one GPU (the loop's world size 1)
@@ -449,7 +449,7 @@ def ours_step(model, opts, cfg: ModelConfig, train: dict, device, batches, count
         else:
             with autocast(device, train):
                 _, loss = model(x, y, counters=counters)
-                total = loss + train["moe_aux_coef"] * model.aux_loss if cfg.moe else loss
+                total = with_moe_aux(loss, model, cfg, train["moe_aux_coef"])
         if fw is not None:  # the stage's step: backward, clip, guarded optimizer steps, zero_grad
             fw.step(loss, total, f"step {i}")
             return loss

@@ -51,7 +51,7 @@ from dormouse.firewall import Firewall  # noqa: E402
 from dormouse.model.config import ModelConfig  # noqa: E402
 from dormouse.model.gpt import ByteLM, count_params  # noqa: E402
 from dormouse.optim import build_optimizers, set_lr, wsd_multiplier  # noqa: E402
-from dormouse.runtime import autocast, compile_for, evaluate  # noqa: E402
+from dormouse.runtime import autocast, compile_for, evaluate, with_moe_aux  # noqa: E402
 from dormouse.stage import input_artifact  # noqa: E402
 from pretrain_h200 import attach_param_groups, build_sdpa, sdpa_layout, versions  # noqa: E402
 
@@ -114,8 +114,8 @@ def train_for(system: str, cfg: ModelConfig, train: dict, shards, device, budget
             return graphed[m](x, y, counters)
         with autocast(device, train):
             _, loss = m(x, y, counters=counters) if system == "ours" else m(x, y)
-            if system == "ours" and cfg.moe:
-                loss = loss + train["moe_aux_coef"] * m.aux_loss
+            if system == "ours":
+                loss = with_moe_aux(loss, m, cfg, train["moe_aux_coef"])
         return loss
 
     if warmup_steps:  # autotune and compile on a throwaway model of the same shapes: the timed one starts at its init
