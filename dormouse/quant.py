@@ -222,7 +222,12 @@ def quantize(rung: str, W: torch.Tensor) -> dict[str, torch.Tensor]:
     W = W.detach().to("cpu", torch.float32).contiguous()
     if not torch.isfinite(W).all():
         raise ValueError(f"{rung}: weights hold NaN/inf")
-    return _QUANT[rung][0](W)
+    parts = _QUANT[rung][0](W)
+    # finite weights can still overflow a scale (ternary's mean |W| near fp32's max): refuse, never write NaN parts
+    bad = [k for k, v in parts.items() if v.dtype in (torch.float32, torch.bfloat16) and not torch.isfinite(v).all()]
+    if bad:
+        raise ValueError(f"{rung}: non-finite {bad} from finite weights (max |W| {W.abs().max().item():.3g})")
+    return parts
 
 
 def dequantize(rung: str, tensors: dict[str, torch.Tensor], shape) -> torch.Tensor:

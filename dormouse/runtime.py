@@ -24,9 +24,14 @@ def device_for(train: dict, stage: str = "pretrain") -> torch.device:
     return torch.device(train["device"])
 
 
+def uses_bf16(train: dict) -> bool:
+    """Whether the run computes in bf16 on CUDA (train.dtype): `autocast` below, and `decode.generate`'s `bf16`."""
+    return train.get("dtype", "bfloat16") == "bfloat16"
+
+
 def autocast(device: torch.device, train: dict, cache: bool = True):
     """bf16 autocast on CUDA (train.dtype); cache=False inside a CUDA graph capture (dormouse.cuda_graphs)."""
-    if device.type == "cuda" and train.get("dtype", "bfloat16") == "bfloat16":
+    if device.type == "cuda" and uses_bf16(train):
         return torch.autocast("cuda", dtype=torch.bfloat16, cache_enabled=cache)
     return nullcontext()
 

@@ -12,7 +12,7 @@ import torch
 
 from dormouse import chat, tasks
 from dormouse.decode import generate
-from dormouse.runtime import autocast
+from dormouse.runtime import autocast, uses_bf16
 
 
 def heldout_items(task_params: dict) -> list[tasks.Item]:
@@ -45,7 +45,7 @@ def answer(model, items: list[tasks.Item], max_new_bytes: int, device, run: dict
     for i in range(0, len(items), batch):
         prompts = [chat.prompt_bytes(it.prompt) for it in items[i : i + batch]]
         with autocast(device, run):
-            out += generate(model, prompts, max_new_bytes, temperature=0.0)
+            out += generate(model, prompts, max_new_bytes, temperature=0.0, bf16=uses_bf16(run))
     model.train(was_training)
     return out
 
@@ -101,7 +101,8 @@ def sampled_accuracy(model, items: list[tasks.Item], max_new_bytes: int, device,
         chunk = items[i : i + batch_items]
         with autocast(device, run):
             replies = generate(model, [chat.prompt_bytes(it.prompt) for it in chunk], max_new_bytes,
-                               temperature=temperature, generator=gen, samples_per_prompt=samples)
+                               temperature=temperature, generator=gen, samples_per_prompt=samples,
+                               bf16=uses_bf16(run))
         grades += [(chunk[j // samples], grade(chunk[j // samples], r)) for j, r in enumerate(replies)]
     model.train(was_training)
     t = tally(grades)

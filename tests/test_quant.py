@@ -260,6 +260,8 @@ def test_bad_input_is_refused():
         Q.quantize("int4", torch.ones(2, 2))
     with pytest.raises(ValueError, match="NaN/inf"):
         Q.quantize("mxfp4", torch.tensor([[1.0, float("nan")]]))
+    with pytest.raises(ValueError, match=r"ternary: non-finite \['scale'\]"):  # mean |W| overflows fp32
+        Q.quantize("ternary", torch.full((2, 40), 3e38))
     with pytest.raises(ValueError, match="2-D"):
         Q.quantize("int8", torch.ones(4))
 

@@ -30,7 +30,8 @@ def test_sampled_accuracy_grades_each_sample_against_its_own_item(monkeypatch):
     items = task_eval.heldout_items(TASKS)
     index = {chat.prompt_bytes(it.prompt): i for i, it in enumerate(items)}
 
-    def fake_generate(model, prompts, max_new, *, temperature, generator, samples_per_prompt):
+    def fake_generate(model, prompts, max_new, *, temperature, generator, samples_per_prompt, bf16):
+        assert bf16 is False  # RUN computes in fp32: decoding must too
         out = []
         for p in prompts:
             it = items[index[p]]
@@ -52,6 +53,24 @@ def test_sampled_accuracy_grades_each_sample_against_its_own_item(monkeypatch):
     reverse = [i for i, it in enumerate(items) if it.family == "reverse"]
     assert r["malformed"] == sum(4 - right[i] for i in reverse)
 
+
+
+def test_greedy_and_sampled_replies_decode_in_the_runs_precision(monkeypatch):
+    """decode.generate defaults to bf16 on CUDA; task_eval passes the run's own precision (train.dtype), so an fp32
+    run's held-out accuracy is not decoded in bf16 while its BPB is scored in fp32."""
+    seen = []
+
+    def fake_generate(model, prompts, max_new, **kw):
+        seen.append(kw["bf16"])
+        return [b"1\x03"] * len(prompts) * kw.get("samples_per_prompt", 1)
+
+    monkeypatch.setattr(task_eval, "generate", fake_generate)
+    items = task_eval.heldout_items(TASKS)[:2]
+    for run, want in (({"dtype": "float32"}, False), ({"dtype": "bfloat16"}, True), ({}, True)):
+        seen.clear()
+        task_eval.answer(live_model(CFG), items, 4, CPU, run)
+        task_eval.sampled_accuracy(live_model(CFG), items, 4, CPU, run, samples=2, temperature=1.0, seed=0)
+        assert seen == [want, want], (run, seen)
 
 def test_sampled_accuracy_is_seeded(one_thread):
     model = live_model(CFG, scale=0.5)

@@ -37,7 +37,7 @@ from dormouse.byte_stream import eval_window
 from dormouse.decode import generate
 from dormouse.optim import build_optimizers, set_lr, wsd_multiplier
 from dormouse.runtime import (autocast, checked_counters, deterministic_cpu, device_for, load_model, pad_width,
-                              save_model_artifact, update, with_moe_aux)
+                              save_model_artifact, update, uses_bf16, with_moe_aux)
 from dormouse.stage import input_artifact, parse_job, summary, writer
 from dormouse.stages.sft import held_out, held_out_line
 
@@ -186,7 +186,7 @@ def main(argv=None) -> int:
             model.eval()
             with torch.no_grad(), autocast(device, params):
                 replies = generate(model, unique, max_new, temperature=temp, top_k=rl["top_k"], generator=gen,
-                                   samples_per_prompt=G)
+                                   samples_per_prompt=G, bf16=uses_bf16(params))
             grades = [task_eval.grade(items[j // G], r) for j, r in enumerate(replies)]
             rewards = torch.tensor([float(g == "correct") for g in grades]).view(-1, G)
             signal = []  # groups with a learning signal, in draw order
