@@ -61,6 +61,24 @@ def same_grads(a_p, b_p, gen: torch.Generator) -> None:
         y.grad = x.grad.clone()
 
 
+
+def snapshot(opt, ps) -> tuple[list, list]:
+    """The bits of every weight and momentum of `opt` over `ps`."""
+    return [bits(y.detach()).clone() for y in ps], [bits(opt.state[y]["momentum_buffer"]).clone() for y in ps]
+
+
+def assert_unchanged(opt, ps, before) -> None:
+    for y, w, m in zip(ps, *before):
+        assert torch.equal(bits(y.detach()), w) and torch.equal(bits(opt.state[y]["momentum_buffer"]), m)
+
+
+def eager_and_compiled_step(monkeypatch, a, b, ok) -> None:
+    """`a` steps with the elementwise functions eager, `b` as the device runs them."""
+    with monkeypatch.context() as eager:
+        eager.setattr(optim, "ELEMENTWISE_BACKEND", None)
+        a.step(ok=ok)
+    b.step(ok=ok)
+
 def test_a_step_refused_on_the_device_changes_no_bit():
     """step(ok=False) with non-finite gradients (NaN in one matrix, inf in another) leaves every weight and
     momentum bit as it was, a -0.0 weight included; step(ok=True) is step() bit for bit."""
@@ -76,13 +94,12 @@ def test_a_step_refused_on_the_device_changes_no_bit():
         assert torch.equal(bits(a.state[x]["momentum_buffer"]), bits(b.state[y]["momentum_buffer"]))
     with torch.no_grad():
         b_p[3][0] = -0.0
-    before = [bits(y.detach()).clone() for y in b_p], [bits(b.state[y]["momentum_buffer"]).clone() for y in b_p]
+    before = snapshot(b, b_p)
     for i, y in enumerate(b_p):
         y.grad = torch.randn(y.shape, generator=gen)
         y.grad[0, 0] = float("nan") if i == 3 else float("inf") if i == 5 else y.grad[0, 0]
     b.step(ok=torch.tensor(False))
-    for y, w, m in zip(b_p, *before):
-        assert torch.equal(bits(y.detach()), w) and torch.equal(bits(b.state[y]["momentum_buffer"]), m)
+    assert_unchanged(b, b_p, before)
 
 
 def compiled_on_cpu(monkeypatch):
@@ -113,14 +130,10 @@ def test_the_compiled_elementwise_graphs_trace_whole_and_match_the_eager_step(mo
             with torch.no_grad():
                 a_p[3][0, 0] = b_p[3][0, 0] = -0.0
             a_p[5].grad[1, 1] = b_p[5].grad[1, 1] = float("nan")
-            before = [bits(y.detach()).clone() for y in b_p], [bits(b.state[y]["momentum_buffer"]).clone() for y in b_p]
-        with monkeypatch.context() as eager:
-            eager.setattr(optim, "ELEMENTWISE_BACKEND", None)
-            a.step(ok=ok)
-        b.step(ok=ok)
+            before = snapshot(b, b_p)
+        eager_and_compiled_step(monkeypatch, a, b, ok)
         if step == 2:
-            for y, w, m in zip(b_p, *before):
-                assert torch.equal(bits(y.detach()), w) and torch.equal(bits(b.state[y]["momentum_buffer"]), m)
+            assert_unchanged(b, b_p, before)
         for x, y in zip(a_p, b_p):
             assert torch.equal(bits(x.detach()), bits(y.detach())), step
             assert torch.equal(bits(a.state[x]["momentum_buffer"]), bits(b.state[y]["momentum_buffer"])), step
@@ -165,15 +178,11 @@ def test_the_inductor_step_on_cuda_matches_the_eager_step(monkeypatch):
             with torch.no_grad():
                 a_p[3][0, 0] = b_p[3][0, 0] = -0.0
             b_p[3].grad[0, 0] = float("nan")
-            before = [bits(y.detach()).clone() for y in b_p], [bits(b.state[y]["momentum_buffer"]).clone() for y in b_p]
+            before = snapshot(b, b_p)
         ok = None if step == 4 else torch.tensor(step != 2, device="cuda")
-        with monkeypatch.context() as eager:
-            eager.setattr(optim, "ELEMENTWISE_BACKEND", None)
-            a.step(ok=ok)
-        b.step(ok=ok)
+        eager_and_compiled_step(monkeypatch, a, b, ok)
         if step == 2:
-            for y, w, m in zip(b_p, *before):
-                assert torch.equal(bits(y.detach()), w) and torch.equal(bits(b.state[y]["momentum_buffer"]), m)
+            assert_unchanged(b, b_p, before)
     assert counters["stats"]["unique_graphs"] <= 4, dict(counters["stats"])  # (_momentum, _apply) x (ok, None)
     for x, y, s in zip(a_p, b_p, start):
         moved = (x - s).abs().max()
