@@ -429,13 +429,16 @@ def compiled(args, module: nn.Module, device: torch.device) -> list[str]:
 
 
 def ours_step(model, opts, cfg: ModelConfig, train: dict, device, batches, counters: Counter,
-              firewall: bool = True, firewall_on_device: bool | None = None, graphed: GraphedLoss | None = None):
+              firewall: bool = True, firewall_on_device: bool | None = None, graphed: GraphedLoss | None = None,
+              net: nn.Module | None = None, world: distributed.World = ONE_PROCESS):
     """One step of dormouse/stages/pretrain.py's loop (firewall=True: its Firewall, deciding on the device
     on CUDA as the stage does, on the host elsewhere; graphed: the forward and backward replayed from CUDA
-    graphs, as the stage runs them under train.cuda_graphs: cuda). Returns the step's loss."""
+    graphs, as the stage runs them under train.cuda_graphs: cuda; net: the model as the forward calls it,
+    DistributedDataParallel under torchrun as in the stage, with its world). Returns the step's loss."""
     params = list(model.parameters())
+    net = model if net is None else net
     on_device = device.type == "cuda" if firewall_on_device is None else firewall_on_device
-    fw = Firewall(opts, params, train["grad_clip"], train["max_bad_steps"], ONE_PROCESS, on_device=on_device) if firewall else None
+    fw = Firewall(opts, params, train["grad_clip"], train["max_bad_steps"], world, on_device=on_device) if firewall else None
     state = {"i": 0}
 
     def step():
@@ -448,7 +451,7 @@ def ours_step(model, opts, cfg: ModelConfig, train: dict, device, batches, count
             loss = total = graphed(x, y, counters)
         else:
             with autocast(device, train):
-                _, loss = model(x, y, counters=counters)
+                _, loss = net(x, y, counters=counters)
                 total = with_moe_aux(loss, model, cfg, train["moe_aux_coef"])
         if fw is not None:  # the stage's step: backward, clip, guarded optimizer steps, zero_grad
             fw.step(loss, total, f"step {i}")
