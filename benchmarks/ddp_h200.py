@@ -35,6 +35,7 @@ import shlex
 import subprocess
 import sys
 import tempfile
+import time
 from collections import Counter
 from datetime import datetime, timezone
 from pathlib import Path
@@ -86,6 +87,7 @@ def worker(args) -> int:
     flops_per_token = 6 * cp["flop_params"] + ph.kda_flops_per_token(cfg.depth, cfg.n_heads, cfg.head_dim)
     systems = ["compiled"] + (["graphed"] if world.size == 1 and device.type == "cuda" else [])
     results = []
+    t_start = time.perf_counter()
     for system in systems:
         torch.manual_seed(args.seed)
         model = ByteLM(cfg).to(device).train()
@@ -112,8 +114,9 @@ def worker(args) -> int:
         })
         del model, opts, net, graphed, step
         distributed.barrier(world)
-    if world.is_main:
-        Path(args.result).write_text(json.dumps(results))
+        if world.is_main:  # each system's row as soon as it is measured: a killed launch keeps what it finished
+            Path(args.result).write_text(json.dumps(results))
+            log(f"result {json.dumps(results[-1])} ({time.perf_counter() - t_start:.0f} s since the model was built)")
     distributed.shutdown()
     return 0
 
@@ -190,15 +193,18 @@ def driver(args) -> int:
     rows: list[dict] = []
     with tempfile.TemporaryDirectory() as tmp:
         for preset in args.presets:
-            for gpus in args.gpus:
+            for gpus in sorted(args.gpus):  # one GPU first: the later rows' scaling columns need its rows
                 result = Path(tmp) / f"{preset}_{gpus}.json"
+                t0 = time.perf_counter()
                 rc = launch(args, preset, gpus, result)
-                got = json.loads(result.read_text()) if rc == 0 and result.exists() else [
-                    {"system": "compiled", "status": f"failed: torchrun exit {rc}"}]
-                rows += [{**base, "preset": preset, "gpus": gpus, **r} for r in got]
-    add_scaling(rows)
-    write_tsv(args.out, rows)
-    log(f"rows appended to {args.out}")
+                got = json.loads(result.read_text()) if result.exists() else []  # a failed launch keeps what it finished
+                if rc != 0:
+                    got.append({"system": "(launch)", "status": f"failed: torchrun exit {rc}"})
+                new = [{**base, "preset": preset, "gpus": gpus, **r} for r in got]
+                rows += new
+                add_scaling(rows)
+                write_tsv(args.out, new)  # as each launch ends: a budget cut keeps the finished rows
+                log(f"{preset} at {gpus}: {len(new)} rows appended to {args.out} ({time.perf_counter() - t0:.0f} s)")
     print(table(rows), flush=True)
     return 0 if all(r["status"] == "ok" for r in rows) else 1
 
