@@ -171,16 +171,6 @@ def table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def write_tsv(path: Path, rows: list[dict]) -> None:
-    new = not path.exists() or path.stat().st_size == 0
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "a", encoding="utf-8") as f:
-        if new:
-            f.write("\t".join(COLUMNS) + "\n")
-        for r in rows:
-            f.write("\t".join(ph.fmt(r.get(c)) for c in COLUMNS) + "\n")
-
-
 def driver(args) -> int:
     command = shlex.join(["python3", os.path.relpath(__file__, ROOT), *sys.argv[1:]])
     device = torch.device("cpu") if args.dry_run_cpu else torch.device("cuda")
@@ -190,6 +180,7 @@ def driver(args) -> int:
             raise SystemExit(f"ddp_h200: --gpus {max(args.gpus)} asked, {have} visible")
     base = {"date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "device": ph.device_name(device),
             "versions": ph.versions(), "command": command}
+    writer = ph.TsvWriter(args.out, COLUMNS)
     rows: list[dict] = []
     with tempfile.TemporaryDirectory() as tmp:
         for preset in args.presets:
@@ -203,8 +194,9 @@ def driver(args) -> int:
                 new = [{**base, "preset": preset, "gpus": gpus, **r} for r in got]
                 rows += new
                 add_scaling(rows)
-                write_tsv(args.out, new)  # as each launch ends: a budget cut keeps the finished rows
-                log(f"{preset} at {gpus}: {len(new)} rows appended to {args.out} ({time.perf_counter() - t0:.0f} s)")
+                for r in new:  # as each launch ends: a budget cut keeps the finished rows
+                    writer.write(r)
+                log(f"{preset} at {gpus}: {len(new)} rows appended to {writer.path} ({time.perf_counter() - t0:.0f} s)")
     print(table(rows), flush=True)
     return 0 if all(r["status"] == "ok" for r in rows) else 1
 

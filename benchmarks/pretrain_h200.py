@@ -947,11 +947,12 @@ def fmt(v) -> str:
 
 
 class TsvWriter:
-    def __init__(self, path: Path):
+    def __init__(self, path: Path, columns: list[str] = COLUMNS):
+        self.columns = columns
         path.parent.mkdir(parents=True, exist_ok=True)
         if path.exists() and path.stat().st_size > 0:
             head = path.read_text(encoding="utf-8").split("\n", 1)[0].split("\t")
-            if head != COLUMNS:
+            if head != columns:
                 alt = path.with_name(path.stem + ".v2" + path.suffix)
                 log(f"WARNING: {path} has other columns; writing to {alt}")
                 path = alt
@@ -961,8 +962,8 @@ class TsvWriter:
         new = not self.path.exists() or self.path.stat().st_size == 0
         with open(self.path, "a", encoding="utf-8") as f:
             if new:
-                f.write("\t".join(COLUMNS) + "\n")
-            f.write("\t".join(fmt(row.get(c)) for c in COLUMNS) + "\n")
+                f.write("\t".join(self.columns) + "\n")
+            f.write("\t".join(fmt(row.get(c)) for c in self.columns) + "\n")
 
 
 def table(rows: list[dict]) -> str:
