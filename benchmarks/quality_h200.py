@@ -203,10 +203,14 @@ def plot(rows: list[dict], path: Path, anchors: Path | None = None) -> None:
     from dormouse.plots import ANCHOR_COLORS, best_anchors, new_figure, save
 
     fig, (by_clock, by_bytes) = new_figure(10, 8, rows=2)
-    for system in dict.fromkeys(r["system"] for r in rows):
-        pts = [r for r in rows if r["system"] == system and float(r["train_s"]) > 0]  # step 0 is 8 BPB: off scale
-        by_clock.plot([float(r["train_s"]) for r in pts], [float(r["eval_bpb"]) for r in pts], "o-", ms=4, label=system)
-        by_bytes.plot([int(r["bytes"]) for r in pts], [float(r["eval_bpb"]) for r in pts], "o-", ms=4, label=system)
+    runs = dict.fromkeys((r["system"], r.get("date", "")) for r in rows)  # a TSV of several runs: one curve each
+    dated = len({date for _, date in runs}) > 1
+    for system, date in runs:
+        pts = [r for r in rows if (r["system"], r.get("date", "")) == (system, date)
+               and float(r["train_s"]) > 0]  # step 0 is 8 BPB: off scale
+        label = f"{system} {date}" if dated else system
+        by_clock.plot([float(r["train_s"]) for r in pts], [float(r["eval_bpb"]) for r in pts], "o-", ms=4, label=label)
+        by_bytes.plot([int(r["bytes"]) for r in pts], [float(r["eval_bpb"]) for r in pts], "o-", ms=4, label=label)
     ladder = json.loads(anchors.read_text())["ladder"] if anchors else []
     for ax in (by_clock, by_bytes):
         for a, color in zip(best_anchors(ladder), ANCHOR_COLORS):
