@@ -218,8 +218,10 @@ def test_profile_dry_run_names_the_optimizer_and_the_mixer(one_thread):
     assert first.startswith("== tiny: 2 steps, by cpu_time_total")
     assert "Optimizer.step#" in first and "aten::" in second
     small = first.split("== tiny: small eager ops by input shape")[1]
-    ops = {line.split()[0] for line in small.splitlines() if line.strip().startswith("aten::")}
-    assert ops and ops <= set(bench.SMALL_OPS) and "Input Shapes" in small, small[:2000]
+    rows = [line.split() for line in small.splitlines()[2:] if line.strip()]
+    ops = {r[6] for r in rows}
+    assert ops and ops <= set(bench.SMALL_OPS) and "input shapes" in small, small[:2000]
+    assert all(r[1] == "ms" and float(r[0]) >= 0 and r[7].startswith("[") for r in rows), small[:2000]
 
 
 def test_the_layer_ablation_builds_every_cpu_variant():
