@@ -116,11 +116,11 @@ class _Dir:
         return p
 
 
-def shard_work(parts: list[Path], n_shards: int, eval_target: int, out: Path) -> dict:
+def shard_work(parts: list[Path], n_shards: int, eval_target: int, out: Path, part_pattern: str | None) -> dict:
     """dormouse.stages.shard.shard_documents itself (both passes), writing under `out`."""
     t0 = time.perf_counter()
     art = _Dir(out)
-    shard_documents(parts, n_shards, eval_target, art)
+    shard_documents(parts, n_shards, eval_target, art, part_pattern)
     return {"total_s": time.perf_counter() - t0, "counters": dict(art.counters),
             "cutoff": art.extra["shards"]["eval_cutoff_hash"]}
 
@@ -185,11 +185,11 @@ CATEGORIES = [  # (short label, label, predicate on (file, function name)); firs
 ]
 
 
-def profile_shard(parts, n_shards, eval_target, tmp: Path, top: int = 25) -> tuple[list, list, float]:
+def profile_shard(parts, n_shards, eval_target, part_pattern, tmp: Path, top: int = 25) -> tuple[list, list, float]:
     out = tmp / "profile-out"
     pr = cProfile.Profile()
     pr.enable()
-    shard_work(parts, n_shards, eval_target, out)
+    shard_work(parts, n_shards, eval_target, out, part_pattern)
     pr.disable()
     shutil.rmtree(out, ignore_errors=True)
     st = pstats.Stats(pr)
@@ -271,6 +271,7 @@ def main() -> None:
 
     job = plan_job("shard", args.preset)
     n_shards, eval_target = job["params"]["num_shards"], job["params"]["eval_tail_bytes"]
+    part_pattern = job["params"]["part_pattern"]
     fdig = job["inputs"]["filter"]["digest"]
     fdir = ROOT / "results/store/filter" / fdig
     parts = sorted(fdir.glob("docs-*.jsonl.zst"))
@@ -327,7 +328,7 @@ def main() -> None:
         def one_shard():
             out = tmp / "out"
             shutil.rmtree(out, ignore_errors=True)
-            r = shard_work(parts, n_shards, eval_target, out)
+            r = shard_work(parts, n_shards, eval_target, out, part_pattern)
             runs.append(r)
             return r["total_s"]
 
@@ -386,7 +387,7 @@ def main() -> None:
 
         prof_lines, micro = [], []
         if args.profile == "always" or (args.profile == "auto" and ratio < 0.5):
-            top, cats, total = profile_shard(parts, n_shards, eval_target, tmp)
+            top, cats, total = profile_shard(parts, n_shards, eval_target, part_pattern, tmp)
             print(f"\ncProfile of the shard work (one run; {total:.3f} s of tottime under the profiler):")
             print("  by kind of work:")
             for secs, (short, label) in cats:

@@ -35,7 +35,7 @@ STAGES = {
     s.name: s
     for s in (
         StageSpec("filter", 2, ()),  # 2: documents holding the chat template bytes 0x01-0x03 are dropped (fastText's NaN retries add manifest keys only: the documents are the same, so no bump)
-        StageSpec("shard", 3, ("filter",)),  # 2: documents in hash order; 3: the hash mixed (fnv.doc_hash): a uniform eval tail
+        StageSpec("shard", 4, ("filter",)),  # 2: documents in hash order; 3: the hash mixed (fnv.doc_hash): a uniform eval tail; 4: the tail held out by group (part_pattern)
         StageSpec("anchors", 2, ("shard",)),  # 2: the ladder scores the model's eval window; ladder_tail the whole tail
         StageSpec("pretrain", 8, ("shard",)),  # 2: batch rows from B lanes; 3: epochs exclude lane tails; 4: StackedMuon, compiled regions, shifted-sum convs; 5: those convs sum in fp32; 6: FLA's conv kernel on CUDA, CUDA graphs by default; 7: the mixer's input projections as one matmul, its activations inside chunk_kda on CUDA, no recompute in FLA's backward; 8: our Triton short conv on CUDA from the sequence start
         StageSpec("sft", 7, ("pretrain", "shard")),  # 2: held-out accuracy with the constant-reply baseline; 3: StackedMuon; 4: convs sum in fp32; 5: FLA's conv kernel on CUDA; 6: one input matmul; 7: our Triton conv

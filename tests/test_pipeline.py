@@ -56,6 +56,70 @@ def test_eval_tail_never_reaches_a_train_shard(built):
     assert c["docs_in"] == c["eval_docs"] + c["train_docs"] + c.get("train_docs_dropped.duplicate_of_eval", 0)
 
 
+def split_in_parts(text: str, size: int = 1500) -> list[str]:
+    """Cut at line ends into parts of about `size` characters, as the demo corpus cuts its long files."""
+    parts, cur = [], ""
+    for line in text.splitlines(keepends=True):
+        cur += line
+        if len(cur) >= size:
+            parts.append(cur)
+            cur = ""
+    return parts + ([cur] if cur.strip() else [])
+
+
+@pytest.fixture(scope="module")
+def parted_corpus(tmp_path_factory):
+    """Prose and code files split into parts, ids numbered as the demo's: `<file>#NNN` (jsonl) and
+    `<file>.NNN.txt` (txt)."""
+    from conftest import real_docs, write_jsonl_zst
+
+    root = tmp_path_factory.mktemp("parted")
+    docs = real_docs()
+    rows = [{"id": f"topic/{k}#{j:03d}", "text": part} for k, v in docs["prose"] for j, part in enumerate(split_in_parts(v))]
+    write_jsonl_zst(root / "prose.jsonl.zst", rows)
+    (root / "code").mkdir()
+    for name, text in docs["code"]:
+        for j, part in enumerate(split_in_parts(text, 6000)):
+            (root / "code" / f"{name.rsplit('/', 1)[-1]}.{j:03d}.txt").write_text(part)
+    return root
+
+
+def sides_of_groups(workdir, plan, pattern):
+    """{group id: set of sides ("eval", "train")} of the tiny shard artifact, groups named by `pattern`."""
+    import re
+
+    from dormouse.stages.shard import group_of
+
+    art = workdir / plan.artifact_dir("shard", plan.chain["tiny"]["shard"])
+    sides = {}
+    for side, files in (("eval", [art / "eval" / "tail.ids.jsonl"]), ("train", sorted((art / "train").glob("*.ids.jsonl")))):
+        for f in files:
+            for line in f.read_text().splitlines():
+                sides.setdefault(group_of(json.loads(line), re.compile(pattern)), set()).add(side)
+    return sides
+
+
+def test_parts_of_one_file_are_held_out_together(workdir, parted_corpus, quality_examples):
+    """The default part_pattern groups `#NNN` and `.NNN.txt` parts: every group is wholly eval or wholly train.
+    With part_pattern null (documents one by one) the same corpus splits groups across the tail: the check bites."""
+    config = configure(workdir, parted_corpus, *quality_examples)
+    plan = run_chain(workdir, config, stages=("filter", "shard"))
+    m = manifest(workdir, plan, "shard")
+    pattern = m["params"]["part_pattern"]
+    assert pattern == m["shards"]["part_pattern"] and pattern  # the schema's default reached the stage
+    sides = sides_of_groups(workdir, plan, pattern)
+    parted = {g for g in sides if any(c in g for c in ("topic/", ".txt"))}
+    assert len(parted) > 10 and not [g for g, s in sides.items() if len(s) > 1]
+    c = m["counters"]
+    assert 0 < c["eval_groups"] < c["groups"] and c["groups_of_several_parts"] > 10
+    assert c["eval_bytes"] >= 60_000
+
+    config = configure(workdir, parted_corpus, *quality_examples, part_pattern=None)
+    plan = run_chain(workdir, config, stages=("filter", "shard"))
+    split = [g for g, s in sides_of_groups(workdir, plan, pattern).items() if len(s) > 1]
+    assert split, "held out one by one, some file's parts should land on both sides"
+
+
 def test_anchor_ladder_is_ordered(built):
     workdir, plan = built
     art = workdir / plan.artifact_dir("anchors", plan.chain["tiny"]["anchors"])

@@ -3,10 +3,13 @@
     dormouse shard --job "$(dormouse plan --preset tiny --stage shard)"
 
 The hash is `fnv.doc_hash` (FNV-1a 64 of the id, then mixed: FNV-1a's top bits alone group ids that
-differ in a suffix, which would make the tail runs of neighbouring ids). The eval tail is the documents
-with the smallest hashes, taken until `eval_tail_bytes`; a document is eval iff its hash <= the recorded
-cutoff, so membership depends on the id alone: a uniform sample of documents. Train documents go to
-shard `hash % num_shards`. A train document whose text is byte-identical to an eval
+differ in a suffix, which would make the tail runs of neighbouring ids). The eval tail is held out by
+GROUP: a document's group is its id with `part_pattern` deleted (the parts of one split source file,
+e.g. a novel's chapters `austen/emma#003`), and the tail is the groups with the smallest doc_hash of
+the group id, taken until `eval_tail_bytes`; a document is eval iff its group's hash <= the recorded
+cutoff, so membership depends on the id alone, and no held-out text has a sibling part in training (the
+demo's tail had 28% of its bytes in such parts when documents were drawn one by one). Train documents
+go to shard `doc_hash(id) % num_shards`. A train document whose text is byte-identical to an eval
 document is dropped (counted): the eval tail never trains, not even through a copy.
 
 Layout: train/shard-NNNN.{bin,idx.npy,ids.jsonl}, eval/tail.{bin,idx.npy,ids.jsonl}, shards.json.
@@ -18,6 +21,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import shutil
 import sys
 import tempfile
@@ -70,33 +74,47 @@ def balance(shard_bytes: np.ndarray, doc_sizes: np.ndarray) -> dict:
     }
 
 
-def shard_documents(parts: list[Path], n_shards: int, eval_target: int, art) -> None:
+def group_of(doc_id: str, part_pattern: re.Pattern | None) -> str:
+    """The id of the document's group: `part_pattern` deleted from its id (an id that is all pattern is its own group)."""
+    return (part_pattern.sub("", doc_id) or doc_id) if part_pattern is not None else doc_id
+
+
+def shard_documents(parts: list[Path], n_shards: int, eval_target: int, art, part_pattern: str | None = None) -> None:
     """The stage's work: route the documents of `parts` into `art` (anything with path(name),
     counters and extra, as an ArtifactWriter); the benchmark calls this same function."""
-    # Pass 1: decode every document once into a scratch byte file; id hash and size per document.
+    pattern = re.compile(part_pattern) if part_pattern else None
+    # Pass 1: decode every document once into a scratch byte file; id and group hashes and size per document.
     scratch = Path(tempfile.mkdtemp(prefix="dormouse-shard-"))
     try:
-        ids, hashes, offsets = [], [], [0]
+        ids, hashes, group_hashes, offsets = [], [], [], [0]
         with open(scratch / "texts.bin", "wb") as texts:
             for doc in tqdm(read_parts(parts), unit="doc", mininterval=5, desc="shard pass 1", file=sys.stdout):
                 data = doc["text"].encode("utf-8")
                 texts.write(data)
                 ids.append(doc["id"])
                 hashes.append(doc_hash(doc["id"]))
+                group_hashes.append(doc_hash(group_of(doc["id"], pattern)))
                 offsets.append(offsets[-1] + len(data))
         h = np.asarray(hashes, dtype=np.uint64)
+        gh = np.asarray(group_hashes, dtype=np.uint64)
         off = np.asarray(offsets, dtype=np.int64)
         sz = np.diff(off)
-        order = np.argsort(h, kind="stable")
-        cum = np.cumsum(sz[order])
+        order = np.argsort(h, kind="stable")  # the write order
+        by_group = np.argsort(gh, kind="stable")  # a group's documents share a hash: they are taken together
+        cum = np.cumsum(sz[by_group])
         n_eval = int(np.searchsorted(cum, eval_target) + 1) if len(cum) else 0
         if n_eval >= len(h):
             raise SystemExit(f"shard: eval_tail_bytes={eval_target} takes the whole corpus ({int(sz.sum())} bytes)")
-        cutoff = int(h[order[n_eval - 1]])
-        is_eval = h <= np.uint64(cutoff)
+        cutoff = int(gh[by_group[n_eval - 1]])
+        is_eval = gh <= np.uint64(cutoff)
         if is_eval.all():  # ids that tie at the cutoff (e.g. one constant id for every document)
-            raise SystemExit(f"shard: every document hashed into the eval tail ({int((h == h[order[0]]).sum())} share the "
-                             f"smallest id hash); are the document ids unique? (data.reader.id_field)")
+            raise SystemExit(f"shard: every document hashed into the eval tail ({int((gh == gh[by_group[0]]).sum())} share "
+                             f"the smallest group hash); are the document ids unique (data.reader.id_field), and does "
+                             f"data.shard.part_pattern={part_pattern!r} leave them distinct?")
+        groups, group_sizes = np.unique(gh, return_counts=True)
+        art.counters["groups"] = len(groups)
+        art.counters["groups_of_several_parts"] = int((group_sizes > 1).sum())
+        art.counters["eval_groups"] = int((groups <= np.uint64(cutoff)).sum())
         buf = np.memmap(scratch / "texts.bin", dtype=np.uint8, mode="r") if off[-1] else np.zeros(0, np.uint8)
         text_of = lambda i: buf[off[i] : off[i + 1]].tobytes()
         # Copies of eval texts can only hide among train documents of the same length.
@@ -138,7 +156,8 @@ def shard_documents(parts: list[Path], n_shards: int, eval_target: int, art) -> 
         summary_doc = {
             "balance": balance(shard_bytes, sz[~is_eval]),
             "num_shards": n_shards,
-            "eval_cutoff_hash": f"{cutoff:016x}",  # fnv.doc_hash
+            "eval_cutoff_hash": f"{cutoff:016x}",  # fnv.doc_hash of the group id
+            "part_pattern": part_pattern,
             "eval": tail_info,
             "train": shard_info,
             "train_bytes_max_over_mean": float(shard_bytes.max() / shard_bytes.mean()) if shard_bytes.mean() else None,
@@ -154,6 +173,7 @@ def main(argv=None) -> int:
     filtered = input_artifact(job, "filter")
     parts = [filtered.file(n) for n in filtered.files("docs-")]
     with writer(job) as art:
-        shard_documents(parts, job["params"]["num_shards"], job["params"]["eval_tail_bytes"], art)
+        shard_documents(parts, job["params"]["num_shards"], job["params"]["eval_tail_bytes"], art,
+                        job["params"]["part_pattern"])
         summary("shard", art.counters)
     return 0
