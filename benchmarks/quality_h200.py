@@ -25,7 +25,8 @@ the end of their budget whatever their step rate. Warm-up (Triton autotune, firs
 a throwaway model before the clock starts; evaluation pauses the clock. The SDPA model is
 pretrain_h200.py's (c), with its parameter matching.
 
-Rows (one per eval): system, train_s, step, bytes, eval_bpb; the table (final BPB per system) prints last.
+Rows (one per eval): system, train_s, step, bytes, passes (bytes over the train shards' size: past 1 the curve measures
+memorising as well as learning), eval_bpb; the table (final and best BPB per system) prints last.
 """
 
 from __future__ import annotations
@@ -170,9 +171,10 @@ def train_for(system: str, cfg: ModelConfig, train: dict, shards, device, budget
     while True:
         if spent >= next_eval or spent >= budget_s:
             bpb = evaluate(scored, ex, ey, train["batch_size"], device, train, counters)
-            rows.append({"system": system, "train_s": round(spent, 1), "step": step,
-                         "bytes": step * train["batch_size"] * train["seq_len"], "eval_bpb": round(bpb, 5),
-                         "eval_bytes": eval_bytes, "note": note})
+            read = step * train["batch_size"] * train["seq_len"]
+            rows.append({"system": system, "train_s": round(spent, 1), "step": step, "bytes": read,
+                         "passes": round(read / stream.epoch_bytes, 4),  # past 1 the curve measures memorising too
+                         "eval_bpb": round(bpb, 5), "eval_bytes": eval_bytes, "note": note})
             log(f"{system}: {json.dumps(rows[-1])}")
             next_eval += eval_every_s
             if spent >= budget_s:
@@ -267,17 +269,23 @@ def main(argv=None) -> int:
         rows += train_for(system, cfg, train, shards, device, args.budget_s, args.eval_every_s, args.warmup_steps,
                           lambda m: print(f"[quality] {m}", flush=True), args.pause_after_s, args.state,
                           {"job": job["digest"]})
-    keys = ["system", "train_s", "step", "bytes", "eval_bpb", "eval_bytes", "note"]
+    keys = ["system", "train_s", "step", "bytes", "passes", "eval_bpb", "eval_bytes", "note"]
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text("\t".join(keys) + "\n" + "".join("\t".join(str(r[k]) for k in keys) + "\n" for r in rows))
+        args.out.write_text("\t".join(keys) + "\n" + "".join("\t".join(str(r.get(k, "")) for k in keys) + "\n" for r in rows))
     if args.plot:
         plot(rows, args.plot, args.anchors)
-    print(f"\n{'system':<8} {'train_s':>8} {'steps':>7} {'bytes':>13} {'eval_bpb':>9}")
-    for system in args.systems:
-        last = [r for r in rows if r["system"] == system][-1]
+    curves = {system: [r for r in rows if r["system"] == system] for system in args.systems}
+    for system, curve in curves.items():
+        if curve[-1].get("passes", 0) > 1:
+            print(f"[quality] {system} read the train shards {curve[-1]['passes']:g} times: past one pass its curve measures "
+                  f"memorising as well as learning (a larger corpus, or a shorter --budget-s, keeps it to one)")
+    print(f"\n{'system':<8} {'train_s':>8} {'steps':>7} {'bytes':>13} {'passes':>7} {'eval_bpb':>9}  best (at s)")
+    for system, curve in curves.items():
+        last, best = curve[-1], min(curve, key=lambda r: r["eval_bpb"])
         paused = f"  (paused: {args.budget_s:g} s not reached)" if float(last["train_s"]) < args.budget_s else ""
-        print(f"{system:<8} {last['train_s']:>8} {last['step']:>7} {last['bytes']:>13,} {last['eval_bpb']:>9}{paused}")
+        print(f"{system:<8} {last['train_s']:>8} {last['step']:>7} {last['bytes']:>13,} {last.get('passes', ''):>7} "
+              f"{last['eval_bpb']:>9}  {best['eval_bpb']} ({best['train_s']}){paused}")
     return 0
 
 

@@ -31,6 +31,8 @@ def test_both_systems_get_the_same_clock_and_eval_window(shards, tmp_path):  # n
         curve = [row for row in rows if row["system"] == system]
         assert curve[0]["step"] == "0" and float(curve[-1]["train_s"]) >= 1.5 and int(curve[-1]["step"]) >= 10
         assert float(curve[-1]["eval_bpb"]) < float(curve[0]["eval_bpb"]) < 8.2  # it learned; init is ~uniform
+        epoch = sum(p.stat().st_size for p in shards.glob("results/store/shard/*/train/*.bin"))
+        assert all(abs(float(row["passes"]) - int(row["bytes"]) / epoch) < 1e-4 for row in curve), curve  # over the shards
     assert len({row["eval_bytes"] for row in rows}) == 1  # one eval window for both
     assert r.stdout.strip().splitlines()[-1].startswith("sdpa")  # the table prints last
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
