@@ -91,11 +91,12 @@ def sides_of_groups(workdir, plan, pattern):
     from dormouse.stages.shard import group_of
 
     art = workdir / plan.artifact_dir("shard", plan.chain["tiny"]["shard"])
+    compiled = re.compile(pattern)
     sides = {}
     for side, files in (("eval", [art / "eval" / "tail.ids.jsonl"]), ("train", sorted((art / "train").glob("*.ids.jsonl")))):
         for f in files:
             for line in f.read_text().splitlines():
-                sides.setdefault(group_of(json.loads(line), re.compile(pattern)), set()).add(side)
+                sides.setdefault(group_of(json.loads(line), compiled), set()).add(side)
     return sides
 
 
