@@ -7,7 +7,8 @@ pieces, phase by phase, at the preset's shape.
     .venv/bin/python benchmarks/first_steps.py --preset tiny --steps 3 --device cpu
 
 Phases, each closed by a device synchronize so its time is its own: model build, optimizers, region
-compile set-up, then per step the forward (autocast, loss, the MoE balancing term: what the stage runs)
+compile set-up, then per step the forward (autocast, loss, the MoE balancing term: what the stage runs;
+under train.cuda_graphs on CUDA the stage's graphed loss, whose capture is part of step 0's forward)
 and the rest of the step (backward, clip, both optimizer steps, zero_grad, through the stage's
 Firewall). The first step holds the compiles and Triton's autotune; `torch._dynamo.utils.compile_times`
 splits dynamo's share by function. Host syncs: one steady step runs under
@@ -30,6 +31,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from dormouse import cuda_graphs  # noqa: E402
 from dormouse.config import load_preset  # noqa: E402
 from dormouse.distributed import World  # noqa: E402
 from dormouse.firewall import Firewall  # noqa: E402
@@ -113,9 +115,13 @@ def main(argv=None) -> int:
 
     torch.manual_seed(0)
     model = ph.run("build_model", lambda: ByteLM(cfg).to(device).train())
+    model.defer_routing = True  # as the stage: an MoE's routing counts stay on the device until read
     opts = ph.run("build_optimizers", lambda: build_optimizers(model, train))
     regions = ph.run("compile_regions_setup", lambda: compile_for(model, device, train))
     fw = Firewall(opts, list(model.parameters()), train["grad_clip"], train["max_bad_steps"], World(), on_device=device.type == "cuda")
+    graphs = cuda_graphs.decide(train, device.type, cfg, world_size=1)  # as the stage decides (train.cuda_graphs)
+    print(f"[first_steps] cuda_graphs: {graphs}", flush=True)
+    graphed = None
     g = torch.Generator().manual_seed(1)
     counters: Counter = Counter()
     data = torch.randint(0, 256, (4, batch, seq + 1), generator=g)  # random bytes: never time on zeros
@@ -126,10 +132,16 @@ def main(argv=None) -> int:
             break
         set_lr(opts, wsd_multiplier(step, train["steps"], train["warmup_steps"], train["decay_frac"], train["min_lr_frac"]))
         xy = data[step % 4].to(device)
-        x, y = xy[:, :-1], xy[:, 1:]
+        x, y = xy[:, :-1].contiguous(), xy[:, 1:].contiguous()
         box = {}
 
         def forward():
+            nonlocal graphed
+            if graphs == "graphed":  # the stage's step: forward and backward replayed (captured on step 0)
+                if graphed is None:
+                    graphed = cuda_graphs.GraphedLoss(model, x, y, train)
+                box["loss"] = box["total"] = graphed(x, y, counters)
+                return
             with autocast(device, train):
                 _, loss = model(x, y, counters=counters)
                 box["loss"], box["total"] = loss, with_moe_aux(loss, model, cfg, train["moe_aux_coef"])
@@ -150,6 +162,7 @@ def main(argv=None) -> int:
         ph.run(f"step{step}_forward", forward)
         ph.run(f"step{step}_backward_opt", rest)
     loss = fw.read("the end")
+    model.take_routing(counters)
     faulthandler.cancel_dump_traceback_later()
     try:
         from torch._dynamo.utils import compile_times

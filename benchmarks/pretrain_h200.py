@@ -117,6 +117,7 @@ from __future__ import annotations
 import argparse
 import copy
 import gc
+import json
 import math
 import os
 import platform
@@ -530,6 +531,7 @@ def run_ours(ctx: Ctx, firewall: bool = True, eager: bool = False) -> dict:
     torch.manual_seed(ctx.args.seed)
     model = ByteLM(cfg).to(dev)
     model.train()
+    model.defer_routing = True  # as the stage: an MoE's routing counts stay on the device
     opts = build_optimizers(model, train, muon_cls=muon_of(ctx.args.muon))
     batches = random_batches(ctx.batch, ctx.seq_len, dev, ctx.args.seed)
     counters = Counter()
@@ -1000,8 +1002,10 @@ def table(rows: list[dict]) -> str:
 # Driver
 # -------------------------------------------------------------------------------------------------
 def preset_setup(name: str, args, dry: bool):
-    p = load_preset(name, root=ROOT)
-    cfg = ModelConfig.from_dict(p["model"])
+    """A preset's model and shape; `name:{json}` overrides model fields (a control: 'b1:{"moe": false}')."""
+    base, _, override = name.partition(":")
+    p = load_preset(base, root=ROOT)
+    cfg = ModelConfig.from_dict({**p["model"], **json.loads(override or "{}")})
     train = dict(p["train"])
     batch, seq_len = train["batch_size"], train["seq_len"]
     if dry:
@@ -1119,7 +1123,23 @@ def main(argv=None) -> int:
     log(f"bf16 matmul rate {mm / 1e12:.1f} TFLOP/s is the MFU denominator" if not dry else
         f"CPU fp32 matmul rate {mm / 1e12:.3f} TFLOP/s is the MFU denominator (dry run)")
     print(table([mm_row] + rows), flush=True)
+    for line in control_ratios(rows):
+        log(line)
     return 0
+
+
+def control_ratios(rows: list[dict]) -> list[str]:
+    """tokens/s of each preset against its controls ('b1:{...}' rows of the same system), measured in this run."""
+    ok = {(r["preset"], r["system"]): r for r in rows if r.get("status") == "ok" and r.get("tokens_per_s")}
+    out = []
+    for (preset, system), r in ok.items():
+        if ":" in preset:
+            continue
+        for (other, osys), c in ok.items():
+            if osys == system and other.startswith(preset + ":"):
+                out.append(f"{preset} / control {other} ({system}): {r['tokens_per_s'] / c['tokens_per_s']:.3f}x tokens/s "
+                           f"({r['tokens_per_s']:,} / {c['tokens_per_s']:,})")
+    return out
 
 
 def run_all(args, device: torch.device, dry: bool, setups: dict, writer: TsvWriter, base: dict):

@@ -3,11 +3,13 @@ kernels included. A small model's eager step is host-bound: on the H200 the smal
 of wall time for ~26 ms of GPU work, ~1 000 launches; one replay each way took 28 ms (1.17M against 372k
 tokens/s, benchmarks/README.md, 2026-12-04). Optimizers, clip and the NaN firewall stay eager after it.
 
-Refused (the caller counts the reason) where a graph cannot hold the step: an MoE FFN reads its split
-sizes on the host; several ranks run DDP's gradient hooks inside backward. Not asked off CUDA.
+Refused (the caller counts the reason) where a graph cannot hold the step: several ranks run DDP's gradient
+hooks inside backward. Not asked off CUDA. An MoE is graphed: its routing has fixed shapes and no host sync.
 
 A replay runs no Python, so the model's counters (which arms ran, on how many tokens) are taken at
-capture: the capture's counts divided by its forward calls are added on every replay.
+capture: the capture's counts divided by its forward calls are added on every replay. The MoE's routing
+differs step to step: each replay adds it to the model's device tally (`ByteLM.defer_routing`, set here),
+which the training loop reads with `take_routing` at its log steps; the capture's own routing is dropped.
 """
 
 from __future__ import annotations
@@ -25,8 +27,6 @@ WARMUP_CALLS = 3  # make_graphed_callables' warm-up iterations (on a side stream
 
 def refusal(cfg: ModelConfig, world_size: int) -> str | None:
     """Why this run's step cannot be graphed (a counter key), or None."""
-    if cfg.moe:
-        return "moe"  # ffn.py: counts.tolist() syncs on the routing
     if world_size > 1:
         return "ddp"
     return None
@@ -68,11 +68,13 @@ class GraphedLoss:
     """loss = graphed(x, y, counters): a replay of the captured forward; loss.backward() replays the backward."""
 
     def __init__(self, model: nn.Module, x: torch.Tensor, y: torch.Tensor, train: dict):
+        model.defer_routing = True  # a replay cannot read the routing on the host: it stays in the device tally
         capture = Counter()
         # its own input buffers: a later batch is copied into them, never into the caller's tensors
         self.fn = torch.cuda.make_graphed_callables(_Loss(model, train, capture), (x.clone(), y.clone()),
                                                     num_warmup_iters=WARMUP_CALLS)
         self.per_call = per_call(capture, WARMUP_CALLS + 1)
+        model.take_routing(None)  # the warm-up and capture forwards are no training steps
         self.shape = tuple(x.shape)
         self.replays = 0
 

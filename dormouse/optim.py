@@ -71,10 +71,23 @@ class StackedMuon(torch.optim.Muon):
     "Run 7"). The first step compiles them (~10 s at medium). Every stack's bf16 Newton–Schulz input and output
     now exist at once (not one stack at a time): ~4 more bytes per hidden-matrix weight at the peak.
 
+    A 3-D parameter is a bank of matrices (an MoE's experts, dormouse/model/ffn.py): each of its matrices is
+    orthogonalised, normalised and lr-adjusted on its own, exactly as separate 2-D parameters would be, and the
+    bank joins its shape's stack whole (no per-expert tensors, so the compiled graphs take a few dozen inputs
+    at b1, not thousands). torch's Muon refuses 3-D parameters; this class checks them itself.
+
     `step(ok=...)` takes the NaN firewall's decision as a bool 0-d tensor on the device (as fused AdamW
     takes `found_inf`): where it is False the step changes no parameter and no state, and nothing waits
     for the host. The new momentum and the update are selected with torch.where (not scaled by ok), so a
     non-finite gradient cannot leak into either."""
+
+    def __init__(self, params, **kwargs):
+        # torch's argument checks and defaults, through a throwaway 2-D parameter (its __init__ refuses banks)
+        defaults = torch.optim.Muon([torch.zeros(1, 1, requires_grad=True)], **kwargs).defaults
+        torch.optim.Optimizer.__init__(self, params, defaults)
+        bad = [tuple(p.shape) for g in self.param_groups for p in g["params"] if p.dim() not in (2, 3)]
+        if bad:
+            raise ValueError(f"StackedMuon takes 2-D matrices and 3-D banks of matrices, got shapes {bad}")
 
     @torch.no_grad()
     def step(self, closure=None, ok: torch.Tensor | None = None):
@@ -93,10 +106,10 @@ class StackedMuon(torch.optim.Muon):
             momentum, lr, wd = group["momentum"], group["lr"], group["weight_decay"]
             by_shape: dict[tuple, list[int]] = {}
             for i, p in enumerate(params):
-                by_shape.setdefault((min(p.shape), max(p.shape), p.device, p.dtype), []).append(i)
+                by_shape.setdefault((min(p.shape[-2:]), max(p.shape[-2:]), p.device, p.dtype), []).append(i)
             stacks = list(by_shape.values())
             cuda = params[0].is_cuda
-            layout = tuple((key, len(idx)) for key, idx in by_shape.items())  # what the compiled graphs are for
+            layout = tuple((key, tuple(_matrices(params[i].shape) for i in idx)) for key, idx in by_shape.items())  # what the compiled graphs are for
             xs = _fused(_momentum, cuda, layout)([[_wide(grads[i]) for i in idx] for idx in stacks],
                                          [[_wide(bufs[i]) for i in idx] for idx in stacks],
                                          momentum, group["nesterov"], group["eps"], ok)
@@ -105,8 +118,9 @@ class StackedMuon(torch.optim.Muon):
             for idx, x in zip(stacks, xs):
                 shapes = tuple(tuple(params[i].shape) for i in idx)  # what the ratios depend on (orientation too)
                 rkey = (shapes, group["adjust_lr_fn"], x.device)
-                if rkey not in ratios:
-                    ratios[rkey] = torch.tensor([-_adjust_lr(1.0, group["adjust_lr_fn"], sh) for sh in shapes],
+                if rkey not in ratios:  # one per matrix, a bank's matrices in order
+                    ratios[rkey] = torch.tensor([-_adjust_lr(1.0, group["adjust_lr_fn"], sh[-2:])
+                                                 for sh in shapes for _ in range(_matrices(sh))],
                                                 device=x.device)[:, None, None]
                 scales.append(ratios[rkey] * lr)  # a device op: lr changes every step, no recompile, no copy
             decay = None
@@ -140,16 +154,18 @@ def _fused(fn, cuda: bool, layout: tuple):
 
 def _momentum(gs: list[list[torch.Tensor]], bs: list[list[torch.Tensor]], momentum: float, nesterov: bool,
               eps: float, ok: torch.Tensor | None) -> list[torch.Tensor]:
-    """Per stack (lists of same-shape wide views): the new momentum into bs (where ok), and the Newton–Schulz
-    input, the update stacked in bf16 with each matrix divided by its norm (torch's Muon's first steps)."""
+    """Per stack (lists of wide views of one matrix shape, 2-D or banks): the new momentum into bs (where ok),
+    and the Newton–Schulz input, the update stacked in bf16 with each matrix divided by its norm (torch's Muon's
+    first steps)."""
     xs = []
     for g_list, b_list in zip(gs, bs):
         updates = []
         for g, b in zip(g_list, b_list):  # matrix by matrix: compiled, each is one kernel writing its slice of the stack
             new_b = b.lerp(g, 1 - momentum)
-            updates.append(g.lerp(new_b, momentum) if nesterov else new_b)
+            u = g.lerp(new_b, momentum) if nesterov else new_b
+            updates.append(u if u.dim() == 3 else u[None])
             b.copy_(new_b if ok is None else torch.where(ok, new_b, b))
-        xs.append(_normalized_bf16(torch.stack(updates), eps))
+        xs.append(_normalized_bf16(torch.cat(updates), eps))
     return xs
 
 
@@ -158,14 +174,23 @@ def _apply(ps: list[list[torch.Tensor]], orthos: list[torch.Tensor], scales: lis
     """Per stack: p <- p * decay + ortho * scale (scale: -lr times the per-matrix ratio). Where not ok, p is
     selected back whole (torch.where, not an update of -0.0: inductor and triton may drop a constant's sign)."""
     for p_list, ortho, scale in zip(ps, orthos, scales):
-        for i, p in enumerate(p_list):
-            new = (p * decay if decay is not None else p) + ortho[i] * scale[i]
+        at = 0
+        for p in p_list:
+            n = _matrices(p.shape)
+            update = ortho[at : at + n] * scale[at : at + n]
+            new = (p * decay if decay is not None else p) + (update if p.dim() == 3 else update[0])
             p.copy_(new if ok is None else torch.where(ok, new, p))
+            at += n
 
 
 def _wide(t: torch.Tensor) -> torch.Tensor:
-    """t, or its transpose (a view) when it has more rows than columns."""
-    return t.mT if t.shape[0] > t.shape[1] else t
+    """t, or its transpose (a view; a bank's matrices each) when it has more rows than columns."""
+    return t.mT if t.shape[-2] > t.shape[-1] else t
+
+
+def _matrices(shape) -> int:
+    """How many matrices a parameter of this shape holds: 1, or a bank's first dimension."""
+    return shape[0] if len(shape) == 3 else 1
 
 
 def _normalized_bf16(g: torch.Tensor, eps: float) -> torch.Tensor:

@@ -13,6 +13,9 @@ shape. Storage layout (`quantize(rung, W)`; in a file each part is stored as `<p
            [out, P/16], tensor_scale: fp32 []
   ternary  q: uint8 [ceil(out*in/4)], scale: fp32 []                 (code - 1) * scale
 
+- A 3-D bank [E, out, in] (an MoE's experts) is E matrices quantized each on its own, exactly as separate
+  2-D parameters would be; every part gets a leading E (e.g. int8 q [E, out, in], scale [E, out]; ternary's
+  tensor scale [E]).
 - P = `in` zero-padded up to the block size (32 mxfp4, 16 nvfp4); `dequantize` crops the padding.
 - FP4 codes are E2M1 nibbles: sign bit 3, exponent bits 2..1, mantissa bit 0 (the ml_dtypes
   float4_e2m1fn bit patterns); two per byte along `in`, element 2j in the LOW nibble, 2j+1 high.
@@ -83,7 +86,8 @@ KEEP_BF16_SUFFIXES = ("embed.weight", "table.weight", "head.weight", "router.wei
 
 
 def default_eligible(name: str, tensor: torch.Tensor) -> bool:
-    return (tensor.dim() == 2 and tensor.is_floating_point() and tensor.numel() >= MIN_QUANT_NUMEL
+    """2-D matrices and 3-D banks of matrices, judged by the size of one matrix."""
+    return (tensor.dim() in (2, 3) and tensor.is_floating_point() and tensor.shape[-2:].numel() >= MIN_QUANT_NUMEL
             and not name.endswith(KEEP_BF16_SUFFIXES))
 
 
@@ -212,13 +216,16 @@ assert set(_QUANT) | {"bf16"} == set(RUNGS)
 
 def quantize(rung: str, W: torch.Tensor) -> dict[str, torch.Tensor]:
     """The stored parts of W under `rung` (layout in the module docstring). bf16 takes any shape,
-    the others a 2-D [out, in] matrix; W must be finite (NaN/inf weights are a training defect)."""
+    the others a 2-D [out, in] matrix or a 3-D bank of them; W must be finite (NaN/inf weights are a training defect)."""
     if rung not in RUNGS:
         raise ValueError(f"unknown rung {rung!r}; known: {RUNGS}")
     if rung == "bf16":
         return {"w": W.detach().to("cpu", torch.bfloat16, copy=True).contiguous()}
-    if W.dim() != 2 or not W.is_floating_point():
-        raise ValueError(f"{rung} quantizes 2-D float matrices, got {W.dtype} {tuple(W.shape)}")
+    if W.dim() not in (2, 3) or not W.is_floating_point():
+        raise ValueError(f"{rung} quantizes 2-D float matrices and 3-D banks of them, got {W.dtype} {tuple(W.shape)}")
+    if W.dim() == 3:  # a bank: each matrix on its own, parts stacked
+        each = [quantize(rung, m) for m in W]
+        return {k: torch.stack([p[k] for p in each]) for k in each[0]}
     W = W.detach().to("cpu", torch.float32).contiguous()
     if not torch.isfinite(W).all():
         raise ValueError(f"{rung}: weights hold NaN/inf")
@@ -237,6 +244,8 @@ def dequantize(rung: str, tensors: dict[str, torch.Tensor], shape) -> torch.Tens
     shape = tuple(shape)
     if rung == "bf16":
         return tensors["w"].float().view(shape)
+    if len(shape) == 3:  # a bank (see quantize)
+        return torch.stack([dequantize(rung, {k: v[i] for k, v in tensors.items()}, shape[1:]) for i in range(shape[0])])
     return _QUANT[rung][1](tensors, shape).contiguous()
 
 

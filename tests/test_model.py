@@ -12,9 +12,13 @@ import torch
 
 from dormouse.model.config import ModelConfig
 from dormouse.model.engram import Engram, _is_prime, engram_tables
-from dormouse.model.ffn import MoE
+import torch.nn.functional as F
+
+from dormouse.model import ffn
+from dormouse.model.ffn import MoE, take_routing
 from dormouse.model.gpt import ByteLM, active_params, count_params
 from dormouse.model.kda import KDAMixer
+from dormouse.optim import StackedMuon
 from model_util import live_model, rand_bytes
 
 torch.set_num_threads(1)
@@ -122,13 +126,14 @@ def test_moe_is_dropless_top_k_of_its_experts():
         moe.router.weight[0, 0] = 3.0  # every token picks expert 0: twice the mean load, all processed
     c = Counter()
     y = moe(x, c)
+    take_routing([moe], c)
     probs = torch.softmax(x.reshape(-1, 16) @ moe.router.weight.T, -1)
     w, i = probs.topk(2, -1)
     w = w / w.sum(-1, keepdim=True)
-    ref = torch.stack([sum(w[n, j] * moe.experts[int(i[n, j])](x.reshape(-1, 16)[n]) for j in range(2))
+    ref = torch.stack([sum(w[n, j] * expert(moe, int(i[n, j]), x.reshape(-1, 16)[n]) for j in range(2))
                        for n in range(60)]).view(3, 20, 16)
     torch.testing.assert_close(y, ref, atol=1e-5, rtol=1e-5)
-    assert sum(c.values()) == 60 * 2 and c["moe.tokens.expert_0"] == 60
+    assert sum(v for k, v in c.items() if k.startswith("moe.tokens.")) == 60 * 2 and c["moe.tokens.expert_0"] == 60
     assert [c[f"moe.tokens.expert_{e}"] for e in range(4)] == torch.bincount(i.reshape(-1), minlength=4).tolist()
     # Switch aux loss: exactly 1 for a uniform router (ties broken by index still give sum f_i = 1)
     with torch.no_grad():
@@ -144,14 +149,82 @@ def test_the_language_model_loss_reaches_the_router(top_k):
     output alone (no balancing term) must give the router a gradient, as it does with top-2."""
     torch.manual_seed(0)
     moe = MoE(16, 24, n_experts=4, top_k=top_k)
-    for ex in moe.experts:  # nonzero expert outputs (w_down is zero-initialised by the model, not by SwiGLU)
-        torch.nn.init.normal_(ex.w_down.weight, std=0.1)
+    torch.nn.init.normal_(moe.w_down, std=0.1)  # nonzero expert outputs (the model zeroes w_down, MoE alone does not)
     x = torch.randn(3, 20, 16)
     moe(x).square().mean().backward()
     assert moe.router.weight.grad.norm() > 1e-3, moe.router.weight.grad.norm()
     _, _, w = moe.route(x.reshape(-1, 16))
     if top_k == 1:  # the weight is the top probability, below 1 for a router that is not one-hot
         assert (w < 1).all()
+
+def expert(moe: MoE, i: int, x: torch.Tensor) -> torch.Tensor:
+    """Expert i of the banks as a plain SwiGLU."""
+    return F.linear(F.silu(F.linear(x, moe.w_gate[i])) * F.linear(x, moe.w_up[i]), moe.w_down[i])
+
+
+@pytest.mark.parametrize("path", ["grouped_mm", "blocked_bmm"])
+@pytest.mark.parametrize("top_k", [1, 2])
+def test_expert_paths_match_the_expert_loop_in_outputs_and_gradients(path, top_k):
+    """Each fixed-shape expert path against the loop it replaced (MoE.path "loop": split sizes read on the
+    host, a Python loop over experts), on uneven loads with an expert no token chose and one whose rows span
+    several blocks: the same output and the same gradients for the input, the router and every bank (fp32)."""
+    torch.manual_seed(0)
+    moe = MoE(16, 24, n_experts=5, top_k=top_k)
+    torch.nn.init.normal_(moe.w_down, std=0.1)
+    x = torch.randn(3, 40, 16)
+    x[..., 0] += 4.0
+    x.requires_grad_(True)
+    with torch.no_grad():
+        moe.router.weight[4] = 0.0
+        moe.router.weight[4, 0] = -5.0  # a logit near -20: no token picks expert 4
+        moe.router.weight[0, 0] = 0.3  # expert 0 takes the most
+    counts = moe.apply_experts(x)[2]
+    assert counts[4] == 0 and counts.max() > max(1.5 * counts.float().mean(), ffn.BLOCK_ROWS), counts
+    gy = torch.randn(3, 40, 16)
+    params = [x, moe.router.weight, moe.w_gate, moe.w_up, moe.w_down]
+    moe.path = path
+    out = moe(x)
+    grads = torch.autograd.grad(out, params, gy)
+    moe.path = "loop"
+    ref = moe(x)
+    ref_grads = torch.autograd.grad(ref, params, gy)
+    torch.testing.assert_close(out, ref, atol=1e-6, rtol=1e-6)
+    for name, g, r in zip(["x", "router", "w_gate", "w_up", "w_down"], grads, ref_grads):
+        torch.testing.assert_close(g, r, atol=1e-6, rtol=1e-6, msg=name)
+    assert grads[2][4].abs().sum() == 0 and grads[2][0].abs().sum() > 0  # the idle expert's rows get zeros
+
+
+def test_the_path_follows_the_dtype_and_is_counted():
+    moe = MoE(16, 24, n_experts=4, top_k=2)
+    x, c = torch.randn(2, 8, 16), Counter()
+    moe(x, c)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        y = moe(x, c)
+    assert y.dtype == torch.float32 and c == Counter({"moe.path.blocked_bmm": 1, "moe.path.grouped_mm": 1})
+    moe.path = "nosuch"
+    with pytest.raises(ValueError, match="MoE.path 'nosuch'"):
+        moe(x)
+
+
+def test_a_training_loop_can_defer_the_routing_counts_to_its_log_steps():
+    """With defer_routing in training mode the counts stay on the device (no host read per forward) until
+    take_routing; eval mode counts each forward as it ends. The totals are the same either way."""
+    cfg = tiny(**ALL_ON)
+    m = live_model(cfg).train()
+    m.defer_routing = True
+    idx = rand_bytes(2, 40)
+    c = Counter()
+    for _ in range(2):
+        m(idx, counters=c)
+    assert not any(k.startswith("moe.tokens.") for k in c) and c["loop.iterations"] == 2 * cfg.n_loop
+    m.take_routing(c)
+    assert sum(v for k, v in c.items() if k.startswith("moe.tokens.")) == 2 * 2 * 40 * cfg.moe_top_k * cfg.depth
+    m.take_routing(c)  # the tally restarted at zero
+    assert sum(v for k, v in c.items() if k.startswith("moe.tokens.")) == 2 * 2 * 40 * cfg.moe_top_k * cfg.depth
+    e = Counter()
+    m.eval()(idx, counters=e)
+    assert sum(v for k, v in e.items() if k.startswith("moe.tokens.")) == 40 * 2 * cfg.moe_top_k * cfg.depth
+
 
 def test_moe_counters_sum_to_tokens_times_top_k_per_application():
     cfg = tiny(**ALL_ON)
@@ -160,7 +233,8 @@ def test_moe_counters_sum_to_tokens_times_top_k_per_application():
     m(rand_bytes(2, 40), counters=c)
     routed = sum(v for k, v in c.items() if k.startswith("moe.tokens.expert_"))
     assert routed == 2 * 40 * cfg.moe_top_k * cfg.depth  # depth = MoE applications (core counted n_loop times)
-    assert set(k for k in c if k.startswith("moe.")) == {f"moe.tokens.expert_{e}" for e in range(cfg.n_experts)}
+    assert set(k for k in c if k.startswith("moe.tokens.")) == {f"moe.tokens.expert_{e}" for e in range(cfg.n_experts)}
+    assert c["moe.path.blocked_bmm"] == cfg.depth  # fp32: the padded blocks
     assert c["loop.iterations"] == cfg.n_loop
     assert c["kda_path.torch"] == cfg.depth
     assert m.aux_loss.dim() == 0 and 0 < m.aux_loss.item() < cfg.n_experts
@@ -279,8 +353,9 @@ def test_param_count_formula_matches_model(name):
     idle = (cfg.n_experts - cfg.moe_top_k) * expert if cfg.moe else 0
     assert active_params(cfg) == n["total"] - cfg.n_blocks * idle
     # flop_params: linear weights of every applied block (top_k experts) plus the head
-    applied = sum(mod.weight.numel() for i in m.schedule for mod in m.blocks[i].modules()
-                  if isinstance(mod, torch.nn.Linear)) - cfg.depth * idle
+    applied = sum(w.numel() for i in m.schedule for mod in m.blocks[i].modules()
+                  for w in ([mod.weight] if isinstance(mod, torch.nn.Linear) else
+                            [mod.w_gate, mod.w_up, mod.w_down] if isinstance(mod, MoE) else [])) - cfg.depth * idle
     assert n["flop_params"] == applied + cfg.vocab_size * cfg.d_model
 
 
@@ -296,10 +371,11 @@ def test_param_groups_partition_and_muon_accepts_hidden(name):
     ids_h, ids_o = {id(p) for p in hidden}, {id(p) for p in other}
     every = {id(p) for p in m.parameters()}
     assert not ids_h & ids_o and ids_h | ids_o == every and len(hidden) + len(other) == len(every)
-    assert all(p.dim() == 2 for p in hidden)
+    banks = [p for p in hidden if p.dim() == 3]
+    assert all(p.dim() in (2, 3) for p in hidden) and len(banks) == (3 * m.cfg.n_blocks if m.cfg.moe else 0)
     named = dict(m.named_parameters())
     hidden_ends = ("q_proj.weight", "o_proj.weight", "w_gate.weight", "w_down.weight", "value_proj.weight",
-                   "f_proj.0.weight")
+                   "f_proj.0.weight", "ffn.w_gate", "ffn.w_up", "ffn.w_down")
     other_ends = ("router.weight", "A_log", "dt_bias", "table.weight", "conv1d.weight", "g_proj.1.bias",
                   "mixer_norm.weight", "o_norm_weight")
     expect_hidden = [k for k in named if k.endswith(hidden_ends)]
@@ -307,7 +383,7 @@ def test_param_groups_partition_and_muon_accepts_hidden(name):
     expect_other += ["embed.weight"] + (["head.weight"] if m.head is not None else [])
     assert expect_hidden and all(id(named[k]) in ids_h for k in expect_hidden)
     assert all(id(named[k]) in ids_o for k in expect_other)
-    torch.optim.Muon(hidden, lr=0.02)  # torch's Muon rejects any non-2-D parameter
+    StackedMuon(hidden, lr=0.02)  # it refuses what is neither a matrix nor a bank of them
 
 
 # --------------------------------------------------------------------------------------------------

@@ -45,6 +45,40 @@ def test_stacked_muon_takes_torchs_steps(nesterov, wd, adjust):
         assert torch.equal(ref.state[a]["momentum_buffer"], new2.state[b]["momentum_buffer"])
 
 
+@pytest.mark.parametrize("backend", [None, "aot_eager"], ids=["eager", "compiled"])
+def test_a_bank_steps_as_its_matrices_would_alone(monkeypatch, backend):
+    """A 3-D bank (an MoE's experts) takes, matrix by matrix, the very steps E separate 2-D parameters take:
+    each orthogonalised, normalised and lr-adjusted on its own, tall banks transposed as tall matrices are;
+    the bank shares its stack with a 2-D matrix of its shape."""
+    monkeypatch.setattr(optim, "ELEMENTWISE_BACKEND", backend)
+    torch.manual_seed(0)
+    banks = [torch.randn(3, 48, 32) * 0.05, torch.randn(4, 32, 48) * 0.05]  # tall and wide
+    lone = torch.randn(32, 48) * 0.05
+    kw = dict(lr=0.02, momentum=0.95, nesterov=True, weight_decay=0.1, adjust_lr_fn="match_rms_adamw")
+    as_banks = [torch.nn.Parameter(b.clone()) for b in banks] + [torch.nn.Parameter(lone.clone())]
+    as_mats = [torch.nn.Parameter(m.clone()) for b in banks for m in b] + [torch.nn.Parameter(lone.clone())]
+    opt_b, opt_m = StackedMuon(as_banks, **kw), StackedMuon(as_mats, **kw)
+    gen = torch.Generator().manual_seed(1)
+    for _ in range(3):
+        for p in as_banks:
+            p.grad = torch.randn(p.shape, generator=gen)
+        grads = [m for p in as_banks[:2] for m in p.grad] + [as_banks[2].grad]
+        for p, g in zip(as_mats, grads):
+            p.grad = g.clone()
+        opt_b.step()
+        opt_m.step()
+    got = [m for p in as_banks[:2] for m in p.detach()] + [as_banks[2].detach()]
+    for a, b, start in zip(got, as_mats, [m for b in banks for m in b] + [lone]):
+        assert (b.detach() - start).abs().max() > 0.01  # the steps moved the weights
+        torch.testing.assert_close(a, b.detach(), atol=0, rtol=0)
+    assert torch.equal(opt_b.state[as_banks[0]]["momentum_buffer"][1], opt_m.state[as_mats[1]]["momentum_buffer"])
+
+
+def test_stacked_muon_refuses_what_is_no_matrix():
+    with pytest.raises(ValueError, match=r"2-D matrices and 3-D banks.*\(5,\)"):
+        StackedMuon([torch.nn.Parameter(torch.zeros(5))], lr=0.02)
+
+
 def bits(t: torch.Tensor) -> torch.Tensor:
     return t.view(torch.int32)  # fp32 bit patterns: torch.equal alone takes -0.0 for 0.0
 

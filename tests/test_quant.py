@@ -255,6 +255,26 @@ def test_odd_shapes_and_zeros_are_finite_and_cropped(rung, shape):
             assert (dq - M).abs().max() <= 0.25 * M.abs().max() + 1e-30
 
 
+@pytest.mark.parametrize("rung", Q.RUNGS)
+def test_a_bank_quantizes_as_its_matrices_would_alone(rung, tmp_path):
+    """An MoE bank [E, out, in]: each expert matrix gets its own scales (a per-tensor scale per expert, not
+    one over the bank), so the file holds what separate 2-D experts would, stacked; and it round-trips."""
+    g = torch.Generator().manual_seed(0)
+    bank = torch.randn(3, 72, 64, generator=g) * torch.tensor([0.01, 1.0, 30.0])[:, None, None]  # unequal experts
+    parts = Q.quantize(rung, bank)
+    alone = [Q.quantize(rung, m) for m in bank]
+    assert set(parts) == set(alone[0])
+    for k, v in parts.items():
+        assert v.shape[0] == 3 and all(torch.equal(v[i].view(torch.uint8) if v.dtype.itemsize == 1 else v[i], a[k].view(
+            torch.uint8) if a[k].dtype.itemsize == 1 else a[k]) for i, a in enumerate(alone))
+    back = Q.dequantize(rung, parts, bank.shape)
+    assert torch.equal(back, torch.stack([Q.dequantize(rung, a, (72, 64)) for a in alone]))
+    sd = {"blocks.0.ffn.w_up": bank, "blocks.0.ffn.router.weight": torch.randn(3, 64, generator=g)}
+    recipe = Q.save_rung(tmp_path / "m.safetensors", sd, rung)
+    assert recipe["tensors"]["blocks.0.ffn.w_up"]["rule"] == rung and recipe["tensors"]["blocks.0.ffn.w_up"]["shape"] == [3, 72, 64]
+    assert torch.equal(Q.load_rung(tmp_path / "m.safetensors")["blocks.0.ffn.w_up"], back)
+
+
 def test_bad_input_is_refused():
     with pytest.raises(ValueError, match="unknown rung"):
         Q.quantize("int4", torch.ones(2, 2))

@@ -218,5 +218,5 @@ class Engram(nn.Module):
         seen = torch.cat([state.bytes, idx.long()], 1)
         return v, EngramState(seen[:, seen.shape[1] - n_hist :], state.n_seen + T, conv_hist)
 
-    def output_projections(self) -> list[nn.Module]:
-        return [self.value_proj]
+    def output_projections(self) -> list[torch.Tensor]:
+        return [self.value_proj.weight]

@@ -18,6 +18,8 @@ distinct blocks, 0 .. n_blocks - 1 (prelude, core, coda in that order).
   MoE); the trainer adds `coef * model.aux_loss` itself (0.01 is the usual coefficient).
 - counters (a collections.Counter, optional): `loop.iterations += n_loop`, and the arms' own counters
   (`kda_path.*` and `kda_gates.*` per mixer call, `conv_path.*` per short conv, `moe.tokens.expert_{i}`, `engram.rows_read`).
+  The MoE's routing counts reach `counters` at the end of the forward (one host read), or, in training mode
+  with `model.defer_routing = True` (the pretrain loop, CUDA graphs), only when `take_routing(counters)` is called.
 
 Decoding (`dormouse.decode` builds on these): `prefill(idx, state=None) -> (logits, LMState)` runs a prompt (or
 continues a state), `step(byte [B], state) -> (logits [B, vocab], LMState)` one byte per row. `LMState` holds
@@ -38,7 +40,7 @@ from torch import nn
 
 from .config import ModelConfig
 from .engram import Engram, EngramState, engram_conv_size, engram_tables
-from .ffn import MoE, SwiGLU
+from .ffn import MoE, SwiGLU, take_routing
 from .kda import KDAMixer, KDAState
 
 
@@ -151,9 +153,9 @@ class Block(nn.Module):
     def regions(self) -> tuple[str, ...]:
         return ("mix_ffn",)
 
-    def output_projections(self) -> list[nn.Module]:
-        """The last linear of every residual branch of this block (zero at init)."""
-        outs = [self.mixer.o_proj, *self.ffn.output_projections()]
+    def output_projections(self) -> list[torch.Tensor]:
+        """The weight of the last linear of every residual branch of this block (zero at init)."""
+        outs = [self.mixer.o_proj.weight, *self.ffn.output_projections()]
         if self.engram is not None:
             outs += self.engram.output_projections()
         return outs
@@ -169,6 +171,7 @@ class ByteLM(nn.Module):
         self.norm = nn.RMSNorm(cfg.d_model, eps=cfg.norm_eps)
         self.head = None if cfg.tie_embeddings else nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
         self.aux_loss: torch.Tensor | None = None
+        self.defer_routing = False  # see the module docstring
         self.init_weights()
 
     # ---------------------------------------------------------------------------------------------
@@ -222,7 +225,13 @@ class ByteLM(nn.Module):
         self.aux_loss = torch.stack(aux).mean() if aux else torch.zeros((), device=x.device)
         if counters is not None:
             counters["loop.iterations"] += self.cfg.n_loop
+            if not (self.training and self.defer_routing):
+                self.take_routing(counters)
         return logits, LMState(tuple(new))
+
+    def take_routing(self, counters: Counter | None) -> None:
+        """The MoE routing counted since the last call into `counters` (None: dropped); nothing without MoE."""
+        take_routing((b.ffn for b in self.blocks if isinstance(b.ffn, MoE)), counters)
 
     def step(self, byte: torch.Tensor, state: LMState | None,
              counters: Counter | None = None) -> tuple[torch.Tensor, LMState]:
@@ -234,8 +243,8 @@ class ByteLM(nn.Module):
     @torch.no_grad()
     def init_weights(self) -> None:
         """How every parameter starts (asserts that none is left out):
-        - byte embedding, head (when untied), every nn.Linear outside the mixers (FFN / expert
-          projections, MoE router, Engram key/value projections): normal(0, init_std);
+        - byte embedding, head (when untied), every nn.Linear outside the mixers (FFN projections, MoE
+          router, Engram key/value projections) and every expert matrix of an MoE bank: normal(0, init_std);
         - Engram tables: normal(0, init_std) (one row per n-gram, like the byte embedding);
         - every RMSNorm gain: ones;
         - the KDA mixer: its own `reset_parameters()` (normal(0, init_std) linears, zero biases, torch's
@@ -259,7 +268,13 @@ class ByteLM(nn.Module):
         for name, m in self.named_modules():
             if isinstance(m, KDAMixer) or ".mixer." in f".{name}.":
                 continue
-            if isinstance(m, (nn.Linear, nn.Embedding)):
+            if isinstance(m, MoE):  # the router first, then each expert's matrices: the order of nn.Linear experts
+                nn.init.normal_(m.router.weight, std=std)
+                m.reset_experts(lambda w: nn.init.normal_(w, std=std))
+                mark(m.router.weight, m.w_gate, m.w_up, m.w_down)
+            elif id(getattr(m, "weight", None)) in done:
+                continue
+            elif isinstance(m, (nn.Linear, nn.Embedding)):
                 nn.init.normal_(m.weight, std=std)
                 mark(m.weight)
                 if getattr(m, "bias", None) is not None:
@@ -273,7 +288,7 @@ class ByteLM(nn.Module):
                 mark(m.weight)
         for block in self.blocks:
             for proj in block.output_projections():
-                nn.init.zeros_(proj.weight)
+                nn.init.zeros_(proj)
         missed = [n for n, p in self.named_parameters() if id(p) not in done]
         assert not missed, f"init_weights does not say how these start: {missed}"
 
@@ -281,7 +296,8 @@ class ByteLM(nn.Module):
         """(hidden_matrices, other) for Muon / AdamW; every parameter is in exactly one list.
 
         hidden_matrices: the 2-D weight of every nn.Linear inside a block (KDA q/k/v/f/g/b/o projections,
-        SwiGLU and expert projections, Engram key/value projections) except the MoE router.
+        SwiGLU projections, Engram key/value projections) except the MoE router, and the MoE's 3-D expert
+        banks (E matrices each: dormouse/optim.py's StackedMuon orthogonalises each matrix on its own).
         other: byte embedding, head, all RMSNorm gains, biases, Engram tables, conv weights (3-D),
         A_log, dt_bias, the mixers' output-norm gain, the MoE routers.
         """
@@ -291,12 +307,14 @@ class ByteLM(nn.Module):
             for m in block.modules():
                 if isinstance(m, nn.Linear) and m.weight.dim() == 2 and id(m.weight) not in routers:
                     hidden_ids.add(id(m.weight))
+                elif isinstance(m, MoE):
+                    hidden_ids.update(id(b) for b in (m.w_gate, m.w_up, m.w_down))
         params = list(self.parameters())  # deduplicated (a tied head is the embedding)
         hidden = [p for p in params if id(p) in hidden_ids]
         other = [p for p in params if id(p) not in hidden_ids]
         assert len(hidden) + len(other) == len(params) and {id(p) for p in hidden} | {id(p) for p in other} == {
             id(p) for p in params}
-        assert all(p.dim() == 2 for p in hidden)
+        assert all(p.dim() in (2, 3) for p in hidden)
         return hidden, other
 
 

@@ -67,6 +67,7 @@ def run(job: dict, cfg: ModelConfig, train: dict, shards, world: distributed.Wor
     deterministic_cpu(device)
 
     model = ByteLM(cfg).to(device)  # __init__ runs init_weights()
+    model.defer_routing = True  # an MoE's routing counts stay on the device until the loop reads them (below)
     n_params = sum(p.numel() for p in model.parameters())
     formula = count_params(cfg)
     assert formula["total"] == n_params, f"param formula {formula} != model {n_params}"
@@ -131,6 +132,8 @@ def run(job: dict, cfg: ModelConfig, train: dict, shards, world: distributed.Wor
 
             done = step + 1
             row = None
+            if any(done % train[k] == 0 for k in ("log_every", "eval_every", "ckpt_every")) or done == train["steps"]:
+                model.take_routing(train_counters)  # one host read, and before eval counts its own
             if done % train["log_every"] == 0 or done == train["steps"]:
                 mean_loss = read_firewall(firewall, train_counters, world, f"step {done}")
                 now = time.time()
