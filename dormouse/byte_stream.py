@@ -86,6 +86,12 @@ class TrainStream:
         return self.bytes_seen() / self.epoch_bytes
 
 
+def planned_epochs(train_bytes: int, batch_size: int, seq_len: int, steps: int) -> float:
+    """Passes over the train shards a run of `steps` batches reads (TrainStream's epochs_seen at its end, up to
+    the lane tails it skips)."""
+    return steps * batch_size * seq_len / max(train_bytes, 1)
+
+
 def eval_targets(n_tail_bytes: int, eval_bytes: int, seq_len: int) -> tuple[int, int]:
     """[start, stop) of the eval tail's bytes that the eval window scores: rows of seq_len targets from byte 1
     (each row's inputs start one byte earlier), as many whole rows as eval_bytes and the tail allow. The

@@ -254,6 +254,10 @@ class Plan:
         exp = self.experiments[name]
         return canonical_json({"name": name, "spec": exp.spec, "runs": self.experiment_runs(name)})
 
+    def presets_of(self, stage: str, digest: str) -> list[str]:
+        """The presets whose chain holds this job."""
+        return [p for p, stages in self.chain.items() if stages.get(stage) == digest]
+
     def job_json(self, stage: str, digest: str) -> str:
         return canonical_json(self.job(stage, digest).spec(self.store))
 

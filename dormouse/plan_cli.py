@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 from pathlib import Path
 
 from dormouse.config import load_yaml
@@ -33,5 +34,23 @@ def main(argv=None) -> int:
             continue
         for stage, digest in stages.items():
             done = Path(plan.manifest_path(stage, digest)).exists()
-            print(f"{preset:8s} {stage:8s} {digest} {'built' if done else 'missing'}")
+            note = passes_note(plan, stages) if stage == "pretrain" else ""
+            print(f"{preset:8s} {stage:8s} {digest} {'built' if done else 'missing'}{note}")
     return 0
+
+
+def passes_note(plan, stages: dict) -> str:
+    """A preset's planned passes over its train shards, once its shard artifact exists (the stage refuses past
+    train.max_epochs)."""
+    shard = Path(plan.manifest_path("shard", stages["shard"]))
+    if not shard.exists():
+        return "  (passes over the train shards: known once the shard is built)"
+    from dormouse.byte_stream import planned_epochs  # imports torch: only once a shard exists
+
+    files = json.loads(shard.read_text())["files"]
+    n = sum(m["size"] for name, m in files.items() if name.startswith("train/") and name.endswith(".bin"))
+    train = plan.job("pretrain", stages["pretrain"]).params["train"]
+    passes = planned_epochs(n, train["batch_size"], train["seq_len"], train["steps"])
+    cap = train["max_epochs"]
+    verdict = "REFUSED by the stage: past max_epochs" if cap is not None and passes > cap else "within max_epochs"
+    return f"  passes {passes:.2f} over {n:,} train bytes ({verdict} {cap})"

@@ -14,11 +14,13 @@ from dormouse.store import Artifact, ArtifactError, ArtifactWriter, open_artifac
 def parse_job(argv: list[str] | None, stage: str, doc: str) -> dict:
     ap = argparse.ArgumentParser(prog=f"dormouse {stage}", description=doc)
     ap.add_argument("--job", required=True, help="job JSON (as printed by `dormouse plan`), or @file holding it")
+    ap.add_argument("--presets", default="", help="the presets that plan this job, comma-separated (for messages; no param)")
     args = ap.parse_args(argv)
     text = Path(args.job[1:]).read_text() if args.job.startswith("@") else args.job
     job = json.loads(text)
     if job.get("stage") != stage:
         raise SystemExit(f"dormouse {stage}: job is for stage {job.get('stage')!r}")
+    job["presets"] = [p for p in args.presets.split(",") if p]
     print(f"[{stage}] job {job['digest']}\n[{stage}] params {json.dumps(job['params'], sort_keys=True)}", flush=True)
     return job
 

@@ -189,3 +189,27 @@ def test_compiled_regions_train_like_eager_and_count_every_arm(shards):
     assert arm_counts(compiled["counters"]) == arm_counts(eager["counters"])
     assert arm_counts(eager["counters"])["train.moe.tokens"] > 0
     assert compiled["final"]["eval_bpb"] == pytest.approx(eager["final"]["eval_bpb"], rel=1e-3)
+
+
+def test_a_run_planned_past_max_epochs_is_refused_before_any_device(shards):
+    """b1's train section (50 000 steps of 16 x 2048 bytes) over a corpus of a few MB: the stage refuses before it
+    touches a device (train.device cuda on this CPU machine would fail later, and differently), naming the
+    preset, the budget, the train bytes and max_epochs; `dormouse plan` shows the same passes."""
+    b1 = yaml.safe_load((Path(__file__).resolve().parent.parent / "config" / "presets" / "b1.yaml").read_text())["train"]
+    train = {**TINY_TRAIN, **{k: b1[k] for k in ("device", "steps", "batch_size", "seq_len")}}
+    config = set_model(shards, TINY_MODEL, train)
+    job, out_dir = job_json(shards, config)
+    out = subprocess.run([sys.executable, "-m", "dormouse.cli", "pretrain", "--job", job, "--presets", "b1"], cwd=shards,
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode != 0
+    msg = out.stderr.strip().splitlines()[-1]
+    assert msg.startswith("pretrain: preset b1 plans 50000 steps x 16 x 2048 = 1,638,400,000 bytes, ") and \
+        "past train.max_epochs 4" in msg, msg
+    n = int(msg.split(" bytes of train shards")[0].rsplit(" ", 1)[1].replace(",", ""))
+    assert f"{1_638_400_000 / n:.1f} passes" in msg
+    assert not (shards / out_dir).exists() and "CUDA" not in out.stderr
+    plan = subprocess.run([sys.executable, "-m", "dormouse.cli", "plan", "--preset", "tiny"], cwd=shards,
+                          capture_output=True, text=True, timeout=300, check=True).stdout
+    assert f"passes {1_638_400_000 / n:.2f} over {n:,} train bytes (REFUSED by the stage: past max_epochs 4)" in plan
+    config = set_model(shards, TINY_MODEL, {**train, "max_epochs": None, "steps": 1, "device": "cpu"})
+    run_stage(shards, job_json(shards, config)[0])  # null: no ceiling (and a run within it trains)

@@ -33,7 +33,7 @@ from safetensors.torch import save_file
 from torch.nn.parallel import DistributedDataParallel
 
 from dormouse import checkpoint, cuda_graphs, distributed, history
-from dormouse.byte_stream import StreamState, TrainStream, eval_window
+from dormouse.byte_stream import StreamState, TrainStream, eval_window, planned_epochs
 from dormouse.firewall import BadStepsError, Firewall  # noqa: F401 (BadStepsError: the stage's abort)
 from dormouse.model.config import ModelConfig
 from dormouse.model.gpt import ByteLM, count_params
@@ -53,6 +53,7 @@ def main(argv=None) -> int:
         raise SystemExit(f"pretrain: train.batch_size {train['batch_size']} is not divisible by the world size {world.size} "
                          f"(WORLD_SIZE): every rank trains on an equal slice of the global batch; use a multiple of the GPU count")
     shards = input_artifact(job, "shard")
+    check_epochs(job, train, shards)  # before any device is touched
     device = distributed.init(world, device_for(train))
     try:
         run(job, cfg, train, shards, world, device)
@@ -197,6 +198,27 @@ def run(job: dict, cfg: ModelConfig, train: dict, shards, world: distributed.Wor
     if world.is_main:
         record_history(Path(job["out"]))
     distributed.barrier(world)  # the other ranks wait until the artifact is in place
+
+
+def train_bytes(shards) -> int:
+    """Bytes of the train shards, from the shard manifest (what TrainStream reads)."""
+    return sum(shards.manifest["files"][n]["size"] for n in shards.files("train/") if n.endswith(".bin"))
+
+
+def check_epochs(job: dict, train: dict, shards) -> None:
+    """Refuse a run planned past train.max_epochs passes over its train shards (null: no ceiling)."""
+    n = train_bytes(shards)
+    passes = planned_epochs(n, train["batch_size"], train["seq_len"], train["steps"])
+    if train["max_epochs"] is not None and passes > train["max_epochs"]:
+        who = f"preset {', '.join(job['presets'])}" if job.get("presets") else f"pretrain job {job['digest']}"
+        budget = train["steps"] * train["batch_size"] * train["seq_len"]
+        raise SystemExit(
+            f"pretrain: {who} plans {train['steps']} steps x {train['batch_size']} x {train['seq_len']} = {budget:,} bytes, "
+            f"{passes:.1f} passes over its {n:,} bytes of train shards ({shards.path}), past train.max_epochs "
+            f"{train['max_epochs']}: a repeated corpus is memorised and the eval BPB stops measuring the model. "
+            "Bring more text (corpus=...), lower train.steps, or raise train.max_epochs if the repeats are meant.")
+    print(f"[pretrain] planned passes over the train shards: {passes:.2f} ({n:,} bytes; max_epochs {train['max_epochs']})",
+          flush=True)
 
 
 def read_firewall(firewall: Firewall, train_counters: Counter, world: distributed.World, where: str) -> float:

@@ -17,6 +17,8 @@ rule pretrain:
             if resources.gpu > 1
             else "dormouse"
         ),
+        # the presets that plan this digest, for the stage's messages: no rerun trigger either
+        presets=lambda w, resources: ",".join(PLAN.presets_of("pretrain", w.d)),
     threads: lambda w: 2 * max(1, PLAN.gpus("pretrain", w.d))
     resources:
         mem_mb=lambda w: 16000 * max(1, PLAN.gpus("pretrain", w.d)),
@@ -27,7 +29,7 @@ rule pretrain:
     conda:
         "../../envs/dormouse.yaml"
     shell:
-        "dormouse gpu-run --gpus {resources.gpu} -- {params.launch} pretrain --job {params.job:q} > {log} 2>&1"
+        "dormouse gpu-run --gpus {resources.gpu} -- {params.launch} pretrain --job {params.job:q} --presets {params.presets:q} > {log} 2>&1"
 
 
 rule pretrain_view:
