@@ -42,7 +42,7 @@ its train section unless --batch-size / --seq-len) it measures, one after the ot
                   (dormouse.cuda_graphs.GraphedLoss, as the stage runs it under train.cuda_graphs: cuda;
                   FLA's kernels included): one replay each way instead of ~1 000 host launches; optimizers
                   and the firewall run eagerly after it. A replay adds the counts of one captured forward.
-                  CUDA only; refused with MoE (its routing syncs on the host). Peak memory n/a on the graphed
+                  CUDA only; refused under DDP. Peak memory n/a on the graphed
                   rows: max_memory_allocated leaves out the graph's private pool
   kda_kernel_graphed, kda_layer_graphed   kda_kernel and kda_layer_ours, each call captured as one CUDA graph
                   and replayed: the GPU time alone, without the host's launches (on small both eager rows are
