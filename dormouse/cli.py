@@ -22,6 +22,8 @@ COMMANDS = {
     "verdict": ("dormouse.experiments", "judge an A/B experiment's arms over seeds (WIN / LOSE / TIE / INVALID)"),
     "history": ("dormouse.history", "pretrain throughput/memory history; --check fails on a regression (default tolerance 0.10)"),
     "view": ("dormouse.views", "write a per-preset result file from an artifact and its chain"),
+    "pack": ("dormouse.transport", "an artifact into zstd parts of <= 60 MiB with their sha256 (to carry it)", "pack_main"),
+    "unpack": ("dormouse.transport", "verify carried parts and rebuild their artifact in the store", "unpack_main"),
 }
 
 
@@ -29,14 +31,15 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if not argv or argv[0] in ("-h", "--help") or argv[0] not in COMMANDS:
         print("usage: dormouse <command> [args]\n\ncommands:")
-        for name, (_, help_) in COMMANDS.items():
+        for name, (_, help_, *_fn) in COMMANDS.items():
             print(f"  {name:12s} {help_}")
         return 0 if argv and argv[0] in ("-h", "--help") else 2
     from dormouse.config import ConfigError
 
-    module = importlib.import_module(COMMANDS[argv[0]][0])
+    module_name, _, *fn = COMMANDS[argv[0]]
+    entry = getattr(importlib.import_module(module_name), fn[0] if fn else "main")
     try:
-        return int(module.main(argv[1:]) or 0)
+        return int(entry(argv[1:]) or 0)
     except ConfigError as e:
         print(f"dormouse {argv[0]}: {e}", file=sys.stderr)
         return 2

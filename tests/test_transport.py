@@ -1,0 +1,75 @@
+"""dormouse pack / unpack: an artifact carried in parts to a store elsewhere, verified on both sides."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from dormouse import transport
+from dormouse.store import ArtifactError, ArtifactWriter, artifact_digest, open_artifact
+
+
+def make_artifact(store: Path) -> Path:
+    """A shard-like artifact: 2.5 MiB of incompressible train bytes (several 1-MiB parts) and a small eval file."""
+    params = {"num_shards": 2}
+    digest = artifact_digest("shard", 4, params, {}, [])
+    with ArtifactWriter(store / "shard" / digest, "shard", 4, params, {}, []) as art:
+        art.path("train/00000.bin").write_bytes(os.urandom(1_500_000))
+        art.path("train/00001.bin").write_bytes(os.urandom(1_100_000))
+        art.path("eval/tail.bin").write_bytes(b"an eval tail of real-looking text\n" * 500)
+    return store / "shard" / digest
+
+
+def test_round_trip_in_parts_to_another_store(tmp_path):
+    src = make_artifact(tmp_path / "here")
+    listing = transport.pack(src, tmp_path / "parts", part_mib=1)
+    parts = json.loads(listing.read_text())["parts"]
+    assert len(parts) == 3 and all(p["size"] <= 1 << 20 for p in parts)
+    again = transport.pack(src, tmp_path / "parts2", part_mib=1)  # the same artifact packs to the same bytes
+    assert [p["sha256"] for p in json.loads(again.read_text())["parts"]] == [p["sha256"] for p in parts]
+
+    there = tmp_path / "there"
+    out = transport.unpack(listing, there)
+    assert out == there / "shard" / src.name
+    open_artifact(out, stage="shard", verify=True)
+    for name in ["manifest.json", "train/00000.bin", "train/00001.bin", "eval/tail.bin"]:
+        assert (out / name).read_bytes() == (src / name).read_bytes()
+    assert not list((there / "shard").glob(".*"))  # no temporary directory left
+    assert transport.unpack(listing, there) == out  # already there: verified, left as it is
+
+
+def test_a_missing_or_damaged_part_is_named_and_nothing_is_written(tmp_path):
+    src = make_artifact(tmp_path / "here")
+    listing = transport.pack(src, tmp_path / "parts", part_mib=1)
+    part1 = tmp_path / "parts" / json.loads(listing.read_text())["parts"][1]["name"]
+    data = part1.read_bytes()
+    part1.write_bytes(data[:100] + bytes([data[100] ^ 1]) + data[101:])
+    with pytest.raises(ArtifactError, match=rf"{part1.name}: sha256 does not match"):
+        transport.unpack(listing, tmp_path / "there")
+    part1.unlink()
+    with pytest.raises(ArtifactError, match=rf"{part1.name}: part .* of 3 is missing"):
+        transport.unpack(listing, tmp_path / "there")
+    assert not (tmp_path / "there" / "shard" / src.name).exists()
+
+
+def test_an_artifact_that_fails_its_own_manifest_is_not_packed(tmp_path):
+    src = make_artifact(tmp_path / "here")
+    (src / "eval" / "tail.bin").write_bytes(b"changed")
+    with pytest.raises(ArtifactError, match="tail.bin"):
+        transport.pack(src, tmp_path / "parts")
+
+
+def test_the_commands(tmp_path):
+    src = make_artifact(tmp_path / "here")
+    run = lambda *a: subprocess.run([sys.executable, "-m", "dormouse.cli", *a], capture_output=True, text=True, timeout=120)
+    out = run("pack", "--artifact", str(src), "--out", str(tmp_path / "parts"), "--part-mib", "2")
+    assert out.returncode == 0 and "into 2 parts" in out.stdout, out.stderr
+    out = run("unpack", str(tmp_path / "parts"), "--store", str(tmp_path / "there"))
+    assert out.returncode == 0 and "unpacked and verified" in out.stdout, out.stderr
+    out = run("unpack", str(tmp_path / "nothing"), "--store", str(tmp_path / "there"))
+    assert out.returncode != 0 and "holds 0 parts lists" in out.stderr
