@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import shutil
 import sys
 import tempfile
@@ -32,6 +33,60 @@ from dormouse.stage import check_raw_input, parse_job, summary, writer
 from dormouse.store import sha256_file
 
 SCORE_BATCH = 512
+REASON_BATCH = 64  # documents per task handed to a heuristics worker
+IN_FLIGHT_PER_WORKER = 4  # tasks ahead of the one being consumed: bounds memory whatever the corpus size
+
+
+def drop_reasons(records, params: dict, workers: int):
+    """(record, drop reason or None) for every record, in corpus order. The reasons (size, chat bytes, the
+    Gopher/C4 heuristics: ~80% of the filter's time, pure Python) are computed by `workers` processes over
+    batches of documents when workers > 1, with a bounded number of batches in flight; the result is the same
+    list whatever the worker count."""
+    if workers <= 1:
+        for rec in records:
+            yield rec, _reason(rec.text, rec.nbytes, rec.skip, params)
+        return
+    import multiprocessing
+    from collections import deque
+    from itertools import islice
+
+    records = iter(records)
+    with multiprocessing.get_context("spawn").Pool(workers) as pool:  # spawn: no fork of a threaded parent
+        pending: deque = deque()
+        while True:
+            batch = list(islice(records, REASON_BATCH))
+            if batch:
+                work = [(r.text, r.nbytes, r.skip) for r in batch]
+                pending.append((batch, pool.apply_async(_reasons, (work, params))))
+            while pending and (not batch or len(pending) > workers * IN_FLIGHT_PER_WORKER):
+                done, result = pending.popleft()
+                yield from zip(done, result.get())
+            if not batch:
+                return
+
+
+def _reasons(work: list[tuple], params: dict) -> list[str | None]:
+    return [_reason(text, nbytes, skip, params) for text, nbytes, skip in work]
+
+
+def _reason(text: str, nbytes: int, skip: str | None, params: dict) -> str | None:
+    """Why a document is dropped before the classifier, or None."""
+    if skip is not None:
+        return skip
+    if nbytes < params["min_doc_bytes"]:
+        return "too_small"
+    if RESERVED_PATTERN.search(text):
+        return "chat_control_bytes"
+    return heuristic_drop_reason(text, params["heuristics"])
+
+
+def granted_workers() -> int:
+    """The cores this job may use: Snakemake's grant to the rule (it exports OMP_NUM_THREADS = threads to every
+    shell job; SLURM's cpus-per-task lands there too), else the cores this process may run on."""
+    try:
+        return max(1, int(os.environ["OMP_NUM_THREADS"]))
+    except (KeyError, ValueError):
+        return len(os.sched_getaffinity(0))
 
 
 def iter_records(specs: list[str], cfg: ReaderConfig, counters: Counter, files_out: list | None = None,
@@ -82,9 +137,9 @@ def train_classifier(job, art, qcfg, reader_cfg, counters) -> tuple[object, dict
     return model, metrics
 
 
-def filter_documents(records, params: dict, model, c: Counter, path_for, per_file: dict) -> float | None:
-    """The filter proper: heuristics, then fastText scores, then keep by threshold or top fraction.
-    Writes docs-*.jsonl.zst through `path_for(name)`; returns the score cutoff used."""
+def filter_documents(records, params: dict, model, c: Counter, path_for, per_file: dict, workers: int = 1) -> float | None:
+    """The filter proper: heuristics (over `workers` processes), then fastText scores, then keep by threshold or
+    top fraction. Writes docs-*.jsonl.zst through `path_for(name)`; returns the score cutoff used."""
     qcfg = params["quality"]
     scratch = Path(tempfile.mkdtemp(prefix="dormouse-filter-"))
     try:
@@ -99,17 +154,10 @@ def filter_documents(records, params: dict, model, c: Counter, path_for, per_fil
                 scores.append(s)
             batch.clear()
 
-        for rec in records:
+        for rec, reason in drop_reasons(records, params, workers):
             c["docs_read"] += 1
             c["bytes_read"] += rec.nbytes
             per_file[rec.source]["docs_read"] += 1
-            reason = rec.skip
-            if reason is None and rec.nbytes < params["min_doc_bytes"]:
-                reason = "too_small"
-            if reason is None and RESERVED_PATTERN.search(rec.text):
-                reason = "chat_control_bytes"
-            if reason is None:
-                reason = heuristic_drop_reason(rec.text, params["heuristics"])
             if reason is not None:
                 c[f"docs_dropped.{reason}"] += 1
                 c[f"bytes_dropped.{reason}"] += rec.nbytes
@@ -172,7 +220,10 @@ def main(argv=None) -> int:
         ignored: list[str] = []
         records = iter_records(corpus_specs, reader_cfg, c, corpus_files, ignored)
         records = tqdm(records, unit="doc", mininterval=5, desc="filter", file=sys.stdout)
-        art.extra["quality_cutoff"] = filter_documents(records, params, model, c, art.path, per_file)
+        workers = granted_workers()
+        print(f"[filter] heuristics on {workers} worker process{'es' if workers > 1 else ''}", flush=True)
+        art.extra["quality_cutoff"] = filter_documents(records, params, model, c, art.path, per_file, workers)
+        art.extra["workers"] = workers  # not a param: every worker count writes the same documents
 
         for unit in ("docs", "bytes"):
             dropped = sum(v for k, v in c.items() if k.startswith(f"{unit}_dropped."))

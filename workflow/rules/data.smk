@@ -10,7 +10,7 @@ rule filter:
         "results/benchmarks/filter/{d}.tsv"
     params:
         job=stage_job("filter"),
-    threads: 1
+    threads: 8  # heuristics over this many processes (capped at --cores; the stage reads the grant from OMP_NUM_THREADS)
     resources:
         mem_mb=8000,
         runtime=240,
