@@ -6,7 +6,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 export PATH := $(abspath $(BIN)):$(PATH)
 
-.PHONY: env run test test-all lint dry-run clean-env
+.PHONY: env run test test-all lint dry-run clean-env scale
 
 $(VENV)/.installed: requirements.txt pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -23,6 +23,11 @@ env: $(VENV)/.installed
 
 run: env
 	$(BIN)/snakemake
+
+# The scale corpus (corpus/scale/README.md): ~500 MB of downloads, ~1.4 GB of text, a few minutes; then e.g.
+#   snakemake results/small/anchors.json --config corpus=corpus/scale/data
+scale: env
+	$(BIN)/snakemake --cores 1 corpus/scale/BUILD.json
 
 test: $(VENV)/.installed-test
 	$(BIN)/python -m pytest -q

