@@ -123,7 +123,7 @@ def worker_ours(cfg: dict) -> dict:
         c: Counter = Counter()
         per_file: dict[str, Counter] = defaultdict(Counter)
         records = iter_records(cfg["inputs"], reader_cfg, c, [])
-        filter_documents(records, params, model, c, lambda n: out_dir / n, per_file)
+        filter_documents(records, params, model, Path(cfg["model"]), c, lambda n: out_dir / n, per_file)
         t_loop = time.perf_counter() - t
         # --- end of the timed loop; count what was written, as for datatrove ---
         kept_docs, kept_bytes = count_output(sorted(out_dir.glob("docs-*.jsonl.zst")))

@@ -32,41 +32,62 @@ from dormouse.readers import ReaderConfig, read_file
 from dormouse.stage import check_raw_input, parse_job, summary, writer
 from dormouse.store import sha256_file
 
-SCORE_BATCH = 512
-REASON_BATCH = 64  # documents per task handed to a heuristics worker
+JUDGE_BATCH = 64  # documents per task: one fastText call, one round trip to a worker
 IN_FLIGHT_PER_WORKER = 4  # tasks ahead of the one being consumed: bounds memory whatever the corpus size
 
 
-def drop_reasons(records, params: dict, workers: int):
-    """(record, drop reason or None) for every record, in corpus order. The reasons (size, chat bytes, the
-    Gopher/C4 heuristics: ~80% of the filter's time, pure Python) are computed by `workers` processes over
+def judged(records, params: dict, model, model_path: Path, workers: int):
+    """(record, drop reason or None, P(hq) or None) for every record, in corpus order. The reasons (size, chat
+    bytes, the Gopher/C4 heuristics: pure Python, most of the filter's time) and the fastText scores of the
+    documents they keep are computed by `workers` processes (each loads the model from `model_path`) over
     batches of documents when workers > 1, with a bounded number of batches in flight; the result is the same
-    list whatever the worker count."""
-    if workers <= 1:
-        for rec in records:
-            yield rec, _reason(rec.text, rec.nbytes, rec.skip, params)
-        return
-    import multiprocessing
-    from collections import deque
+    whatever the worker count (tests/test_filter_workers.py)."""
     from itertools import islice
 
     records = iter(records)
-    with multiprocessing.get_context("spawn").Pool(workers) as pool:  # spawn: no fork of a threaded parent
+    if workers <= 1:
+        while batch := list(islice(records, JUDGE_BATCH)):
+            yield from zip(batch, *_judge([(r.text, r.nbytes, r.skip) for r in batch], params, model))
+        return
+    import multiprocessing
+    from collections import deque
+
+    # spawn: no fork of a parent that holds threads (tqdm's monitor) and a loaded model
+    with multiprocessing.get_context("spawn").Pool(workers, _load_worker_model, (str(model_path),)) as pool:
         pending: deque = deque()
         while True:
-            batch = list(islice(records, REASON_BATCH))
+            batch = list(islice(records, JUDGE_BATCH))
             if batch:
                 work = [(r.text, r.nbytes, r.skip) for r in batch]
-                pending.append((batch, pool.apply_async(_reasons, (work, params))))
+                pending.append((batch, pool.apply_async(_judge_in_worker, (work, params))))
             while pending and (not batch or len(pending) > workers * IN_FLIGHT_PER_WORKER):
                 done, result = pending.popleft()
-                yield from zip(done, result.get())
+                yield from zip(done, *result.get())
             if not batch:
                 return
 
 
-def _reasons(work: list[tuple], params: dict) -> list[str | None]:
-    return [_reason(text, nbytes, skip, params) for text, nbytes, skip in work]
+_WORKER_MODEL = None
+
+
+def _load_worker_model(path: str) -> None:
+    global _WORKER_MODEL
+    _WORKER_MODEL = quality.load(Path(path))
+
+
+def _judge_in_worker(work: list[tuple], params: dict):
+    return _judge(work, params, _WORKER_MODEL)
+
+
+def _judge(work: list[tuple], params: dict, model) -> tuple[list, list]:
+    """Drop reasons for a batch of (text, nbytes, skip), and P(hq) of the documents that pass them."""
+    reasons = [_reason(text, nbytes, skip, params) for text, nbytes, skip in work]
+    keep = [i for i, r in enumerate(reasons) if r is None]
+    scores: list = [None] * len(work)
+    got = quality.score(model, [quality.prepare(work[i][0]) for i in keep], params["quality"]["label_hq"])
+    for i, sc in zip(keep, got):
+        scores[i] = sc
+    return reasons, scores
 
 
 def _reason(text: str, nbytes: int, skip: str | None, params: dict) -> str | None:
@@ -106,6 +127,7 @@ def iter_records(specs: list[str], cfg: ReaderConfig, counters: Counter, files_o
 
 
 def train_classifier(job, art, qcfg, reader_cfg, counters) -> tuple[object, dict]:
+    """(model, metrics); the model is saved as the artifact's quality_model.bin (the workers load it there)."""
     tcfg = qcfg["train"]
     examples = {"train": [], "valid": []}
     for side, label in (("positive", qcfg["label_hq"]), ("negative", quality.LABEL_LQ)):
@@ -137,62 +159,61 @@ def train_classifier(job, art, qcfg, reader_cfg, counters) -> tuple[object, dict
     return model, metrics
 
 
-def filter_documents(records, params: dict, model, c: Counter, path_for, per_file: dict, workers: int = 1) -> float | None:
-    """The filter proper: heuristics (over `workers` processes), then fastText scores, then keep by threshold or
+def filter_documents(records, params: dict, model, model_path: Path, c: Counter, path_for, per_file: dict,
+                     workers: int = 1) -> float | None:
+    """The filter proper: heuristics and fastText scores (over `workers` processes), then keep by threshold or
     top fraction. Writes docs-*.jsonl.zst through `path_for(name)`; returns the score cutoff used."""
     qcfg = params["quality"]
+    if qcfg["top_fraction"] is None:  # a threshold: each document's fate is known as it is scored, one pass
+        with PartWriter(path_for, "docs") as out:
+            for rec, reason, score in judged(records, params, model, model_path, workers):
+                _count_read(c, per_file, rec, reason)
+                if reason is None:
+                    _keep_or_drop(c, per_file, out, {"id": rec.id, "text": rec.text, "source": rec.source,
+                                                     "quality": round(score, 6)}, rec.nbytes, score >= qcfg["threshold"])
+        return qcfg["threshold"]
+    # a top fraction: the cutoff is known once every document is scored, so candidates wait in scratch parts
     scratch = Path(tempfile.mkdtemp(prefix="dormouse-filter-"))
     try:
         cand = PartWriter(lambda n: scratch / n, "cand")
-        batch: list = []
         scores: list[float] = []
-
-        def flush():
-            texts = [quality.prepare(r.text) for r in batch]
-            for rec, s in zip(batch, quality.score(model, texts, qcfg["label_hq"])):
-                cand.write({"id": rec.id, "text": rec.text, "source": rec.source, "quality": round(s, 6)})
-                scores.append(s)
-            batch.clear()
-
-        for rec, reason in drop_reasons(records, params, workers):
-            c["docs_read"] += 1
-            c["bytes_read"] += rec.nbytes
-            per_file[rec.source]["docs_read"] += 1
-            if reason is not None:
-                c[f"docs_dropped.{reason}"] += 1
-                c[f"bytes_dropped.{reason}"] += rec.nbytes
-                continue
-            batch.append(rec)
-            if len(batch) >= SCORE_BATCH:
-                flush()
-        flush()
+        for rec, reason, score in judged(records, params, model, model_path, workers):
+            _count_read(c, per_file, rec, reason)
+            if reason is None:
+                cand.write({"id": rec.id, "text": rec.text, "source": rec.source, "quality": round(score, 6)})
+                scores.append(score)
         cand.close()
-
         scores_arr = np.asarray(scores, dtype=np.float64)
-        if qcfg["top_fraction"] is not None:
-            k = int(np.ceil(qcfg["top_fraction"] * len(scores_arr)))
-            order = np.argsort(-scores_arr, kind="stable")  # ties keep corpus order
-            keep = np.zeros(len(scores_arr), dtype=bool)
-            keep[order[:k]] = True
-            cutoff = float(scores_arr[order[k - 1]]) if k else None
-        else:
-            keep = scores_arr >= qcfg["threshold"]
-            cutoff = qcfg["threshold"]
-
+        k = int(np.ceil(qcfg["top_fraction"] * len(scores_arr)))
+        order = np.argsort(-scores_arr, kind="stable")  # ties keep corpus order
+        keep = np.zeros(len(scores_arr), dtype=bool)
+        keep[order[:k]] = True
         with PartWriter(path_for, "docs") as out:
             for i, doc in enumerate(read_parts([scratch / n for n in cand.names])):
-                nbytes = len(doc["text"].encode("utf-8"))
-                if keep[i]:
-                    out.write(doc)
-                    c["docs_kept"] += 1
-                    c["bytes_kept"] += nbytes
-                    per_file[doc["source"]]["docs_kept"] += 1
-                else:
-                    c["docs_dropped.quality_low_score"] += 1
-                    c["bytes_dropped.quality_low_score"] += nbytes
-        return cutoff
+                _keep_or_drop(c, per_file, out, doc, len(doc["text"].encode("utf-8")), keep[i])
+        return float(scores_arr[order[k - 1]]) if k else None
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
+
+
+def _count_read(c: Counter, per_file: dict, rec, reason: str | None) -> None:
+    c["docs_read"] += 1
+    c["bytes_read"] += rec.nbytes
+    per_file[rec.source]["docs_read"] += 1
+    if reason is not None:
+        c[f"docs_dropped.{reason}"] += 1
+        c[f"bytes_dropped.{reason}"] += rec.nbytes
+
+
+def _keep_or_drop(c: Counter, per_file: dict, out, doc: dict, nbytes: int, keep: bool) -> None:
+    if keep:
+        out.write(doc)
+        c["docs_kept"] += 1
+        c["bytes_kept"] += nbytes
+        per_file[doc["source"]]["docs_kept"] += 1
+    else:
+        c["docs_dropped.quality_low_score"] += 1
+        c["bytes_dropped.quality_low_score"] += nbytes
 
 
 def main(argv=None) -> int:
@@ -208,6 +229,7 @@ def main(argv=None) -> int:
         c = art.counters
         if qcfg["model"] == "train":
             model, metrics = train_classifier(job, art, qcfg, reader_cfg, c)
+            model_path = art.path("quality_model.bin")
             art.extra["quality_model"] = {"trained": True, **metrics}
         else:
             (model_path,) = check_raw_input(job, "quality_model")
@@ -222,7 +244,7 @@ def main(argv=None) -> int:
         records = tqdm(records, unit="doc", mininterval=5, desc="filter", file=sys.stdout)
         workers = granted_workers()
         print(f"[filter] heuristics on {workers} worker process{'es' if workers > 1 else ''}", flush=True)
-        art.extra["quality_cutoff"] = filter_documents(records, params, model, c, art.path, per_file, workers)
+        art.extra["quality_cutoff"] = filter_documents(records, params, model, Path(model_path), c, art.path, per_file, workers)
         art.extra["workers"] = workers  # not a param: every worker count writes the same documents
 
         for unit in ("docs", "bytes"):
