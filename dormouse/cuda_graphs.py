@@ -25,7 +25,7 @@ from dormouse.runtime import autocast
 WARMUP_CALLS = 3  # make_graphed_callables' warm-up iterations (on a side stream) before its one capture
 
 
-def refusal(cfg: ModelConfig, world_size: int) -> str | None:
+def refusal(world_size: int) -> str | None:
     """Why this run's step cannot be graphed (a counter key), or None."""
     if world_size > 1:
         return "ddp"
@@ -37,7 +37,7 @@ def decide(train: dict, device_type: str, cfg: ModelConfig, world_size: int) -> 
     not possible here). train is a validated preset's (the schema holds the default)."""
     if train["cuda_graphs"] != "cuda" or device_type != "cuda":
         return "eager"
-    why = refusal(cfg, world_size)
+    why = refusal(world_size)
     return f"refused_{why}" if why else "graphed"
 
 

@@ -95,8 +95,7 @@ class MoE(nn.Module):
         flat_e = top_i.reshape(-1)  # slot s = token * k + j
         order = torch.argsort(flat_e, stable=True)  # slots grouped by expert
         counts = torch.zeros(e, dtype=torch.long, device=x.device).scatter_add_(0, flat_e, torch.ones_like(flat_e))
-        dtype = torch.get_autocast_dtype(x.device.type) if torch.is_autocast_enabled(x.device.type) else x.dtype
-        xs = xf[order // k].to(dtype)
+        xs = xf[order // k].to(_compute_dtype(x))
         ys = self.expert_rows(xs, flat_e[order], counts).float() * top_w.reshape(-1)[order].unsqueeze(-1)
         y_slots = torch.empty_like(ys)
         y_slots[order] = ys  # un-sort: a permutation, so no atomics and a deterministic sum
@@ -152,8 +151,7 @@ class MoE(nn.Module):
         self.aux_loss = self.n_experts * torch.sum(f * mean_probs)
         if counters is not None:
             self.routed += counts  # read by take_routing, off the step's critical path
-            dtype = torch.get_autocast_dtype(x.device.type) if torch.is_autocast_enabled(x.device.type) else x.dtype
-            counters[f"moe.path.{self.path_for(dtype)}"] += 1
+            counters[f"moe.path.{self.path_for(_compute_dtype(x))}"] += 1
         return out
 
     def output_projections(self) -> list[torch.Tensor]:
@@ -161,6 +159,11 @@ class MoE(nn.Module):
 
 
 PATHS = ("grouped_mm", "blocked_bmm", "loop")
+
+
+def _compute_dtype(x: torch.Tensor) -> torch.dtype:
+    """The dtype the experts compute in: autocast's where it is on, else x's."""
+    return torch.get_autocast_dtype(x.device.type) if torch.is_autocast_enabled(x.device.type) else x.dtype
 BLOCK_ROWS = 64  # blocked_bmm's rows per block: an expert wastes fewer than this many padded rows
 _GROUPED_MM = getattr(F, "grouped_mm", None) or torch._grouped_mm  # public from torch 2.10; the same op before
 
