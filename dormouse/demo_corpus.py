@@ -45,6 +45,7 @@ from pathlib import Path
 from typing import Callable, Iterable, Iterator
 
 from dormouse.fnv import fnv1a_64
+from dormouse.store import pins_digest
 
 FORMAT_VERSION = 2
 # Documents held out of the corpus as fastText example sets (quality/positive: every domain but
@@ -61,6 +62,9 @@ ZSTD_LEVEL = 10
 PARQUET_ROW_GROUP_ROWS = 64  # small enough that every parquet file has several row groups
 PARQUET_COMPRESSION = "zstd"
 PARQUET_COMPRESSION_LEVEL = 6
+OUTPUT_CONSTANTS = ("QUALITY_HOLDOUT_PERCENT", "DOMAINS", "FORMATS", "MAX_DOC_BYTES", "PART_BYTES", "MIN_DOC_BYTES",
+                    "MIN_SECTION_BYTES", "ZSTD_LEVEL", "PARQUET_ROW_GROUP_ROWS", "PARQUET_COMPRESSION",
+                    "PARQUET_COMPRESSION_LEVEL")  # what shapes the written files (fingerprint())
 DOWNLOAD_ATTEMPTS = 3
 DOWNLOAD_TIMEOUT_S = 120
 
@@ -249,6 +253,13 @@ SELECTIONS: tuple[Selection, ...] = (
 # --------------------------------------------------------------------------------------------
 # Download and cache
 # --------------------------------------------------------------------------------------------
+
+
+def fingerprint() -> str:
+    """What the built corpus is a function of: FORMAT_VERSION, the pins, the selection rules and the output
+    constants. The plan digests the demo by it, so editing this module's code rebuilds nothing; a code change
+    that changes the files written must bump FORMAT_VERSION."""
+    return pins_digest(FORMAT_VERSION, SOURCES, SELECTIONS, {k: globals()[k] for k in OUTPUT_CONSTANTS})
 
 
 def default_cache_dir() -> Path:

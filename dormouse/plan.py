@@ -19,7 +19,6 @@ from dormouse.store import artifact_digest, canonical_json
 
 RAW_SUFFIXES = (".jsonl", ".jsonl.gz", ".jsonl.zst", ".parquet", ".txt")
 DEMO_ROOT = Path("corpus/demo")
-DEMO_BUILDER = Path(__file__).with_name("demo_corpus.py")  # pins + selection: the demo is a pure function of it
 DEMO_BUILT = DEMO_ROOT / "BUILD.json"  # written last by the demo-corpus rule
 
 
@@ -124,10 +123,13 @@ def is_demo(spec: str, root: Path = Path(".")) -> bool:
 
 
 def raw_fingerprint(spec: str, root: Path = Path(".")) -> str:
-    """Digest of a raw input. The demo corpus is fingerprinted by its builder (it may not be built yet);
-    anything else by its file list, sizes and mtimes (filter records full content hashes)."""
+    """Digest of a raw input. The demo corpus is fingerprinted by its recipe (pins, selection rules, output
+    constants: it may not be built yet); anything else by its file list, sizes and mtimes (filter records
+    full content hashes)."""
     if is_demo(spec, root):
-        payload = {"demo_builder": hashlib.sha256(DEMO_BUILDER.read_bytes()).hexdigest(), "spec": Path(spec).as_posix()}
+        from dormouse import demo_corpus  # stdlib only at import
+
+        payload = {"demo": demo_corpus.fingerprint(), "spec": Path(spec).as_posix()}
     else:
         files = expand_raw(spec, root)
         if not files:

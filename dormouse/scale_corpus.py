@@ -37,7 +37,8 @@ from pathlib import Path
 
 import zstandard
 
-from dormouse.demo_corpus import _ar_members, fetch, sha256_file, split_text
+from dormouse.demo_corpus import PART_BYTES, _ar_members, fetch, sha256_file, split_text
+from dormouse.store import pins_digest
 
 FORMAT_VERSION = 1
 MIN_DOC_BYTES = 256
@@ -114,6 +115,13 @@ SOURCES = (
            "ed99e0bf162815dc1cc69de3727eedd7112ddf170badf83dbde26209e0724a8c", "WordNet 3.0 licence (BSD-like)",
            r"/usr/share/dictd/wn\.dict\.dz$", r"^$", r".", whole=True),
 )
+
+
+def fingerprint() -> str:
+    """What the built corpus is a function of (the Snakemake rule reruns when it changes, not when this code
+    is edited); a code change that changes the files written must bump FORMAT_VERSION."""
+    return pins_digest(FORMAT_VERSION, SOURCES, {"MIN_DOC_BYTES": MIN_DOC_BYTES, "ZSTD_LEVEL": ZSTD_LEVEL,
+                                                  "PART_BYTES": PART_BYTES})
 
 
 def default_cache_dir() -> Path:

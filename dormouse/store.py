@@ -8,6 +8,7 @@ a bug fix that changes results is declared as a retraction instead.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
@@ -31,6 +32,20 @@ class ArtifactError(RuntimeError):
 def canonical_json(obj: Any) -> str:
     """The one serialisation that digests are computed over (sorted keys, no whitespace)."""
     return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+
+
+def pins_digest(*parts: Any) -> str:
+    """Digest of a pinned builder's recipe (sources, selection rules, output constants): dataclasses become
+    their fields and functions their qualified names, so only what the recipe says is hashed, not its code."""
+    def plain(obj):
+        if dataclasses.is_dataclass(obj):
+            return {f.name: plain(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
+        if isinstance(obj, (list, tuple)):
+            return [plain(x) for x in obj]
+        if isinstance(obj, dict):
+            return {str(k): plain(v) for k, v in obj.items()}
+        return obj.__qualname__ if callable(obj) else obj
+    return hashlib.sha256(canonical_json(plain(list(parts))).encode()).hexdigest()[:20]
 
 
 def artifact_digest(

@@ -423,3 +423,27 @@ def test_full_build_from_registries(tmp_path):
     assert 20e6 <= summary["total"]["bytes"] <= 100e6
     assert set(summary["domains"]) == set(dc.DOMAINS)
     assert all(len(f["domains"]) >= 2 for f in summary["formats"].values())
+
+
+def test_fingerprint_follows_the_recipe_not_the_code(monkeypatch):
+    """The plan digests the demo by its recipe: a pin, a selection rule or an output constant moves it; the
+    builder's source text does not enter (refactoring the module rebuilds nothing)."""
+    from dataclasses import replace
+
+    from dormouse.plan import raw_fingerprint
+
+    base, spec = dc.fingerprint(), raw_fingerprint("corpus/demo/data")
+    assert base == dc.fingerprint()
+    monkeypatch.setattr(dc, "SOURCES", (replace(dc.SOURCES[0], sha256="0" * 64),) + dc.SOURCES[1:])
+    assert dc.fingerprint() != base and raw_fingerprint("corpus/demo/data") != spec
+    monkeypatch.undo()
+    monkeypatch.setattr(dc, "SELECTIONS", (replace(dc.SELECTIONS[0], include=("*.nothing",)),) + dc.SELECTIONS[1:])
+    assert dc.fingerprint() != base
+    monkeypatch.undo()
+    monkeypatch.setattr(dc, "PART_BYTES", dc.PART_BYTES + 1)
+    assert dc.fingerprint() != base
+    monkeypatch.undo()
+    keeps = [s for s in dc.SELECTIONS if s.keep is not None]
+    assert keeps, "a selection with a keep rule: hashed by its name"
+    monkeypatch.setattr(dc, "SELECTIONS", tuple(replace(s, keep=dc.check_unique_ids) if s.keep else s for s in dc.SELECTIONS))
+    assert dc.fingerprint() != base

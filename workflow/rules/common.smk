@@ -1,5 +1,6 @@
 # The plan: validated config, resolved presets and every job's digest, computed at parse time
 # (dormouse.plan; cheap: config files and file stats only).
+from dormouse import demo_corpus, scale_corpus
 from dormouse.plan import build_plan
 
 PLAN = build_plan(config)

