@@ -1,4 +1,4 @@
-"""Time the anchor ladder (dormouse.ngram) on real text: counting vs. evaluation.
+"""Time the anchor ladder (dormouse.data.ngram) on real text: counting vs. evaluation.
 
 Documents are whole text files found on the machine (Debian docs under /usr/share/doc, .gz
 ones decompressed, plus the Python standard library sources), shuffled with a fixed seed and
@@ -25,7 +25,7 @@ import time
 
 import numpy as np
 
-from dormouse import ngram
+from dormouse.data import ngram
 
 SOURCES = ("/usr/share/doc/**/*", "/usr/lib/python3*/**/*.py")
 

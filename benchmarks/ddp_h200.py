@@ -49,11 +49,11 @@ import torch  # noqa: E402
 from torch.nn.parallel import DistributedDataParallel  # noqa: E402
 
 import pretrain_h200 as ph  # noqa: E402  (benchmarks/: the step, the timer, the preset setup)
-from dormouse import distributed  # noqa: E402
-from dormouse.cuda_graphs import GraphedLoss  # noqa: E402
+from dormouse.train import distributed  # noqa: E402
+from dormouse.train.cuda_graphs import GraphedLoss  # noqa: E402
 from dormouse.model.gpt import ByteLM, count_params  # noqa: E402
-from dormouse.optim import build_optimizers  # noqa: E402
-from dormouse.runtime import compile_for, deterministic_cpu  # noqa: E402
+from dormouse.train.optim import build_optimizers  # noqa: E402
+from dormouse.train.runtime import compile_for, deterministic_cpu  # noqa: E402
 
 DEFAULT_OUT = ROOT / "benchmarks" / "ddp_h200.tsv"
 NO_MULTICAST = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}

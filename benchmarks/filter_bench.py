@@ -100,8 +100,8 @@ def worker_ours(cfg: dict) -> dict:
     import shutil
     from collections import Counter, defaultdict
 
-    from dormouse import quality
-    from dormouse.readers import ReaderConfig
+    from dormouse.data import quality
+    from dormouse.data.readers import ReaderConfig
     from dormouse.stages.filter import filter_documents, iter_records
 
     t_import = time.perf_counter() - t0

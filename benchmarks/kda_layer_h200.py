@@ -46,7 +46,7 @@ from pretrain_h200 import TorchGatesMixer, as_graph, fla_layer, kernel_fn, measu
 from dormouse.model import kda as kda_module  # noqa: E402
 from dormouse.model.kda import KDAMixer  # noqa: E402
 from dormouse.model.regions import compile_regions  # noqa: E402
-from dormouse.runtime import autocast  # noqa: E402
+from dormouse.train.runtime import autocast  # noqa: E402
 
 VARIANTS = ["kernel", "ours", "fla_conv", "torch_gates", "separate_proj", "torch_conv", "ours_noconv", "no_kernel", "fla_norm",
             "fla_layer"]

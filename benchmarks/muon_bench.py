@@ -26,12 +26,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 
-from dormouse.config import load_preset  # noqa: E402
+from dormouse.engine.config import load_preset  # noqa: E402
 from dormouse.model.config import ModelConfig  # noqa: E402
 from dormouse.model.gpt import ByteLM  # noqa: E402
-from dormouse.firewall import guarded_step  # noqa: E402
-from dormouse import optim  # noqa: E402
-from dormouse.optim import StackedMuon, _newton_schulz_iterations, _normalized_bf16  # noqa: E402
+from dormouse.train.firewall import guarded_step  # noqa: E402
+from dormouse.train import optim  # noqa: E402
+from dormouse.train.optim import StackedMuon, _newton_schulz_iterations, _normalized_bf16  # noqa: E402
 
 
 @contextlib.contextmanager

@@ -28,7 +28,7 @@ its train section unless --batch-size / --seq-len) it measures, one after the ot
   ours            (a) our pretrain step, the same work as one step of dormouse/stages/pretrain.py's loop:
                   ByteLM (the preset's config, Engram included), build_optimizers (Muon for hidden
                   matrices + AdamW), set_lr (WSD), bf16 autocast, the stage's NaN firewall
-                  (dormouse/firewall.py: on CUDA it decides on the device, no host sync; on CPU two host
+                  (dormouse/train/firewall.py: on CUDA it decides on the device, no host sync; on CPU two host
                   syncs), both optimizer steps, zero_grad -- the loop at world size 1; on CUDA with the
                   model's regions compiled, as the stage does (train.compile: cuda)
   ours_eager      (a) with no compile: the stage's step before the regions
@@ -39,7 +39,7 @@ its train section unless --batch-size / --seq-len) it measures, one after the ot
   ours_nosync     (a) without the firewall: the same step as fla_kda and sdpa get (FLA's model runs as FLA
                   ships it, eager around its own fused kernels)
   ours_graphed    (a) with the model's forward and backward replayed from CUDA graphs
-                  (dormouse.cuda_graphs.GraphedLoss, as the stage runs it under train.cuda_graphs: cuda;
+                  (dormouse.train.cuda_graphs.GraphedLoss, as the stage runs it under train.cuda_graphs: cuda;
                   FLA's kernels included): one replay each way instead of ~1 000 host launches; optimizers
                   and the firewall run eagerly after it. A replay adds the counts of one captured forward.
                   CUDA only; refused under DDP. Peak memory n/a on the graphed
@@ -141,17 +141,17 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 from torch import nn  # noqa: E402
 
-from dormouse import distributed  # noqa: E402
-from dormouse.cuda_graphs import GraphedLoss  # noqa: E402
-from dormouse.firewall import Firewall  # noqa: E402
-from dormouse.config import load_preset  # noqa: E402
+from dormouse.train import distributed  # noqa: E402
+from dormouse.train.cuda_graphs import GraphedLoss  # noqa: E402
+from dormouse.train.firewall import Firewall  # noqa: E402
+from dormouse.engine.config import load_preset  # noqa: E402
 from dormouse.model.config import ModelConfig  # noqa: E402
 from dormouse.model.ffn import SwiGLU  # noqa: E402
 from dormouse.model.gpt import ByteLM, count_params  # noqa: E402
 from dormouse.model.kda import KDAMixer, chunk_kda_torch, l2norm  # noqa: E402
 from dormouse.model.regions import compile_regions  # noqa: E402
-from dormouse.optim import StackedMuon, build_optimizers, set_lr, wsd_multiplier  # noqa: E402
-from dormouse.runtime import autocast, with_moe_aux  # noqa: E402
+from dormouse.train.optim import StackedMuon, build_optimizers, set_lr, wsd_multiplier  # noqa: E402
+from dormouse.train.runtime import autocast, with_moe_aux  # noqa: E402
 
 DEFAULT_OUT = ROOT / "benchmarks" / "pretrain_h200.tsv"
 ONE_PROCESS = distributed.World()  # the benchmark is one process on one GPU (the loop's world size 1)
@@ -884,7 +884,7 @@ def check_equivalence(cfg: ModelConfig, train: dict, device: torch.device, batch
     """Train two identical copies of (a) on the same batches: plain (the firewall deciding on the host,
     torch's Muon, no compile) and fast (the firewall deciding on the device, `muon`, the model's regions
     compiled with `backend` unless it is "none", on any device) and, on CUDA where the stage would graph it,
-    graphed (fast with its forward and backward replayed from CUDA graphs, dormouse.cuda_graphs). Returns
+    graphed (fast with its forward and backward replayed from CUDA graphs, dormouse.train.cuda_graphs). Returns
     {"plain": [...], "fast": [...], "counters": {arm: Counter}, "max_rel": float, "tol": float, "ok": bool}
     (+ "graphed", "graphed_rel", "graphed_tol"): ok when every loss is finite, fast is within tol of plain,
     graphed within GRAPHED_TOL of fast, and every arm counted what plain counted."""
@@ -1032,7 +1032,7 @@ def parse_args(argv=None):
     ap.add_argument("--seq-len", type=int, default=None, help="override the preset's train.seq_len")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--muon", choices=["torch", "stacked"], default="stacked",
-                    help="every row's Muon: dormouse.optim.StackedMuon (the stages') or torch.optim.Muon")
+                    help="every row's Muon: dormouse.train.optim.StackedMuon (the stages') or torch.optim.Muon")
     ap.add_argument("--compile-backend", default="inductor")
     ap.add_argument("--compile-mode", default=None, help="torch.compile mode of the regions (e.g. reduce-overhead)")
     ap.add_argument("--profile", action="store_true",

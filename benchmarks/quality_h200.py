@@ -17,7 +17,7 @@ tail from its start, eval_bytes). Same optimizer split (build_optimizers: Muon f
 AdamW for the rest), lr, warmup-stable-decay shape and grad clip; ours runs the stage's NaN firewall.
 On CUDA both are compiled: ours as the stage compiles it (its regions, dormouse/model/regions.py), the
 SDPA model whole (torch.compile(model): it has no graph break). When the job asks (train.cuda_graphs: cuda,
-the default) both replay their forward and backward from CUDA graphs (dormouse.cuda_graphs.GraphedLoss),
+the default) both replay their forward and backward from CUDA graphs (dormouse.train.cuda_graphs.GraphedLoss),
 ours as the stage does and the SDPA model the same way, so neither race is run by the host's launch rate;
 where ours is refused (an MoE preset) neither is graphed.
 The schedule runs on the clock: its progress is training seconds / budget, so both systems decay to
@@ -46,14 +46,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import torch  # noqa: E402
 
-from dormouse import checkpoint, cuda_graphs, distributed  # noqa: E402
-from dormouse.byte_stream import StreamState, TrainStream, eval_window  # noqa: E402
-from dormouse.firewall import Firewall  # noqa: E402
+from dormouse.train import checkpoint, cuda_graphs, distributed  # noqa: E402
+from dormouse.data.byte_stream import StreamState, TrainStream, eval_window  # noqa: E402
+from dormouse.train.firewall import Firewall  # noqa: E402
 from dormouse.model.config import ModelConfig  # noqa: E402
 from dormouse.model.gpt import ByteLM, count_params  # noqa: E402
-from dormouse.optim import build_optimizers, set_lr, wsd_multiplier  # noqa: E402
-from dormouse.runtime import autocast, compile_for, evaluate, with_moe_aux  # noqa: E402
-from dormouse.stage import input_artifact  # noqa: E402
+from dormouse.train.optim import build_optimizers, set_lr, wsd_multiplier  # noqa: E402
+from dormouse.train.runtime import autocast, compile_for, evaluate, with_moe_aux  # noqa: E402
+from dormouse.engine.stage import input_artifact  # noqa: E402
 from pretrain_h200 import attach_param_groups, build_sdpa, sdpa_layout, versions  # noqa: E402
 
 SYSTEMS = ("ours", "sdpa")
@@ -201,8 +201,8 @@ def train_for(system: str, cfg: ModelConfig, train: dict, shards, device, budget
 
 def plot(rows: list[dict], path: Path, anchors: Path | None = None) -> None:
     """Both curves, eval BPB against training seconds and against bytes read, with the anchor ladder's
-    best rungs (dormouse.plots.best_anchors) when `anchors` (results/<preset>/anchors.json) is given."""
-    from dormouse.plots import ANCHOR_COLORS, best_anchors, new_figure, save
+    best rungs (dormouse.engine.plots.best_anchors) when `anchors` (results/<preset>/anchors.json) is given."""
+    from dormouse.engine.plots import ANCHOR_COLORS, best_anchors, new_figure, save
 
     fig, (by_clock, by_bytes) = new_figure(10, 8, rows=2)
     runs = dict.fromkeys((r["system"], r.get("date", "")) for r in rows)  # a TSV of several runs: one curve each

@@ -15,7 +15,7 @@ Rows (median of --reps, each after one untimed warm-up):
   zstd -dc        `zstd -dc docs-*.jsonl.zst > /dev/null`
   py read         read the part files in 1 MiB blocks in-process (cat without a process spawn)
   py decompress   zstandard stream_reader over the parts, 1 MiB reads (as docs_io.read_parts opens them)
-  py read_parts   dormouse.docs_io.read_parts: decompress + readline + json.loads (one pass)
+  py read_parts   dormouse.data.docs_io.read_parts: decompress + readline + json.loads (one pass)
   shard work      dormouse.stages.shard.shard_documents, the stage's own work (pass 1: decode each document
                   once into scratch bytes, doc_hash(id); cutoff; pass 2: route from the scratch bytes,
                   write .bin/.ids.jsonl/.idx.npy) into a temp dir
@@ -57,8 +57,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "benchmarks"))
 from bench_env import TSV, append_tsv, cpu_model, git_rev, mem_gib  # noqa: E402
 sys.path.insert(0, str(ROOT))
-from dormouse.docs_io import read_parts  # noqa: E402
-from dormouse.fnv import fnv1a_64  # noqa: E402
+from dormouse.data.docs_io import read_parts  # noqa: E402
+from dormouse.data.fnv import fnv1a_64  # noqa: E402
 from dormouse.stages.shard import shard_documents  # noqa: E402
 
 MB = 1_000_000

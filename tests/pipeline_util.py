@@ -9,7 +9,7 @@ from pathlib import Path
 import yaml
 
 from dormouse.cli import main as dormouse_main
-from dormouse.plan import build_plan
+from dormouse.engine.plan import build_plan
 
 
 def configure(workdir: Path, corpus: Path, positive: Path, negative: Path, presets=("tiny",), **shard) -> dict:

@@ -3,7 +3,7 @@
 import numpy as np
 import torch
 
-from dormouse.byte_stream import StreamState, TrainStream, eval_window
+from dormouse.data.byte_stream import StreamState, TrainStream, eval_window
 
 
 def shards(tmp_path, sizes):

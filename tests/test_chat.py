@@ -1,6 +1,6 @@
 import pytest
 
-from dormouse.chat import (ASSISTANT, END, USER, ChatTemplateError, encode_turns, encode_turns_with_mask,
+from dormouse.posttrain.chat import (ASSISTANT, END, USER, ChatTemplateError, encode_turns, encode_turns_with_mask,
                            parse_assistant, prompt_bytes, sft_example)
 
 

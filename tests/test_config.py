@@ -1,8 +1,8 @@
 import pytest
 import yaml
 
-from dormouse.config import ConfigError, load_preset
-from dormouse.plan import build_plan
+from dormouse.engine.config import ConfigError, load_preset
+from dormouse.engine.plan import build_plan
 
 
 def test_presets_validate_and_fill_defaults(workdir):
@@ -38,7 +38,7 @@ def test_bad_top_level_config_names_it(workdir):
 def test_sft_and_rl_carry_the_moe_balancing_coefficient_only_for_an_moe(workdir):
     """An MoE keeps pretrain's balancing loss in sft and rl; a dense model's sft and rl params (digests) do not
     change for it."""
-    from dormouse.plan import stage_params
+    from dormouse.engine.plan import stage_params
 
     dense = load_preset("tiny", workdir)
     moe = load_preset("b1", workdir)
@@ -53,7 +53,7 @@ def test_the_balancing_term_is_added_for_an_moe_and_refused_without_its_coeffici
     import torch
 
     from dormouse.model.config import ModelConfig
-    from dormouse.runtime import with_moe_aux
+    from dormouse.train.runtime import with_moe_aux
 
     class Model:
         aux_loss = torch.tensor(2.0)

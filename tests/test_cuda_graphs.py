@@ -1,4 +1,4 @@
-"""dormouse.cuda_graphs: when the pretrain step is graphed, how a replay counts, and (on a GPU) that the graphed
+"""dormouse.train.cuda_graphs: when the pretrain step is graphed, how a replay counts, and (on a GPU) that the graphed
 step trains as the eager one does."""
 
 import copy
@@ -9,13 +9,13 @@ from collections import Counter
 import pytest
 import torch
 
-from dormouse import cuda_graphs, distributed
-from dormouse.firewall import Firewall
+from dormouse.train import cuda_graphs, distributed
+from dormouse.train.firewall import Firewall
 from dormouse.model.config import ModelConfig
 from dormouse.model.gpt import ByteLM
-from dormouse.optim import build_optimizers
+from dormouse.train.optim import build_optimizers
 from dormouse.model.regions import compile_regions
-from dormouse.runtime import autocast, evaluate
+from dormouse.train.runtime import autocast, evaluate
 from test_pretrain import TINY_MODEL, TINY_TRAIN, job_json, run_stage, set_model, shards  # noqa: F401 (the fixture)
 
 ONE = distributed.World()

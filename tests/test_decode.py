@@ -1,4 +1,4 @@
-"""Recurrent decoding (ByteLM.prefill / step, LMState, dormouse.decode.generate) against the full forward.
+"""Recurrent decoding (ByteLM.prefill / step, LMState, dormouse.posttrain.decode.generate) against the full forward.
 
 Every model here has its weights perturbed away from init (init zeroes the residual branches' output
 projections and the Engram conv, so a fresh model's blocks are inert and parity would check nothing).
@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from dormouse.decode import generate, prefill_prompts, sample_next
+from dormouse.posttrain.decode import generate, prefill_prompts, sample_next
 from dormouse.model.config import ModelConfig
 from dormouse.model.engram import Engram
 from dormouse.model.gpt import ByteLM, LMState, cat_states

@@ -1,4 +1,4 @@
-"""Tests for dormouse.demo_corpus: no network except the opt-in full build at the end."""
+"""Tests for dormouse.data.demo_corpus: no network except the opt-in full build at the end."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ import pyarrow.parquet as pq
 import pytest
 import zstandard
 
-from dormouse import demo_corpus as dc
+from dormouse.data import demo_corpus as dc
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -430,7 +430,7 @@ def test_fingerprint_follows_the_recipe_not_the_code(monkeypatch):
     builder's source text does not enter (refactoring the module rebuilds nothing)."""
     from dataclasses import replace
 
-    from dormouse.plan import raw_fingerprint
+    from dormouse.engine.plan import raw_fingerprint
 
     base, spec = dc.fingerprint(), raw_fingerprint("corpus/demo/data")
     assert base == dc.fingerprint()

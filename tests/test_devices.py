@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from dormouse.devices import gpu_slots
+from dormouse.train.devices import gpu_slots
 
 HOLD = "import os, sys, time; print(os.environ['CUDA_VISIBLE_DEVICES'], flush=True); time.sleep(float(sys.argv[1]))"
 

@@ -30,10 +30,10 @@ import torch
 import yaml
 from safetensors.torch import load_file
 
-from dormouse.byte_stream import TrainStream
-from dormouse.config import ConfigError
-from dormouse.distributed import World
-from dormouse.plan import Plan, build_plan
+from dormouse.data.byte_stream import TrainStream
+from dormouse.engine.config import ConfigError
+from dormouse.train.distributed import World
+from dormouse.engine.plan import Plan, build_plan
 from pipeline_util import configure
 from test_pretrain import TINY_MODEL, TINY_TRAIN, job_json, run_stage, set_model, shards  # noqa: F401 (shards: fixture)
 

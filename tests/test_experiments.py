@@ -5,7 +5,7 @@ import json
 import pytest
 import yaml
 
-from dormouse.experiments import judge, verdict
+from dormouse.engine.experiments import judge, verdict
 from pipeline_util import configure
 from test_workflow import job_counts, snakemake
 

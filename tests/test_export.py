@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from dormouse import quant
+from dormouse.posttrain import quant
 from dormouse.model.config import ModelConfig
 from dormouse.model.gpt import ByteLM
 from dormouse.stages.export import rung_source_state

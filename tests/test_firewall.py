@@ -4,9 +4,9 @@ must skip exactly the same steps and leave bit-identical weights and optimizer s
 import pytest
 import torch
 
-from dormouse.distributed import World
-from dormouse.firewall import BadStepsError, Firewall
-from dormouse.optim import StackedMuon
+from dormouse.train.distributed import World
+from dormouse.train.firewall import BadStepsError, Firewall
+from dormouse.train.optim import StackedMuon
 
 ONE = World(rank=0, size=1, local_rank=0)
 

@@ -1,4 +1,4 @@
-from dormouse.fnv import fnv1a_64
+from dormouse.data.fnv import fnv1a_64
 
 
 def test_fnv1a_64_reference_vectors():
@@ -19,7 +19,7 @@ def test_mix64_is_murmur3s_finaliser():
     """Checked against the same finaliser in numpy's wrapping uint64 arithmetic (independent of the int code)."""
     import numpy as np
 
-    from dormouse.fnv import mix64
+    from dormouse.data.fnv import mix64
 
     xs = np.array([0, 1, 2, 0xFFFFFFFFFFFFFFFF, 0xCBF29CE484222325, 1 << 63], dtype=np.uint64)
     h = xs ^ (xs >> np.uint64(33))
@@ -34,7 +34,7 @@ def test_mix64_is_murmur3s_finaliser():
 def test_the_smallest_doc_hashes_are_a_sample_not_runs_of_neighbouring_ids():
     """Sequential ids in four domains: the 5% smallest doc_hash values hold each domain's share and no long run of
     consecutive ids (raw FNV-1a held 750 to 1 350 of 4 000 and runs of 20+ neighbours)."""
-    from dormouse.fnv import doc_hash
+    from dormouse.data.fnv import doc_hash
 
     ids = [f"{d}-{i:06d}" for d in ("alpha", "beta", "gamma", "delta") for i in range(20_000)]
     low = sorted(range(len(ids)), key=lambda i: doc_hash(ids[i]))[:4000]

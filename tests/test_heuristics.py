@@ -1,5 +1,5 @@
 from conftest import real_docs
-from dormouse.heuristics import c4, gopher_quality, gopher_repetition, heuristic_drop_reason
+from dormouse.data.heuristics import c4, gopher_quality, gopher_repetition, heuristic_drop_reason
 
 PROSE = dict(real_docs()["prose"])["assignment"]
 GOPHER = {"min_words": 50, "max_words": 100000, "min_mean_word_length": 3, "max_mean_word_length": 10,

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from dormouse import history
-from dormouse.store import ArtifactWriter, artifact_digest
+from dormouse.engine import history
+from dormouse.engine.store import ArtifactWriter, artifact_digest
 
 REPO = Path(__file__).resolve().parent.parent
 H200_METRICS = REPO / "benchmarks" / "h200_small_pretrain.metrics.jsonl"

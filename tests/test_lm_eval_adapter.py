@@ -1,4 +1,4 @@
-"""dormouse.lm_eval_adapter: the harness model "dormouse" gives dormouse.mc's numbers exactly (its
+"""dormouse.posttrain.lm_eval_adapter: the harness model "dormouse" gives dormouse.posttrain.mc's numbers exactly (its
 loglikelihood on the tiny local task, and `lm_eval.simple_evaluate` end to end on that task defined
 by a local yaml), rolls windows so every byte is predicted once, and decodes greedily."""
 
@@ -17,12 +17,12 @@ lm_eval = pytest.importorskip("lm_eval", reason="lm-eval is an optional extra: p
 from lm_eval.api.instance import Instance  # noqa: E402
 from safetensors.torch import save_file  # noqa: E402
 
-from dormouse import mc  # noqa: E402
-from dormouse.checkpoint import CheckpointError  # noqa: E402
-from dormouse.lm_eval_adapter import DormouseLM, load_artifact_model  # noqa: E402
+from dormouse.posttrain import mc  # noqa: E402
+from dormouse.train.checkpoint import CheckpointError  # noqa: E402
+from dormouse.posttrain.lm_eval_adapter import DormouseLM, load_artifact_model  # noqa: E402
 from dormouse.model.config import ModelConfig  # noqa: E402
 from dormouse.model.gpt import ByteLM  # noqa: E402
-from dormouse.store import ArtifactError, ArtifactWriter, artifact_digest  # noqa: E402
+from dormouse.engine.store import ArtifactError, ArtifactWriter, artifact_digest  # noqa: E402
 from test_mc import TASK, TINY, live_model  # noqa: E402
 
 torch.set_num_threads(1)
@@ -194,7 +194,7 @@ def test_simple_evaluate_end_to_end_on_a_local_task(artifact, tmp_path):
                                 log_samples=True)
     lm = DormouseLM(pretrained=str(artifact))
     items = mc.load_jsonl_task(TASK)
-    for sample in r["samples"]["dormouse_tiny"]:  # every response is dormouse.mc's score, bit for bit
+    for sample in r["samples"]["dormouse_tiny"]:  # every response is dormouse.posttrain.mc's score, bit for bit
         it = items[sample["doc_id"]]
         scores = mc.score_continuations(lm.model, it.context, it.choices, WINDOW, "cpu")
         assert [tuple(x[0]) for x in sample["resps"]] == [(s.logprob, s.is_greedy) for s in scores]

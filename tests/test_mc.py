@@ -1,4 +1,4 @@
-"""dormouse.mc: the positions a choice is scored at (against a hand computation on a model whose logits
+"""dormouse.posttrain.mc: the positions a choice is scored at (against a hand computation on a model whose logits
 we set), acc vs acc_bytes, ties, dropping (never truncating) items that do not fit, the jsonl loader's
 errors, and cloze items built only from real text."""
 
@@ -12,7 +12,7 @@ import pytest
 import torch
 from torch import nn
 
-from dormouse import mc
+from dormouse.posttrain import mc
 from dormouse.model.config import ModelConfig
 from model_util import live_model
 

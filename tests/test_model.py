@@ -18,7 +18,7 @@ from dormouse.model import ffn
 from dormouse.model.ffn import MoE, take_routing
 from dormouse.model.gpt import ByteLM, active_params, count_params
 from dormouse.model.kda import KDAMixer
-from dormouse.optim import StackedMuon
+from dormouse.train.optim import StackedMuon
 from model_util import live_model, rand_bytes
 
 torch.set_num_threads(1)
@@ -415,7 +415,7 @@ def test_preset_parameter_counts_match_the_formula():
 
     import torch
 
-    from dormouse.config import load_preset
+    from dormouse.engine.config import load_preset
     from dormouse.model.config import ModelConfig
     from dormouse.model.gpt import ByteLM, count_params
 

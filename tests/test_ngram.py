@@ -1,4 +1,4 @@
-"""Tests for dormouse.ngram (anchor ladder): exactness, normalisation, and independent references.
+"""Tests for dormouse.data.ngram (anchor ladder): exactness, normalisation, and independent references.
 
 The references below are written from the formulas, with Python dicts over byte strings, and
 share no code with the numpy implementation.
@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from dormouse import ngram
+from dormouse.data import ngram
 
 GPL = Path("/usr/share/common-licenses/GPL-3")
 

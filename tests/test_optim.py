@@ -6,8 +6,8 @@ import copy
 import pytest
 import torch
 
-from dormouse import optim
-from dormouse.optim import StackedMuon
+from dormouse.train import optim
+from dormouse.train.optim import StackedMuon
 
 
 def params():

@@ -5,7 +5,7 @@ import json
 import numpy as np
 import pytest
 
-from dormouse.byte_stream import eval_window
+from dormouse.data.byte_stream import eval_window
 from dormouse.stages.anchors import iter_docs
 from pipeline_util import configure, manifest, run_chain
 
@@ -141,7 +141,7 @@ def test_anchor_ladder_is_ordered(built):
 
 def test_consumer_refuses_a_tampered_upstream(built):
     workdir, plan = built
-    from dormouse.store import ArtifactError
+    from dormouse.engine.store import ArtifactError
 
     shard_dir = workdir / plan.artifact_dir("shard", plan.chain["tiny"]["shard"])
     bin_path = sorted((shard_dir / "train").glob("*.bin"))[0]

@@ -1,4 +1,4 @@
-"""dormouse.plots on a synthetic bench.json and store laid out as the bench and training stages write them."""
+"""dormouse.engine.plots on a synthetic bench.json and store laid out as the bench and training stages write them."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from dormouse import plots
-from dormouse.store import MANIFEST, sha256_file
+from dormouse.engine import plots
+from dormouse.engine.store import MANIFEST, sha256_file
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 DIGESTS = {"pretrain": "6035b0c5fa62c26f8349", "sft": "a1b2c3d4e5f60718293a", "rl": "0f1e2d3c4b5a69788796"}

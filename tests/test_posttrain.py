@@ -10,11 +10,11 @@ import pytest
 import torch
 import yaml
 
-from dormouse import chat, tasks
-from dormouse.config import validate
+from dormouse.posttrain import chat, tasks
+from dormouse.engine.config import validate
 from dormouse.stages.rl import Curriculum
 from dormouse.stages.sft import sft_batch
-from dormouse.views import main as view_main
+from dormouse.engine.views import main as view_main
 from pipeline_util import configure, manifest, run_chain
 
 TINY = {
@@ -140,7 +140,7 @@ def test_bench_json_matches_its_schema_and_names_the_chain(chain, bench_view):
 
 
 def test_bench_schema_rejects_a_missing_stage(chain, bench_view):
-    from dormouse.config import ConfigError
+    from dormouse.engine.config import ConfigError
 
     work, _ = chain
     view = json.loads(json.dumps(bench_view))
@@ -185,9 +185,9 @@ def test_rl_trains_on_signal_groups_and_ships_the_selected_checkpoint(chain, mon
     the checkpoint its dev curve selected."""
     from safetensors.torch import load_file
 
-    from dormouse import task_eval
+    from dormouse.posttrain import task_eval
     from dormouse.cli import main as dormouse_main
-    from dormouse.store import artifact_digest
+    from dormouse.engine.store import artifact_digest
 
     work, plan = chain
     job = json.loads(plan.job_json("rl", plan.chain["tiny"]["rl"]))
@@ -223,7 +223,7 @@ def test_rl_trains_on_signal_groups_and_ships_the_selected_checkpoint(chain, mon
 def run_selection(monkeypatch, rows: list[list[bool]], min_z: float):
     """Selection over steps 0, 2, 4, ... whose dev correctness is `rows`; the weights move every step.
     Returns the selection and the weights of each step."""
-    from dormouse import task_eval
+    from dormouse.posttrain import task_eval
     from dormouse.stages.rl import Selection
 
     it = iter(rows)

@@ -15,9 +15,9 @@ import pytest
 import torch
 import yaml
 
-from dormouse import checkpoint, runtime
+from dormouse.train import checkpoint, runtime
 from dormouse.model.config import ModelConfig
-from dormouse.plan import build_plan
+from dormouse.engine.plan import build_plan
 from dormouse.stages import pretrain
 from pipeline_util import configure, run_chain
 

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from dormouse.config import load_preset
+from dormouse.engine.config import load_preset
 from dormouse.model.config import ModelConfig
 from dormouse.model.gpt import count_params, engram_params
 
@@ -118,7 +118,7 @@ def test_fla_model_matches_ours_without_engram():
     """Runs where flash-linear-attention + transformers are importable (not in CI: fla-core alone has no models)."""
     pytest.importorskip("transformers")
     pytest.importorskip("fla.models")
-    from dormouse.optim import build_optimizers
+    from dormouse.train.optim import build_optimizers
 
     preset = load_preset("small", root=REPO)
     cfg = ModelConfig.from_dict(preset["model"])

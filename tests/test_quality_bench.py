@@ -76,9 +76,9 @@ def test_a_paused_run_resumes_where_it_stopped(shards, tmp_path):  # noqa: F811
 def test_the_sdpa_baseline_trains_the_same_from_cuda_graphs():
     """quality_h200's SDPA model (compiled whole) replayed through GraphedLoss(CounterFree(model)), as the race
     runs it under train.cuda_graphs: cuda, against the same model's eager compiled steps from the same weights."""
-    from dormouse import cuda_graphs
+    from dormouse.train import cuda_graphs
     from dormouse.model.config import ModelConfig
-    from dormouse.runtime import autocast
+    from dormouse.train.runtime import autocast
 
     spec = importlib.util.spec_from_file_location("quality_h200", SCRIPT)
     q = importlib.util.module_from_spec(spec)

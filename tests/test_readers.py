@@ -8,7 +8,7 @@ import pytest
 import zstandard
 
 from conftest import write_jsonl_zst, write_nested_parquet
-from dormouse.readers import ReadError, ReaderConfig, read_file
+from dormouse.data.readers import ReadError, ReaderConfig, read_file
 
 TEXTS = ["First document.\nWith two lines.", "Second — with UTF-8 ✓", "third"]
 

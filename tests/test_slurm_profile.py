@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from dormouse.plan import build_plan
+from dormouse.engine.plan import build_plan
 from pipeline_util import configure
 
 BIN = Path(sys.executable).parent

@@ -2,7 +2,7 @@ import json
 
 import pytest
 
-from dormouse.store import ArtifactError, ArtifactWriter, artifact_digest, open_artifact
+from dormouse.engine.store import ArtifactError, ArtifactWriter, artifact_digest, open_artifact
 
 
 def make(tmp_path, params=None, fail=False):
@@ -38,7 +38,7 @@ def test_manifest_records_files_counters_code_and_environment(tmp_path):
     assert m["counters"] == {"docs_read": 3}
     assert m["code"]["package_version"] and m["code"]["source_digest"]
     assert "dormouse/stages/filter.py" in m["code"]["source_files"]
-    assert "dormouse/readers.py" in m["code"]["source_files"]  # transitive closure
+    assert "dormouse/data/readers.py" in m["code"]["source_files"]  # transitive closure
     assert m["environment"]["python"] and m["wall_time_s"] >= 0
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from dormouse import chat, task_eval, tasks
+from dormouse.posttrain import chat, task_eval, tasks
 from dormouse.model.config import ModelConfig
 from model_util import live_model
 

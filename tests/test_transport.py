@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from dormouse import transport
-from dormouse.store import ArtifactError, ArtifactWriter, artifact_digest, open_artifact
+from dormouse.engine import transport
+from dormouse.engine.store import ArtifactError, ArtifactWriter, artifact_digest, open_artifact
 
 
 def make_artifact(store: Path) -> Path:

@@ -21,7 +21,7 @@ distinct blocks, 0 .. n_blocks - 1 (prelude, core, coda in that order).
   The MoE's routing counts reach `counters` at the end of the forward (one host read), or, in training mode
   with `model.defer_routing = True` (the pretrain loop, CUDA graphs), only when `take_routing(counters)` is called.
 
-Decoding (`dormouse.decode` builds on these): `prefill(idx, state=None) -> (logits, LMState)` runs a prompt (or
+Decoding (`dormouse.posttrain.decode` builds on these): `prefill(idx, state=None) -> (logits, LMState)` runs a prompt (or
 continues a state), `step(byte [B], state) -> (logits [B, vocab], LMState)` one byte per row. `LMState` holds
 one `BlockState(mixer: KDAState, engram: EngramState | None)` per APPLIED block (schedule order; a looped
 core block has one per iteration), all batch-first with sizes independent of the bytes consumed;
@@ -297,7 +297,7 @@ class ByteLM(nn.Module):
 
         hidden_matrices: the 2-D weight of every nn.Linear inside a block (KDA q/k/v/f/g/b/o projections,
         SwiGLU projections, Engram key/value projections) except the MoE router, and the MoE's 3-D expert
-        banks (E matrices each: dormouse/optim.py's StackedMuon orthogonalises each matrix on its own).
+        banks (E matrices each: dormouse/train/optim.py's StackedMuon orthogonalises each matrix on its own).
         other: byte embedding, head, all RMSNorm gains, biases, Engram tables, conv weights (3-D),
         A_log, dt_bias, the mixers' output-norm gain, the MoE routers.
         """

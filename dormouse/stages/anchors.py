@@ -2,7 +2,7 @@
 
     dormouse anchors --job "$(dormouse plan --preset tiny --stage anchors)"
 
-Rungs (dormouse.ngram): uniform (exactly 8.0), unigram, and for k = 2..max_order a simple backoff
+Rungs (dormouse.data.ngram): uniform (exactly 8.0), unigram, and for k = 2..max_order a simple backoff
 model and interpolated Kneser-Ney, trained on every train shard. `ladder` scores exactly the bytes the
 model's eval window scores (`byte_stream.eval_targets`: the preset's train.eval_bytes and seq_len), each
 with its in-document history (the model's context is its row instead); `ladder_tail` scores the whole
@@ -22,9 +22,9 @@ from pathlib import Path
 
 import numpy as np
 
-from dormouse import ngram
-from dormouse.byte_stream import eval_targets
-from dormouse.stage import input_artifact, parse_job, summary, writer
+from dormouse.data import ngram
+from dormouse.data.byte_stream import eval_targets
+from dormouse.engine.stage import input_artifact, parse_job, summary, writer
 
 
 def iter_docs(bin_path: Path, idx_path: Path):

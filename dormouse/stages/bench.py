@@ -5,7 +5,7 @@
 Per model: held-out corpus BPB on the pretrain eval window (stages here; rungs as export measured
 them on the same window), and task scores:
 - tasks_mc: the verifiable families as byte-level multiple choice (context = the chat prompt,
-  choice = answer + END; distractors from dormouse/tasks.py), `acc` and `acc_bytes` (dormouse/mc.py);
+  choice = answer + END; distractors from dormouse/posttrain/tasks.py), `acc` and `acc_bytes` (dormouse/posttrain/mc.py);
 - tasks_gen: greedy generation exact match on the same held-out items sft and rl report;
 - cloze: real continuations of the eval tail against real spans from elsewhere in it;
 - every lm-eval-style jsonl file under config `bench_tasks` (question, choices, answer).
@@ -22,11 +22,11 @@ from collections import Counter
 
 import numpy as np
 
-from dormouse import chat, mc, task_eval, tasks
-from dormouse.plan import expand_raw
-from dormouse.runtime import deterministic_cpu, device_for, evaluate, load_model
-from dormouse.byte_stream import eval_window
-from dormouse.stage import check_raw_input, input_artifact, parse_job, summary, writer
+from dormouse.posttrain import chat, mc, task_eval, tasks
+from dormouse.engine.plan import expand_raw
+from dormouse.train.runtime import deterministic_cpu, device_for, evaluate, load_model
+from dormouse.data.byte_stream import eval_window
+from dormouse.engine.stage import check_raw_input, input_artifact, parse_job, summary, writer
 from dormouse.stages.export import load_rung_model
 
 BENCH_FORMAT = 1  # the layout of bench.json (documented in the README)

@@ -15,7 +15,7 @@ every batch and DistributedDataParallel averages the gradients, so the run diffe
 only by floating-point reduction order; the world size is no param and not in the digest. Rank 0
 writes the checkpoints, the artifact and the history entry; a checkpoint resumes under any world size.
 
-A non-finite step is skipped whole (dormouse/firewall.py); on CUDA that decision stays on the device,
+A non-finite step is skipped whole (dormouse/train/firewall.py); on CUDA that decision stays on the device,
 so no step waits for the GPU: the loss and the counts reach the host at log and checkpoint steps.
 """
 
@@ -32,16 +32,17 @@ import torch
 from safetensors.torch import save_file
 from torch.nn.parallel import DistributedDataParallel
 
-from dormouse import checkpoint, cuda_graphs, distributed, history
-from dormouse.byte_stream import StreamState, TrainStream, eval_window, planned_epochs
-from dormouse.firewall import BadStepsError, Firewall  # noqa: F401 (BadStepsError: the stage's abort)
+from dormouse.train import checkpoint, cuda_graphs, distributed
+from dormouse.engine import history
+from dormouse.data.byte_stream import StreamState, TrainStream, eval_window, planned_epochs
+from dormouse.train.firewall import BadStepsError, Firewall  # noqa: F401 (BadStepsError: the stage's abort)
 from dormouse.model.config import ModelConfig
 from dormouse.model.gpt import ByteLM, count_params
-from dormouse.optim import build_optimizers, set_lr, wsd_multiplier
-from dormouse.runtime import (LN2, autocast, check_arms_active, compile_for, deterministic_cpu, device_for, evaluate,
+from dormouse.train.optim import build_optimizers, set_lr, wsd_multiplier
+from dormouse.train.runtime import (LN2, autocast, check_arms_active, compile_for, deterministic_cpu, device_for, evaluate,
                               with_moe_aux)
-from dormouse.stage import input_artifact, parse_job, summary, writer
-from dormouse.store import scratch_dir
+from dormouse.engine.stage import input_artifact, parse_job, summary, writer
+from dormouse.engine.store import scratch_dir
 
 
 def main(argv=None) -> int:

@@ -32,13 +32,13 @@ from collections import Counter, deque
 import torch
 import torch.nn.functional as F
 
-from dormouse import chat, task_eval
-from dormouse.byte_stream import eval_window
-from dormouse.decode import generate
-from dormouse.optim import build_optimizers, set_lr, wsd_multiplier
-from dormouse.runtime import (autocast, checked_counters, deterministic_cpu, device_for, load_model, pad_width,
+from dormouse.posttrain import chat, task_eval
+from dormouse.data.byte_stream import eval_window
+from dormouse.posttrain.decode import generate
+from dormouse.train.optim import build_optimizers, set_lr, wsd_multiplier
+from dormouse.train.runtime import (autocast, checked_counters, deterministic_cpu, device_for, load_model, pad_width,
                               save_model_artifact, update, uses_bf16, with_moe_aux)
-from dormouse.stage import input_artifact, parse_job, summary, writer
+from dormouse.engine.stage import input_artifact, parse_job, summary, writer
 from dormouse.stages.sft import held_out, held_out_line
 
 

@@ -2,12 +2,12 @@
 
     dormouse sft --job "$(dormouse plan --preset tiny --stage sft)"
 
-Each example is one exchange in the chat template (dormouse/chat.py); the task loss counts only the
+Each example is one exchange in the chat template (dormouse/posttrain/chat.py); the task loss counts only the
 assistant bytes and the END that closes them. Every step also replays `replay_rows` rows of the train
 shards (plain next-byte loss, weight `replay_weight`): without it the tiny preset's corpus BPB went
 from 2.96 to 6.41 in 150 steps. Its own warmup-stable-decay schedule and optimizers.
 Reported at start and end: held-out task accuracy (greedy exact match on the bench-split items,
-dormouse/task_eval.py) and held-out corpus BPB on the pretrain eval window (to show forgetting).
+dormouse/posttrain/task_eval.py) and held-out corpus BPB on the pretrain eval window (to show forgetting).
 The artifact holds model.safetensors, config.json and metrics.jsonl, like pretrain's.
 """
 
@@ -19,12 +19,12 @@ from collections import Counter
 
 import torch
 
-from dormouse import chat, task_eval
-from dormouse.byte_stream import TrainStream, eval_window
-from dormouse.optim import build_optimizers, set_lr, wsd_multiplier
-from dormouse.runtime import (LN2, autocast, checked_counters, deterministic_cpu, device_for, evaluate, load_model, pad_width,
+from dormouse.posttrain import chat, task_eval
+from dormouse.data.byte_stream import TrainStream, eval_window
+from dormouse.train.optim import build_optimizers, set_lr, wsd_multiplier
+from dormouse.train.runtime import (LN2, autocast, checked_counters, deterministic_cpu, device_for, evaluate, load_model, pad_width,
                               save_model_artifact, update, with_moe_aux)
-from dormouse.stage import input_artifact, parse_job, summary, writer
+from dormouse.engine.stage import input_artifact, parse_job, summary, writer
 
 
 def sft_batch(items, device) -> tuple[torch.Tensor, torch.Tensor, int]:

@@ -30,9 +30,9 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
-from dormouse.docs_io import read_parts
-from dormouse.fnv import doc_hash
-from dormouse.stage import input_artifact, parse_job, summary, writer
+from dormouse.data.docs_io import read_parts
+from dormouse.data.fnv import doc_hash
+from dormouse.engine.stage import input_artifact, parse_job, summary, writer
 
 
 class ShardWriter:

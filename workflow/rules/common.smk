@@ -1,7 +1,7 @@
 # The plan: validated config, resolved presets and every job's digest, computed at parse time
-# (dormouse.plan; cheap: config files and file stats only).
-from dormouse import demo_corpus, scale_corpus
-from dormouse.plan import build_plan
+# (dormouse.engine.plan; cheap: config files and file stats only).
+from dormouse.data import demo_corpus, scale_corpus
+from dormouse.engine.plan import build_plan
 
 PLAN = build_plan(config)
 STORE = PLAN.store

@@ -17,8 +17,8 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from dormouse import distributed
-from dormouse.optim import StackedMuon
+from dormouse.train import distributed
+from dormouse.train.optim import StackedMuon
 
 
 class BadStepsError(RuntimeError):

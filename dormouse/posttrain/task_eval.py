@@ -10,9 +10,9 @@ from collections.abc import Iterator
 
 import torch
 
-from dormouse import chat, tasks
-from dormouse.decode import generate
-from dormouse.runtime import autocast, uses_bf16
+from dormouse.posttrain import chat, tasks
+from dormouse.posttrain.decode import generate
+from dormouse.train.runtime import autocast, uses_bf16
 
 
 def heldout_items(task_params: dict) -> list[tasks.Item]:

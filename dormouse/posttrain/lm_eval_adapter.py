@@ -1,7 +1,7 @@
 """lm-evaluation-harness model "dormouse": a byte-level ByteLM from an artifact dir.
 
     pip install -e '.[lmeval]'
-    python -c "import dormouse.lm_eval_adapter, lm_eval.__main__ as m; m.cli_evaluate()" \
+    python -c "import dormouse.posttrain.lm_eval_adapter, lm_eval.__main__ as m; m.cli_evaluate()" \
         --model dormouse --model_args pretrained=results/store/pretrain/<digest> --tasks <task> --device cpu
 
 (`lm_eval` on the command line does not import this module, so the model would not be registered;
@@ -13,12 +13,12 @@ tests/test_lm_eval_adapter.py, which runs one end to end).
 Optional: importing dormouse never imports lm_eval; only this module does.
 
 Bytes in, bytes out: context and continuation are `.encode("utf-8")`d, the tokenizer is the identity on
-bytes. The scoring math is dormouse.mc.score_continuations (one definition, shared with the MC
+bytes. The scoring math is dormouse.posttrain.mc.score_continuations (one definition, shared with the MC
 benchmark), with its conventions: an empty context becomes the single byte 0x00, and context +
 continuation must fit in the window (config.json's train.seq_len unless `max_length=` is given).
 
 - loglikelihood: (sum log p in nats, is_greedy). Requests sharing a context are scored in one padded
-  forward, as dormouse.mc batches the choices of one item, so both give bit-identical numbers. A
+  forward, as dormouse.posttrain.mc batches the choices of one item, so both give bit-identical numbers. A
   request that does not fit raises before any forward, unless `truncate_context=True`, which keeps the
   last bytes of the context that fit (what the harness's HF model does) and counts
   `lm_eval.context_truncated` in `self.counters`.
@@ -42,9 +42,9 @@ from lm_eval.api.model import LM
 from lm_eval.api.registry import register_model
 from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
 
-from dormouse.mc import effective_context, fits, score_continuations
-from dormouse.runtime import load_model
-from dormouse.store import MANIFEST, open_artifact
+from dormouse.posttrain.mc import effective_context, fits, score_continuations
+from dormouse.train.runtime import load_model
+from dormouse.engine.store import MANIFEST, open_artifact
 
 log = logging.getLogger(__name__)
 DEFAULT_MAX_GEN_BYTES = 256
@@ -65,7 +65,7 @@ class _PlainDir:
 
 
 def load_artifact_model(artifact_dir: str | Path, device="cpu"):
-    """(ByteLM in eval mode, config.json dict) via dormouse.runtime.load_model (strict keys). A store
+    """(ByteLM in eval mode, config.json dict) via dormouse.train.runtime.load_model (strict keys). A store
     artifact (manifest.json present) has config.json and model.safetensors checked against its manifest
     (size + sha256); a plain dir is read as is."""
     d = Path(artifact_dir)

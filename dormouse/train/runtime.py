@@ -11,8 +11,8 @@ from pathlib import Path
 
 import torch
 
-from dormouse import checkpoint
-from dormouse.arms import inert_arms
+from dormouse.train import checkpoint
+from dormouse.train.arms import inert_arms
 from dormouse.model.config import ModelConfig
 
 LN2 = math.log(2)
@@ -30,7 +30,7 @@ def uses_bf16(train: dict) -> bool:
 
 
 def autocast(device: torch.device, train: dict, cache: bool = True):
-    """bf16 autocast on CUDA (train.dtype); cache=False inside a CUDA graph capture (dormouse.cuda_graphs)."""
+    """bf16 autocast on CUDA (train.dtype); cache=False inside a CUDA graph capture (dormouse.train.cuda_graphs)."""
     if device.type == "cuda" and uses_bf16(train):
         return torch.autocast("cuda", dtype=torch.bfloat16, cache_enabled=cache)
     return nullcontext()

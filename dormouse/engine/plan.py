@@ -13,9 +13,9 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from dormouse.config import ConfigError, flatten, load_preset, load_retractions, validate
-from dormouse.experiments import load_experiments
-from dormouse.store import artifact_digest, canonical_json
+from dormouse.engine.config import ConfigError, flatten, load_preset, load_retractions, validate
+from dormouse.engine.experiments import load_experiments
+from dormouse.engine.store import artifact_digest, canonical_json
 
 RAW_SUFFIXES = (".jsonl", ".jsonl.gz", ".jsonl.zst", ".parquet", ".txt")
 DEMO_ROOT = Path("corpus/demo")
@@ -127,7 +127,7 @@ def raw_fingerprint(spec: str, root: Path = Path(".")) -> str:
     constants: it may not be built yet); anything else by its file list, sizes and mtimes (filter records
     full content hashes)."""
     if is_demo(spec, root):
-        from dormouse import demo_corpus  # stdlib only at import
+        from dormouse.data import demo_corpus  # stdlib only at import
 
         payload = {"demo": demo_corpus.fingerprint(), "spec": Path(spec).as_posix()}
     else:
@@ -210,7 +210,7 @@ class Plan:
     jobs: dict[tuple[str, str], Job]  # (stage, digest) -> job
     chain: dict[str, dict[str, str]]  # preset (or experiment run, "ab/<exp>/<arm>/s<seed>") -> stage -> digest
     retractions: list[dict]
-    experiments: dict = field(default_factory=dict)  # name -> dormouse.experiments.Experiment
+    experiments: dict = field(default_factory=dict)  # name -> dormouse.engine.experiments.Experiment
 
     @property
     def store(self) -> str:

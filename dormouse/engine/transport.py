@@ -24,7 +24,7 @@ from pathlib import Path
 
 import zstandard
 
-from dormouse.store import ArtifactError, open_artifact, sha256_file
+from dormouse.engine.store import ArtifactError, open_artifact, sha256_file
 
 PART_MIB = 60
 FORMAT = 1
@@ -169,8 +169,8 @@ def pack_main(argv=None) -> int:
     args = ap.parse_args(argv)
     artifact = args.artifact
     if args.preset:
-        from dormouse.config import load_yaml
-        from dormouse.plan import build_plan
+        from dormouse.engine.config import load_yaml
+        from dormouse.engine.plan import build_plan
 
         plan = build_plan(load_yaml(Path(args.config)))
         if args.preset not in plan.chain:

@@ -18,7 +18,7 @@ The build is deterministic (same pins and library versions -> byte-identical fil
 sorted, zstd level fixed, no timestamps) and atomic (written to a temp dir beside `data/`, then
 renamed into place; BUILD.json is removed first and written last, so it marks a complete build).
 
-    python -m dormouse.demo_corpus --out corpus/demo [--cache DIR]
+    python -m dormouse.data.demo_corpus --out corpus/demo [--cache DIR]
 """
 
 from __future__ import annotations
@@ -44,8 +44,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterable, Iterator
 
-from dormouse.fnv import fnv1a_64
-from dormouse.store import pins_digest
+from dormouse.data.fnv import fnv1a_64
+from dormouse.engine.store import pins_digest
 
 FORMAT_VERSION = 2
 # Documents held out of the corpus as fastText example sets (quality/positive: every domain but

@@ -10,8 +10,8 @@ import argparse
 import json
 from pathlib import Path
 
-from dormouse.config import load_yaml
-from dormouse.plan import build_plan
+from dormouse.engine.config import load_yaml
+from dormouse.engine.plan import build_plan
 
 
 def main(argv=None) -> int:
@@ -45,7 +45,7 @@ def passes_note(plan, stages: dict) -> str:
     shard = Path(plan.manifest_path("shard", stages["shard"]))
     if not shard.exists():
         return "  (passes over the train shards: known once the shard is built)"
-    from dormouse.byte_stream import planned_epochs  # imports torch: only once a shard exists
+    from dormouse.data.byte_stream import planned_epochs  # imports torch: only once a shard exists
 
     files = json.loads(shard.read_text())["files"]
     n = sum(m["size"] for name, m in files.items() if name.startswith("train/") and name.endswith(".bin"))

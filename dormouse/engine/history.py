@@ -48,7 +48,7 @@ import sys
 from datetime import datetime, timezone
 from pathlib import Path
 
-from dormouse.store import ArtifactError, canonical_json, open_artifact
+from dormouse.engine.store import ArtifactError, canonical_json, open_artifact
 
 DEFAULT_HISTORY = Path("results/history.jsonl")
 DEFAULT_TOLERANCE = 0.10

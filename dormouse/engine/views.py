@@ -6,7 +6,7 @@ import argparse
 import json
 from pathlib import Path
 
-from dormouse.store import open_artifact
+from dormouse.engine.store import open_artifact
 
 
 def digest_chain(artifact_dir: Path, store: Path) -> list[dict]:

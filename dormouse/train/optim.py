@@ -31,7 +31,7 @@ def build_optimizers(model, train: dict, muon_cls=None) -> list[torch.optim.Opti
     ids = [id(p) for p in hidden + other]
     assert len(ids) == len(set(ids)) == len(list(model.parameters())), "every parameter in exactly one optimizer"
     opts = []
-    # Fused AdamW on CUDA: one kernel, and it skips a non-finite step from the device (dormouse/firewall.py).
+    # Fused AdamW on CUDA: one kernel, and it skips a non-finite step from the device (dormouse/train/firewall.py).
     fused = torch.cuda.is_available() and next(model.parameters()).is_cuda
     if train["optimizer"] == "muon" and not hasattr(torch.optim, "Muon"):
         raise SystemExit(f"optimizer: muon requested but torch {torch.__version__} has no torch.optim.Muon (no silent AdamW fallback)")

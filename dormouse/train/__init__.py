@@ -1,0 +1,1 @@
+"""Training machinery shared by the model-running stages: optimizers and schedule, the NaN firewall, checkpoints, data parallelism, CUDA graphs, device slots and the runtime rules (autocast, BPB, model loading)."""
