@@ -45,13 +45,13 @@ for p in (ROOT, ROOT / "benchmarks"):
     if str(p) not in sys.path:
         sys.path.insert(0, str(p))
 
+import pretrain_h200 as ph  # noqa: E402  (benchmarks/: the step, the timer, the preset setup)
 import torch  # noqa: E402
 from torch.nn.parallel import DistributedDataParallel  # noqa: E402
 
-import pretrain_h200 as ph  # noqa: E402  (benchmarks/: the step, the timer, the preset setup)
+from dormouse.model.gpt import ByteLM, count_params  # noqa: E402
 from dormouse.train import distributed  # noqa: E402
 from dormouse.train.cuda_graphs import GraphedLoss  # noqa: E402
-from dormouse.model.gpt import ByteLM, count_params  # noqa: E402
 from dormouse.train.optim import build_optimizers  # noqa: E402
 from dormouse.train.runtime import compile_for, deterministic_cpu  # noqa: E402
 

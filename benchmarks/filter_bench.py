@@ -68,6 +68,7 @@ T_START = time.perf_counter()
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "benchmarks"))
 from bench_env import TSV, append_tsv, cpu_model, git_rev, mem_gib  # noqa: E402
+
 MB = 1_000_000
 
 
@@ -155,8 +156,6 @@ def worker_datatrove(cfg: dict) -> dict:
     t0 = time.perf_counter()
     from collections import deque
 
-    from loguru import logger
-
     from datatrove.pipeline.filters import (
         C4QualityFilter,
         FastTextClassifierFilter,
@@ -168,6 +167,7 @@ def worker_datatrove(cfg: dict) -> dict:
     from datatrove.pipeline.writers import JsonlWriter
     from datatrove.utils.text import split_into_words
     from datatrove.utils.word_tokenizers import WordTokenizer
+    from loguru import logger
 
     t_import = time.perf_counter() - t0
     logger.remove()

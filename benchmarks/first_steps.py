@@ -31,12 +31,12 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from dormouse.train import cuda_graphs  # noqa: E402
 from dormouse.engine.config import load_preset  # noqa: E402
-from dormouse.train.distributed import World  # noqa: E402
-from dormouse.train.firewall import Firewall  # noqa: E402
 from dormouse.model.config import ModelConfig  # noqa: E402
 from dormouse.model.gpt import ByteLM, count_params  # noqa: E402
+from dormouse.train import cuda_graphs  # noqa: E402
+from dormouse.train.distributed import World  # noqa: E402
+from dormouse.train.firewall import Firewall  # noqa: E402
 from dormouse.train.optim import build_optimizers, set_lr, wsd_multiplier  # noqa: E402
 from dormouse.train.runtime import autocast, compile_for, with_moe_aux  # noqa: E402
 

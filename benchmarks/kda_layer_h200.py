@@ -41,8 +41,8 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
-
 from pretrain_h200 import TorchGatesMixer, as_graph, fla_layer, kernel_fn, measure, preset_setup, sync  # noqa: E402
+
 from dormouse.model import kda as kda_module  # noqa: E402
 from dormouse.model.kda import KDAMixer  # noqa: E402
 from dormouse.model.regions import compile_regions  # noqa: E402

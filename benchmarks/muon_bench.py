@@ -29,8 +29,8 @@ import torch  # noqa: E402
 from dormouse.engine.config import load_preset  # noqa: E402
 from dormouse.model.config import ModelConfig  # noqa: E402
 from dormouse.model.gpt import ByteLM  # noqa: E402
-from dormouse.train.firewall import guarded_step  # noqa: E402
 from dormouse.train import optim  # noqa: E402
+from dormouse.train.firewall import guarded_step  # noqa: E402
 from dormouse.train.optim import StackedMuon, _newton_schulz_iterations, _normalized_bf16  # noqa: E402
 
 

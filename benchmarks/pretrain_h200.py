@@ -141,15 +141,15 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 from torch import nn  # noqa: E402
 
-from dormouse.train import distributed  # noqa: E402
-from dormouse.train.cuda_graphs import GraphedLoss  # noqa: E402
-from dormouse.train.firewall import Firewall  # noqa: E402
 from dormouse.engine.config import load_preset  # noqa: E402
 from dormouse.model.config import ModelConfig  # noqa: E402
 from dormouse.model.ffn import SwiGLU  # noqa: E402
 from dormouse.model.gpt import ByteLM, count_params  # noqa: E402
 from dormouse.model.kda import KDAMixer, chunk_kda_torch, l2norm  # noqa: E402
 from dormouse.model.regions import compile_regions  # noqa: E402
+from dormouse.train import distributed  # noqa: E402
+from dormouse.train.cuda_graphs import GraphedLoss  # noqa: E402
+from dormouse.train.firewall import Firewall  # noqa: E402
 from dormouse.train.optim import StackedMuon, build_optimizers, set_lr, wsd_multiplier  # noqa: E402
 from dormouse.train.runtime import autocast, with_moe_aux  # noqa: E402
 

@@ -27,9 +27,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from benchmarks.bench_env import ROOT, append_tsv, cpu_model, git_rev, mem_gib  # noqa: E402
 from dormouse.data import quality  # noqa: E402
-from dormouse.engine.config import load_preset  # noqa: E402
 from dormouse.data.fnv import fnv1a_64  # noqa: E402
 from dormouse.data.readers import ReaderConfig  # noqa: E402
+from dormouse.engine.config import load_preset  # noqa: E402
 from dormouse.stages.filter import iter_records  # noqa: E402
 
 CONFIGS = {  # name -> overrides of the preset's quality.train

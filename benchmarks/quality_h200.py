@@ -45,16 +45,16 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import torch  # noqa: E402
+from pretrain_h200 import attach_param_groups, build_sdpa, sdpa_layout, versions  # noqa: E402
 
-from dormouse.train import checkpoint, cuda_graphs, distributed  # noqa: E402
 from dormouse.data.byte_stream import StreamState, TrainStream, eval_window  # noqa: E402
-from dormouse.train.firewall import Firewall  # noqa: E402
+from dormouse.engine.stage import input_artifact  # noqa: E402
 from dormouse.model.config import ModelConfig  # noqa: E402
 from dormouse.model.gpt import ByteLM, count_params  # noqa: E402
+from dormouse.train import checkpoint, cuda_graphs, distributed  # noqa: E402
+from dormouse.train.firewall import Firewall  # noqa: E402
 from dormouse.train.optim import build_optimizers, set_lr, wsd_multiplier  # noqa: E402
 from dormouse.train.runtime import autocast, compile_for, evaluate, with_moe_aux  # noqa: E402
-from dormouse.engine.stage import input_artifact  # noqa: E402
-from pretrain_h200 import attach_param_groups, build_sdpa, sdpa_layout, versions  # noqa: E402
 
 SYSTEMS = ("ours", "sdpa")
 PROGRESS_STEPS = 10_000  # the clock's progress in these units drives wsd_multiplier

@@ -56,6 +56,7 @@ import zstandard
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "benchmarks"))
 from bench_env import TSV, append_tsv, cpu_model, git_rev, mem_gib  # noqa: E402
+
 sys.path.insert(0, str(ROOT))
 from dormouse.data.docs_io import read_parts  # noqa: E402
 from dormouse.data.fnv import fnv1a_64  # noqa: E402

@@ -13,12 +13,12 @@ import os
 import shutil
 import sysconfig
 from pathlib import Path
+from pydoc_data.topics import topics
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import zstandard
-from pydoc_data.topics import topics
 
 STDLIB = Path(sysconfig.get_paths()["stdlib"])
 REPO = Path(__file__).resolve().parent.parent

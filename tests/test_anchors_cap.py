@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 
 import yaml
-
 from pipeline_util import configure, run_chain
 
 

@@ -1,7 +1,16 @@
 import pytest
 
-from dormouse.posttrain.chat import (ASSISTANT, END, USER, ChatTemplateError, encode_turns, encode_turns_with_mask,
-                           parse_assistant, prompt_bytes, sft_example)
+from dormouse.posttrain.chat import (
+    ASSISTANT,
+    END,
+    USER,
+    ChatTemplateError,
+    encode_turns,
+    encode_turns_with_mask,
+    parse_assistant,
+    prompt_bytes,
+    sft_example,
+)
 
 
 def test_template_bytes_are_fixed():

@@ -8,15 +8,15 @@ from collections import Counter
 
 import pytest
 import torch
+from test_pretrain import TINY_MODEL, TINY_TRAIN, job_json, run_stage, set_model, shards  # noqa: F401 (the fixture)
 
-from dormouse.train import cuda_graphs, distributed
-from dormouse.train.firewall import Firewall
 from dormouse.model.config import ModelConfig
 from dormouse.model.gpt import ByteLM
-from dormouse.train.optim import build_optimizers
 from dormouse.model.regions import compile_regions
+from dormouse.train import cuda_graphs, distributed
+from dormouse.train.firewall import Firewall
+from dormouse.train.optim import build_optimizers
 from dormouse.train.runtime import autocast, evaluate
-from test_pretrain import TINY_MODEL, TINY_TRAIN, job_json, run_stage, set_model, shards  # noqa: F401 (the fixture)
 
 ONE = distributed.World()
 

@@ -11,16 +11,16 @@ import importlib.util
 from collections import Counter
 from pathlib import Path
 
+import model_util
 import pytest
 import torch
+from model_util import rand_bytes
 
-from dormouse.posttrain.decode import generate, prefill_prompts, sample_next
 from dormouse.model.config import ModelConfig
 from dormouse.model.engram import Engram
 from dormouse.model.gpt import ByteLM, LMState, cat_states
 from dormouse.model.kda import kda_recurrent, l2norm, recurrent_kda_torch
-import model_util
-from model_util import rand_bytes
+from dormouse.posttrain.decode import generate, prefill_prompts, sample_next
 
 TINY = dict(d_model=32, n_heads=2, head_dim=16, ffn_hidden=48, n_core=2, kda_chunk_size=16,
             n_experts=4, moe_top_k=2, engram_rows=97, engram_dim=8)

@@ -28,14 +28,14 @@ import numpy as np
 import pytest
 import torch
 import yaml
+from pipeline_util import configure
 from safetensors.torch import load_file
+from test_pretrain import TINY_MODEL, TINY_TRAIN, job_json, run_stage, set_model, shards  # noqa: F401 (shards: fixture)
 
 from dormouse.data.byte_stream import TrainStream
 from dormouse.engine.config import ConfigError
-from dormouse.train.distributed import World
 from dormouse.engine.plan import Plan, build_plan
-from pipeline_util import configure
-from test_pretrain import TINY_MODEL, TINY_TRAIN, job_json, run_stage, set_model, shards  # noqa: F401 (shards: fixture)
+from dormouse.train.distributed import World
 
 RTOL = 1e-4  # loss curve and eval BPB, relative
 WEIGHT_ATOL = 1e-3  # final weights, absolute (the largest are O(1))

@@ -4,10 +4,10 @@ import json
 
 import pytest
 import yaml
-
-from dormouse.engine.experiments import judge, verdict
 from pipeline_util import configure
 from test_workflow import job_counts, snakemake
+
+from dormouse.engine.experiments import judge, verdict
 
 
 def run(bpb: float, engram_rows: int = 10, engram: bool = True, window: int = 1000, shard: str = "s" * 20) -> dict:

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import torch
+from model_util import live_model, rand_bytes
 
-from dormouse.posttrain import quant
 from dormouse.model.config import ModelConfig
 from dormouse.model.gpt import ByteLM
+from dormouse.posttrain import quant
 from dormouse.stages.export import rung_source_state
-from model_util import live_model, rand_bytes
 
 
 def test_bf16_rung_keeps_engram_hash_and_the_model(tmp_path, one_thread):

@@ -8,7 +8,6 @@ import shutil
 
 import pytest
 import yaml
-
 from pipeline_util import configure, run_chain
 
 

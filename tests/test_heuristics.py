@@ -1,4 +1,5 @@
 from conftest import real_docs
+
 from dormouse.data.heuristics import c4, gopher_quality, gopher_repetition, heuristic_drop_reason
 
 PROSE = dict(real_docs()["prose"])["assignment"]

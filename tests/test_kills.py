@@ -7,7 +7,6 @@ import time
 from pathlib import Path
 
 import pytest
-
 from pipeline_util import configure
 from test_workflow import BIN, snakemake
 

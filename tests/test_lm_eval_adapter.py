@@ -16,14 +16,14 @@ lm_eval = pytest.importorskip("lm_eval", reason="lm-eval is an optional extra: p
 
 from lm_eval.api.instance import Instance  # noqa: E402
 from safetensors.torch import save_file  # noqa: E402
+from test_mc import TASK, TINY, live_model  # noqa: E402
 
-from dormouse.posttrain import mc  # noqa: E402
-from dormouse.train.checkpoint import CheckpointError  # noqa: E402
-from dormouse.posttrain.lm_eval_adapter import DormouseLM, load_artifact_model  # noqa: E402
+from dormouse.engine.store import ArtifactError, ArtifactWriter, artifact_digest  # noqa: E402
 from dormouse.model.config import ModelConfig  # noqa: E402
 from dormouse.model.gpt import ByteLM  # noqa: E402
-from dormouse.engine.store import ArtifactError, ArtifactWriter, artifact_digest  # noqa: E402
-from test_mc import TASK, TINY, live_model  # noqa: E402
+from dormouse.posttrain import mc  # noqa: E402
+from dormouse.posttrain.lm_eval_adapter import DormouseLM, load_artifact_model  # noqa: E402
+from dormouse.train.checkpoint import CheckpointError  # noqa: E402
 
 torch.set_num_threads(1)
 WINDOW = 64

@@ -5,16 +5,16 @@ errors, and cloze items built only from real text."""
 from __future__ import annotations
 
 import math
-from pathlib import Path
 from collections import Counter
+from pathlib import Path
 
 import pytest
 import torch
+from model_util import live_model
 from torch import nn
 
-from dormouse.posttrain import mc
 from dormouse.model.config import ModelConfig
-from model_util import live_model
+from dormouse.posttrain import mc
 
 torch.set_num_threads(1)
 TASK = Path(__file__).parent / "data" / "bench_tiny_task.jsonl"

@@ -9,17 +9,16 @@ from collections import Counter
 
 import pytest
 import torch
-
-from dormouse.model.config import ModelConfig
-from dormouse.model.engram import Engram, _is_prime, engram_tables
 import torch.nn.functional as F
+from model_util import live_model, rand_bytes
 
 from dormouse.model import ffn
+from dormouse.model.config import ModelConfig
+from dormouse.model.engram import Engram, _is_prime, engram_tables
 from dormouse.model.ffn import MoE, take_routing
 from dormouse.model.gpt import ByteLM, active_params, count_params
 from dormouse.model.kda import KDAMixer
 from dormouse.train.optim import StackedMuon
-from model_util import live_model, rand_bytes
 
 torch.set_num_threads(1)
 

@@ -4,10 +4,10 @@ import json
 
 import numpy as np
 import pytest
+from pipeline_util import configure, manifest, run_chain
 
 from dormouse.data.byte_stream import eval_window
 from dormouse.stages.anchors import iter_docs
-from pipeline_util import configure, manifest, run_chain
 
 
 @pytest.fixture()

@@ -9,13 +9,13 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
+from pipeline_util import configure, manifest, run_chain
 
-from dormouse.posttrain import chat, tasks
 from dormouse.engine.config import validate
+from dormouse.engine.views import main as view_main
+from dormouse.posttrain import chat, tasks
 from dormouse.stages.rl import Curriculum
 from dormouse.stages.sft import sft_batch
-from dormouse.engine.views import main as view_main
-from pipeline_util import configure, manifest, run_chain
 
 TINY = {
     "model": {"d_model": 32, "n_heads": 2, "head_dim": 16, "ffn_hidden": 64, "n_core": 1, "kda_chunk_size": 16,
@@ -185,9 +185,9 @@ def test_rl_trains_on_signal_groups_and_ships_the_selected_checkpoint(chain, mon
     the checkpoint its dev curve selected."""
     from safetensors.torch import load_file
 
-    from dormouse.posttrain import task_eval
     from dormouse.cli import main as dormouse_main
     from dormouse.engine.store import artifact_digest
+    from dormouse.posttrain import task_eval
 
     work, plan = chain
     job = json.loads(plan.job_json("rl", plan.chain["tiny"]["rl"]))

@@ -14,12 +14,12 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-
-from dormouse.train import checkpoint, runtime
-from dormouse.model.config import ModelConfig
-from dormouse.engine.plan import build_plan
-from dormouse.stages import pretrain
 from pipeline_util import configure, run_chain
+
+from dormouse.engine.plan import build_plan
+from dormouse.model.config import ModelConfig
+from dormouse.stages import pretrain
+from dormouse.train import checkpoint, runtime
 
 TINY_MODEL = {"d_model": 32, "n_heads": 2, "head_dim": 16, "ffn_hidden": 64, "n_core": 1, "kda_chunk_size": 16}
 TINY_TRAIN = {"device": "cpu", "steps": 60, "batch_size": 4, "seq_len": 32, "eval_every": 20, "eval_bytes": 2048,

@@ -6,8 +6,8 @@ import math
 from collections import Counter
 
 import pytest
-
 from conftest import real_docs
+
 from dormouse.data import quality
 
 CFG = {"bucket": 200_000, "dim": 64, "epoch": 10, "min_count": 1, "seed": 0, "word_ngrams": 2}

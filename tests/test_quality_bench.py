@@ -10,7 +10,6 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from test_pretrain import TINY_MODEL, TINY_TRAIN, job_json, set_model, shards  # noqa: F401 (fixture)
 
 SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "quality_h200.py"
@@ -76,8 +75,8 @@ def test_a_paused_run_resumes_where_it_stopped(shards, tmp_path):  # noqa: F811
 def test_the_sdpa_baseline_trains_the_same_from_cuda_graphs():
     """quality_h200's SDPA model (compiled whole) replayed through GraphedLoss(CounterFree(model)), as the race
     runs it under train.cuda_graphs: cuda, against the same model's eager compiled steps from the same weights."""
-    from dormouse.train import cuda_graphs
     from dormouse.model.config import ModelConfig
+    from dormouse.train import cuda_graphs
     from dormouse.train.runtime import autocast
 
     spec = importlib.util.spec_from_file_location("quality_h200", SCRIPT)

@@ -15,9 +15,9 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from dormouse.posttrain import quant as Q
 from dormouse.model.config import ModelConfig
 from dormouse.model.gpt import ByteLM
+from dormouse.posttrain import quant as Q
 
 torch.set_num_threads(1)
 

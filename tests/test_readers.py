@@ -6,9 +6,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import zstandard
-
 from conftest import write_jsonl_zst, write_nested_parquet
-from dormouse.data.readers import ReadError, ReaderConfig, read_file
+
+from dormouse.data.readers import ReaderConfig, ReadError, read_file
 
 TEXTS = ["First document.\nWith two lines.", "Second — with UTF-8 ✓", "third"]
 

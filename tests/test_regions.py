@@ -10,10 +10,10 @@ import pytest
 import torch
 import torch._dynamo
 import torch.nn.functional as F
+from model_util import live_model, rand_bytes
 
 from dormouse.model.config import ModelConfig
 from dormouse.model.regions import causal_depthwise_conv, compile_regions
-from model_util import live_model, rand_bytes
 
 torch.set_num_threads(1)
 

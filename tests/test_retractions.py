@@ -6,11 +6,11 @@ import subprocess
 
 import pytest
 import yaml
+from pipeline_util import configure
+from test_workflow import BIN, job_counts, snakemake
 
 from dormouse.engine.config import ConfigError
 from dormouse.engine.plan import build_plan
-from pipeline_util import configure
-from test_workflow import BIN, job_counts, snakemake
 
 ENTRY = {"id": "R-test-1", "date": "2026-12-02", "stage": "shard", "match": {"num_shards": 5},
          "reason": "routing defect in shards of the 5-way preset", "fixed_in": "abc123"}

@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 import yaml
+from pipeline_util import configure
 
 from dormouse.engine.plan import build_plan
-from pipeline_util import configure
 
 BIN = Path(sys.executable).parent
 FAKE_SLURM = Path(__file__).resolve().parent / "fake_slurm"

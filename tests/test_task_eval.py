@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import torch
-
-from dormouse.posttrain import chat, task_eval, tasks
-from dormouse.model.config import ModelConfig
 from model_util import live_model
+
+from dormouse.model.config import ModelConfig
+from dormouse.posttrain import chat, task_eval, tasks
 
 CFG = ModelConfig(d_model=32, n_heads=2, head_dim=16, ffn_hidden=48, n_core=2, kda_chunk_size=16)
 TASKS = {"families": ["count", "reverse"], "difficulties": [1, 2], "heldout_items": 5, "max_new_bytes": 8}

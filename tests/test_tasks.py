@@ -4,8 +4,18 @@ import re
 import pytest
 
 from dormouse.posttrain.chat import prompt_bytes
-from dormouse.posttrain.tasks import (DIFFICULTIES, FAMILIES, SPLITS, Item, choices, is_well_formed, items, make_item,
-                            split_of_prompt, verify)
+from dormouse.posttrain.tasks import (
+    DIFFICULTIES,
+    FAMILIES,
+    SPLITS,
+    Item,
+    choices,
+    is_well_formed,
+    items,
+    make_item,
+    split_of_prompt,
+    verify,
+)
 
 CASES = list(itertools.product(sorted(FAMILIES), DIFFICULTIES))
 

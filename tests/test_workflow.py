@@ -8,7 +8,6 @@ import time
 from pathlib import Path
 
 import pytest
-
 from pipeline_util import configure
 
 BIN = Path(sys.executable).parent

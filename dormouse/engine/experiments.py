@@ -22,8 +22,8 @@ import statistics
 from dataclasses import dataclass
 from pathlib import Path
 
-from dormouse.train.arms import inert_arms
 from dormouse.engine.config import ConfigError, load_preset, load_yaml, validate
+from dormouse.train.arms import inert_arms
 
 EXPERIMENTS_DIR = Path("config/experiments")
 

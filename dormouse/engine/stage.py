@@ -7,7 +7,7 @@ import json
 import sys
 from pathlib import Path
 
-from dormouse.engine.plan import raw_input
+from dormouse.engine.raw import raw_input
 from dormouse.engine.store import Artifact, ArtifactError, ArtifactWriter, open_artifact
 
 

@@ -42,9 +42,9 @@ from lm_eval.api.model import LM
 from lm_eval.api.registry import register_model
 from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
 
+from dormouse.engine.store import MANIFEST, open_artifact
 from dormouse.posttrain.mc import effective_context, fits, score_continuations
 from dormouse.train.runtime import load_model
-from dormouse.engine.store import MANIFEST, open_artifact
 
 log = logging.getLogger(__name__)
 DEFAULT_MAX_GEN_BYTES = 256

@@ -322,3 +322,12 @@ def read_rung(path: Path | str) -> tuple[dict[str, torch.Tensor], dict]:
 def load_rung(path: Path | str) -> dict[str, torch.Tensor]:
     """A rung file back as a state dict (floats fp32), loadable into the model it came from."""
     return dequantize_state_dict(*read_rung(path))
+
+
+def load_rung_model(path, cfg, device):
+    """A runnable model from a rung file (dequantized to fp32, every key accounted for)."""
+    from dormouse.model.gpt import ByteLM  # the model only where a rung is run, not to quantize
+
+    model = ByteLM(cfg)
+    model.load_state_dict(load_rung(path), strict=True)
+    return model.to(device).eval()

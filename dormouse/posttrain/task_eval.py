@@ -12,7 +12,7 @@ import torch
 
 from dormouse.posttrain import chat, tasks
 from dormouse.posttrain.decode import generate
-from dormouse.train.runtime import autocast, uses_bf16
+from dormouse.train.runtime import autocast, evaluate, uses_bf16
 
 
 def heldout_items(task_params: dict) -> list[tasks.Item]:
@@ -133,3 +133,19 @@ def item_stream(split: str, families: list[str], difficulty_of, seed: int) -> It
         idx = next_index[(fam, diff)]
         next_index[(fam, diff)] += 1
         yield tasks.make_item(fam, diff, tasks.SPLITS[split][idx])
+
+
+def held_out(model, items: list[tasks.Item], task_params: dict, dtype: str, batch_size: int, device, ex, ey,
+             counters: Counter) -> dict:
+    """Task accuracy (greedy, and sampled when tasks.sampled_eval.samples > 0) and corpus BPB on the eval window:
+    the numbers every post-training stage reports."""
+    run = {"dtype": dtype}
+    acc = heldout_accuracy(model, items, task_params, device, run)
+    bpb = evaluate(model, ex, ey, batch_size, device, run, counters)
+    return {**acc, "corpus_bpb": round(bpb, 5)}
+
+
+def held_out_line(r: dict) -> str:
+    sampled = f" sampled {r['sampled']['accuracy']} (T {r['sampled']['temperature']})" if "sampled" in r else ""
+    return (f"accuracy {r['accuracy']} (constant-reply baseline {r['constant_baseline']}, {r['distinct_replies']} distinct "
+            f"replies){sampled} corpus_bpb {r['corpus_bpb']}")

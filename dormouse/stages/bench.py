@@ -22,12 +22,11 @@ from collections import Counter
 
 import numpy as np
 
-from dormouse.posttrain import chat, mc, task_eval, tasks
-from dormouse.engine.plan import expand_raw
-from dormouse.train.runtime import deterministic_cpu, device_for, evaluate, load_model
 from dormouse.data.byte_stream import eval_window
+from dormouse.engine.raw import expand_raw
 from dormouse.engine.stage import check_raw_input, input_artifact, parse_job, summary, writer
-from dormouse.stages.export import load_rung_model
+from dormouse.posttrain import chat, mc, quant, task_eval, tasks
+from dormouse.train.runtime import deterministic_cpu, device_for, evaluate, load_model
 
 BENCH_FORMAT = 1  # the layout of bench.json (documented in the README)
 
@@ -95,7 +94,7 @@ def main(argv=None) -> int:
             raise SystemExit(f"bench: export scored {export['eval_bytes']} eval bytes, bench {eval_bytes}: not one window")
         rungs = {}
         for rung, r in export["rungs"].items():
-            model = load_rung_model(arts["export"].file(r["file"]), cfg, device)
+            model = quant.load_rung_model(arts["export"].file(r["file"]), cfg, device)
             counters = Counter()
             rungs[rung] = {"bytes": r["bytes"], "bpb": r["bpb"], "delta_bpb_vs_bf16": r["delta_bpb_vs_bf16"],
                            "eval_bytes": eval_bytes, **score_model(model, suites, heldout, params, device, counters)}

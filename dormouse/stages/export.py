@@ -17,12 +17,10 @@ from collections import Counter
 
 import torch
 
-from dormouse.posttrain import quant
 from dormouse.data.byte_stream import eval_window
-from dormouse.model.gpt import ByteLM
-from dormouse.train.runtime import check_arms_active, deterministic_cpu, device_for, evaluate, load_model
 from dormouse.engine.stage import input_artifact, parse_job, summary, writer
-
+from dormouse.posttrain import quant
+from dormouse.train.runtime import check_arms_active, deterministic_cpu, device_for, evaluate, load_model
 
 BLOCK = {"mxfp4": quant.MX_BLOCK, "nvfp4": quant.NV_BLOCK}
 
@@ -48,13 +46,6 @@ def rung_source_state(model) -> dict[str, torch.Tensor]:
     return {k: (v.detach().float() if v.is_floating_point() else v.detach()).cpu() for k, v in model.state_dict().items()}
 
 
-def load_rung_model(path, cfg, device) -> ByteLM:
-    """A runnable model from a rung file (dequantized to fp32, every key accounted for)."""
-    model = ByteLM(cfg)
-    model.load_state_dict(quant.load_rung(path), strict=True)
-    return model.to(device).eval()
-
-
 def main(argv=None) -> int:
     job = parse_job(argv, "export", __doc__)
     params = job["params"]
@@ -78,7 +69,7 @@ def main(argv=None) -> int:
             narrow: list[str] = []
             recipe = quant.save_rung(path, state, rung, eligible=eligible_for(rung, params["export"]["quantize_tables"], narrow))
             rung_counters = Counter()
-            bpb = evaluate(load_rung_model(path, cfg, device), ex, ey, batch, device, params, rung_counters)
+            bpb = evaluate(quant.load_rung_model(path, cfg, device), ex, ey, batch, device, params, rung_counters)
             check_arms_active(cfg, rung_counters, f"rung {rung}", "export")
             quantized = sorted(n for n, t in recipe["tensors"].items() if t["rule"] not in ("bf16", "keep"))
             rungs[rung] = {"file": f"rungs/{rung}.safetensors", "bytes": path.stat().st_size, "bpb": round(bpb, 5),

@@ -24,13 +24,13 @@ from tqdm import tqdm
 
 from dormouse.data import quality
 from dormouse.data.docs_io import PartWriter, read_parts
-from dormouse.posttrain.chat import RESERVED_PATTERN
 from dormouse.data.fnv import fnv1a_64
 from dormouse.data.heuristics import heuristic_drop_reason
-from dormouse.engine.plan import RAW_SUFFIXES, expand_raw, ignored_files
 from dormouse.data.readers import ReaderConfig, read_file
+from dormouse.engine.raw import RAW_SUFFIXES, expand_raw, ignored_files
 from dormouse.engine.stage import check_raw_input, parse_job, summary, writer
 from dormouse.engine.store import sha256_file
+from dormouse.posttrain.chat import RESERVED_PATTERN
 
 JUDGE_BATCH = 64  # documents per task: one fastText call, one round trip to a worker
 IN_FLIGHT_PER_WORKER = 4  # tasks ahead of the one being consumed: bounds memory whatever the corpus size

@@ -32,17 +32,25 @@ import torch
 from safetensors.torch import save_file
 from torch.nn.parallel import DistributedDataParallel
 
-from dormouse.train import checkpoint, cuda_graphs, distributed
-from dormouse.engine import history
 from dormouse.data.byte_stream import StreamState, TrainStream, eval_window, planned_epochs
-from dormouse.train.firewall import BadStepsError, Firewall  # noqa: F401 (BadStepsError: the stage's abort)
-from dormouse.model.config import ModelConfig
-from dormouse.model.gpt import ByteLM, count_params
-from dormouse.train.optim import build_optimizers, set_lr, wsd_multiplier
-from dormouse.train.runtime import (LN2, autocast, check_arms_active, compile_for, deterministic_cpu, device_for, evaluate,
-                              with_moe_aux)
+from dormouse.engine import history
 from dormouse.engine.stage import input_artifact, parse_job, summary, writer
 from dormouse.engine.store import scratch_dir
+from dormouse.model.config import ModelConfig
+from dormouse.model.gpt import ByteLM, count_params
+from dormouse.train import checkpoint, cuda_graphs, distributed
+from dormouse.train.firewall import BadStepsError, Firewall  # noqa: F401 (BadStepsError: the stage's abort)
+from dormouse.train.optim import build_optimizers, set_lr, wsd_multiplier
+from dormouse.train.runtime import (
+    LN2,
+    autocast,
+    check_arms_active,
+    compile_for,
+    deterministic_cpu,
+    device_for,
+    evaluate,
+    with_moe_aux,
+)
 
 
 def main(argv=None) -> int:

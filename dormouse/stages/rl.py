@@ -32,14 +32,23 @@ from collections import Counter, deque
 import torch
 import torch.nn.functional as F
 
-from dormouse.posttrain import chat, task_eval
 from dormouse.data.byte_stream import eval_window
+from dormouse.engine.stage import input_artifact, parse_job, summary, writer
+from dormouse.posttrain import chat, task_eval
 from dormouse.posttrain.decode import generate
 from dormouse.train.optim import build_optimizers, set_lr, wsd_multiplier
-from dormouse.train.runtime import (autocast, checked_counters, deterministic_cpu, device_for, load_model, pad_width,
-                              save_model_artifact, update, uses_bf16, with_moe_aux)
-from dormouse.engine.stage import input_artifact, parse_job, summary, writer
-from dormouse.stages.sft import held_out, held_out_line
+from dormouse.train.runtime import (
+    autocast,
+    checked_counters,
+    deterministic_cpu,
+    device_for,
+    load_model,
+    pad_width,
+    save_model_artifact,
+    update,
+    uses_bf16,
+    with_moe_aux,
+)
 
 
 class Curriculum:
@@ -175,8 +184,8 @@ def main(argv=None) -> int:
     with writer(job) as art:
         c = art.counters
         train_counters, eval_counters = Counter(), Counter()
-        start = held_out(model, heldout, params, device, ex, ey, eval_counters)
-        print(f"[rl] start: {held_out_line(start)}", flush=True)
+        start = task_eval.held_out(model, heldout, params["tasks"], params["dtype"], params["eval"]["batch_size"], device, ex, ey, eval_counters)
+        print(f"[rl] start: {task_eval.held_out_line(start)}", flush=True)
         select = Selection(model, dev, task_params, device, params, rl["select"]["min_z"])
         metrics, t0 = [], time.time()
         for step in range(rl["steps"]):
@@ -231,8 +240,8 @@ def main(argv=None) -> int:
         select.restore()
         if dev:
             print(f"[rl] selected step {select.best_step} of {rl['steps']} (dev greedy {select.best})", flush=True)
-        end = held_out(model, heldout, params, device, ex, ey, eval_counters)
-        print(f"[rl] end: {held_out_line(end)}", flush=True)
+        end = task_eval.held_out(model, heldout, params["tasks"], params["dtype"], params["eval"]["batch_size"], device, ex, ey, eval_counters)
+        print(f"[rl] end: {task_eval.held_out_line(end)}", flush=True)
         checked_counters(c, cfg, train_counters, eval_counters, "rl", trained=c["rl.updates"] > 0)
         c["rl.steps"] = rl["steps"]
         save_model_artifact(art, model, {"model": cfg.to_dict(), "rl": rl, "tasks": task_params}, metrics)

@@ -19,12 +19,22 @@ from collections import Counter
 
 import torch
 
-from dormouse.posttrain import chat, task_eval
 from dormouse.data.byte_stream import TrainStream, eval_window
-from dormouse.train.optim import build_optimizers, set_lr, wsd_multiplier
-from dormouse.train.runtime import (LN2, autocast, checked_counters, deterministic_cpu, device_for, evaluate, load_model, pad_width,
-                              save_model_artifact, update, with_moe_aux)
 from dormouse.engine.stage import input_artifact, parse_job, summary, writer
+from dormouse.posttrain import chat, task_eval
+from dormouse.train.optim import build_optimizers, set_lr, wsd_multiplier
+from dormouse.train.runtime import (
+    LN2,
+    autocast,
+    checked_counters,
+    deterministic_cpu,
+    device_for,
+    load_model,
+    pad_width,
+    save_model_artifact,
+    update,
+    with_moe_aux,
+)
 
 
 def sft_batch(items, device) -> tuple[torch.Tensor, torch.Tensor, int]:
@@ -40,21 +50,6 @@ def sft_batch(items, device) -> tuple[torch.Tensor, torch.Tensor, int]:
         keep = torch.tensor(mask[1:], dtype=torch.bool)
         y[i, : len(b) - 1] = torch.where(keep, t[1:], -1)
     return x.to(device), y.to(device), int((y >= 0).sum())
-
-
-def held_out(model, items, params, device, ex, ey, counters) -> dict:
-    """Task accuracy (greedy, and sampled when tasks.sampled_eval.samples > 0) and corpus BPB, the numbers
-    every post-training stage reports."""
-    run = {"dtype": params["dtype"]}
-    acc = task_eval.heldout_accuracy(model, items, params["tasks"], device, run)
-    bpb = evaluate(model, ex, ey, params["eval"]["batch_size"], device, run, counters)
-    return {**acc, "corpus_bpb": round(bpb, 5)}
-
-
-def held_out_line(r: dict) -> str:
-    sampled = f" sampled {r['sampled']['accuracy']} (T {r['sampled']['temperature']})" if "sampled" in r else ""
-    return (f"accuracy {r['accuracy']} (constant-reply baseline {r['constant_baseline']}, {r['distinct_replies']} distinct "
-            f"replies){sampled} corpus_bpb {r['corpus_bpb']}")
 
 
 def main(argv=None) -> int:
@@ -80,8 +75,8 @@ def main(argv=None) -> int:
     with writer(job) as art:
         c = art.counters
         train_counters, eval_counters = Counter(), Counter()
-        start = held_out(model, heldout, params, device, ex, ey, eval_counters)
-        print(f"[sft] start: {held_out_line(start)}", flush=True)
+        start = task_eval.held_out(model, heldout, params["tasks"], params["dtype"], params["eval"]["batch_size"], device, ex, ey, eval_counters)
+        print(f"[sft] start: {task_eval.held_out_line(start)}", flush=True)
         metrics, t0 = [], time.time()
         model.train()
         for step in range(sft["steps"]):
@@ -108,8 +103,8 @@ def main(argv=None) -> int:
                        "lr": opts[-1].param_groups[0]["lr"], "elapsed_s": round(time.time() - t0, 2)}
                 metrics.append(row)
                 print(f"[sft] {json.dumps(row)}", flush=True)
-        end = held_out(model, heldout, params, device, ex, ey, eval_counters)
-        print(f"[sft] end: {held_out_line(end)}", flush=True)
+        end = task_eval.held_out(model, heldout, params["tasks"], params["dtype"], params["eval"]["batch_size"], device, ex, ey, eval_counters)
+        print(f"[sft] end: {task_eval.held_out_line(end)}", flush=True)
         checked_counters(c, cfg, train_counters, eval_counters, "sft")
         c["train.steps"] = sft["steps"]
         save_model_artifact(art, model, {"model": cfg.to_dict(), "sft": sft, "tasks": task_params}, metrics)

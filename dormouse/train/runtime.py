@@ -11,9 +11,9 @@ from pathlib import Path
 
 import torch
 
+from dormouse.model.config import ModelConfig
 from dormouse.train import checkpoint
 from dormouse.train.arms import inert_arms
-from dormouse.model.config import ModelConfig
 
 LN2 = math.log(2)
 
