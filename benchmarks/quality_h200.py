@@ -47,6 +47,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import torch  # noqa: E402
 from pretrain_h200 import attach_param_groups, build_sdpa, sdpa_layout, versions  # noqa: E402
 
+from dormouse.data import shards as layout  # noqa: E402
 from dormouse.data.byte_stream import StreamState, TrainStream, eval_window  # noqa: E402
 from dormouse.engine.stage import input_artifact  # noqa: E402
 from dormouse.model.config import ModelConfig  # noqa: E402
@@ -95,8 +96,8 @@ def train_for(system: str, cfg: ModelConfig, train: dict, shards, device, budget
     stops after that many training seconds of this call and the run is saved there for the next call (a 600 s budget does not
     fit one 600 s device command); the schedule runs on the whole budget either way. A saved run resumes only
     under the same run_key (job digest, system, budget and eval interval)."""
-    bins = [shards.file(n) for n in shards.files("train/") if n.endswith(".bin")]
-    ex, ey, eval_bytes = eval_window(shards.file("eval/tail.bin"), train["eval_bytes"], train["seq_len"])
+    bins = layout.train_bins(shards)
+    ex, ey, eval_bytes = eval_window(layout.eval_bin(shards), train["eval_bytes"], train["seq_len"])
     counters = Counter()
     graphed = {}  # model -> its GraphedLoss, captured at its first step
 

@@ -180,7 +180,7 @@ CATEGORIES = [  # (short label, label, predicate on (file, function name)); firs
     ("str.encode", "str.encode utf-8 (both passes)", lambda f, n: n == "<method 'encode' of 'str' objects>"),
     ("writes", "file writes (.bin, .ids.jsonl)", lambda f, n: n.startswith("<method 'write' of '_io.")),
     ("json.dumps ids", "json.dumps of ids (pass 2)", lambda f, n: "json" in f and n in ("dumps", "encode", "iterencode")),
-    ("ShardWriter.write", "ShardWriter.write own code (offsets list)", lambda f, n: n == "write" and f.endswith("shard.py")),
+    ("ShardWriter.write", "ShardWriter.write own code (offsets list)", lambda f, n: n == "write" and f.endswith("shards.py")),
     ("loop bodies", "loop bodies (counters, numpy scalar indexing, seen-id set)", lambda f, n: n == "shard_work"),
     ("numpy/close", "np.save / closes / numpy", lambda f, n: "numpy" in f or "close" in n or n == "save"),
 ]

@@ -7,7 +7,7 @@ import pytest
 from pipeline_util import configure, manifest, run_chain
 
 from dormouse.data.byte_stream import eval_window
-from dormouse.stages.anchors import iter_docs
+from dormouse.data.shards import iter_docs
 
 
 @pytest.fixture()

@@ -46,9 +46,9 @@ def passes_note(plan, stages: dict) -> str:
     if not shard.exists():
         return "  (passes over the train shards: known once the shard is built)"
     from dormouse.data.byte_stream import planned_epochs  # imports torch: only once a shard exists
+    from dormouse.data.shards import train_bytes
 
-    files = json.loads(shard.read_text())["files"]
-    n = sum(m["size"] for name, m in files.items() if name.startswith("train/") and name.endswith(".bin"))
+    n = train_bytes(json.loads(shard.read_text()))
     train = plan.job("pretrain", stages["pretrain"]).params["train"]
     passes = planned_epochs(n, train["batch_size"], train["seq_len"], train["steps"])
     cap = train["max_epochs"]

@@ -18,28 +18,13 @@ from __future__ import annotations
 
 import json
 import time
-from pathlib import Path
 
 import numpy as np
 
 from dormouse.data import ngram
+from dormouse.data import shards as layout
 from dormouse.data.byte_stream import eval_targets
 from dormouse.engine.stage import input_artifact, parse_job, summary, writer
-
-
-def iter_docs(bin_path: Path, idx_path: Path):
-    data = np.fromfile(bin_path, dtype=np.uint8)
-    offsets = np.load(idx_path)
-    if offsets[0] != 0 or offsets[-1] != len(data):  # the documents are the file's bytes, as the eval window reads them
-        raise SystemExit(f"{idx_path}: offsets {offsets[0]}..{offsets[-1]} do not span the {len(data)} bytes of {bin_path}")
-    buf = data.tobytes()
-    for a, b in zip(offsets[:-1].tolist(), offsets[1:].tolist()):
-        yield buf[a:b]
-
-
-def shard_docs(art, stems: list[str]):
-    for stem in stems:
-        yield from iter_docs(art.file(f"{stem}.bin"), art.file(f"{stem}.idx.npy"))
 
 
 def capped(docs, cap: int | None, c):
@@ -58,16 +43,16 @@ def main(argv=None) -> int:
     job = parse_job(argv, "anchors", __doc__)
     p = job["params"]
     shards = input_artifact(job, "shard")
-    train_stems = [n[: -len(".bin")] for n in shards.files("train/") if n.endswith(".bin")]
+    train_stems = layout.train_stems(shards)
     with writer(job) as art:
         c = art.counters
         t0 = time.time()
         cap = p["max_train_bytes"]
         c.update({"train_docs_beyond_cap": 0, "train_bytes_beyond_cap": 0})  # listed at 0 too
-        counts = ngram.count_ngrams(capped(shard_docs(shards, train_stems), cap, c), p["max_order"], progress=True)
+        counts = ngram.count_ngrams(capped(layout.docs(shards, train_stems), cap, c), p["max_order"], progress=True)
         c["train_bytes_counted"] = int(counts.n_bytes)
         t1 = time.time()
-        eval_docs = list(shard_docs(shards, ["eval/tail"]))
+        eval_docs = list(layout.docs(shards, [layout.EVAL_STEM]))
         tail_bytes = sum(map(len, eval_docs))
         start, stop = eval_targets(tail_bytes, p["eval"]["eval_bytes"], p["eval"]["seq_len"])
         if stop <= start:
@@ -91,7 +76,7 @@ def main(argv=None) -> int:
             "eval_bytes": c["eval_bytes"],
             "eval_docs": c["eval_docs"],
             "eval_window": {"bytes": [start, stop], "seq_len": p["eval"]["seq_len"],
-                            "source": "eval/tail.bin; contexts within each document"},
+                            "source": f"{layout.EVAL_BIN}; contexts within each document"},
             "ladder_tail": ladder_tail,
             "tail_bytes": tail_bytes,
             "tail_docs": len(eval_docs),

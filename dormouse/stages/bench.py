@@ -22,6 +22,7 @@ from collections import Counter
 
 import numpy as np
 
+from dormouse.data import shards as layout
 from dormouse.data.byte_stream import eval_window
 from dormouse.engine.raw import expand_raw
 from dormouse.engine.stage import check_raw_input, input_artifact, parse_job, summary, writer
@@ -60,7 +61,7 @@ def main(argv=None) -> int:
     device = device_for(params, "bench")
     deterministic_cpu(device)
     arts = {name: input_artifact(job, name) for name in ("pretrain", "sft", "rl", "export", "anchors", "shard")}
-    tail_path = arts["shard"].file("eval/tail.bin")
+    tail_path = layout.eval_bin(arts["shard"])
     ex, ey, eval_bytes = eval_window(tail_path, params["eval"]["eval_bytes"], params["eval"]["seq_len"])
     heldout = task_eval.heldout_items(params["tasks"])
     cz = params["bench"]["cloze"]
@@ -105,7 +106,7 @@ def main(argv=None) -> int:
             raise SystemExit(f"bench: the anchors scored {anchors['eval_bytes']} eval bytes, bench {eval_bytes}: not one window")
         bench = {
             "format": BENCH_FORMAT,
-            "eval_window": {"bytes": eval_bytes, "seq_len": params["eval"]["seq_len"], "source": "eval/tail.bin from its start"},
+            "eval_window": {"bytes": eval_bytes, "seq_len": params["eval"]["seq_len"], "source": f"{layout.EVAL_BIN} from its start"},
             "anchors": anchors,
             "stages": models,
             "rungs": rungs,

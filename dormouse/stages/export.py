@@ -17,6 +17,7 @@ from collections import Counter
 
 import torch
 
+from dormouse.data import shards as layout
 from dormouse.data.byte_stream import eval_window
 from dormouse.engine.stage import input_artifact, parse_job, summary, writer
 from dormouse.posttrain import quant
@@ -53,7 +54,7 @@ def main(argv=None) -> int:
     deterministic_cpu(device)
     src, shards = input_artifact(job, "rl"), input_artifact(job, "shard")
     model, cfg = load_model(src, device)
-    ex, ey, eval_bytes = eval_window(shards.file("eval/tail.bin"), params["eval"]["eval_bytes"], params["eval"]["seq_len"])
+    ex, ey, eval_bytes = eval_window(layout.eval_bin(shards), params["eval"]["eval_bytes"], params["eval"]["seq_len"])
     batch = params["eval"]["batch_size"]
     state = rung_source_state(model)
 

@@ -32,6 +32,7 @@ import torch
 from safetensors.torch import save_file
 from torch.nn.parallel import DistributedDataParallel
 
+from dormouse.data import shards as layout
 from dormouse.data.byte_stream import StreamState, TrainStream, eval_window, planned_epochs
 from dormouse.engine import history
 from dormouse.engine.stage import input_artifact, parse_job, summary, writer
@@ -90,9 +91,9 @@ def run(job: dict, cfg: ModelConfig, train: dict, shards, world: distributed.Wor
         c = art.counters if world.is_main else Counter()  # the manifest's own counters (rank 0)
         c["compile.regions"] = len(compiled)
         ckpt_root = scratch_dir(Path(job["out"]))  # the same path on every rank; rank 0 writes it
-        stream = TrainStream([shards.file(n) for n in shards.files("train/") if n.endswith(".bin")],
+        stream = TrainStream(layout.train_bins(shards),
                              train["batch_size"], train["seq_len"], train["seed"], rows=world.rows(train["batch_size"]))
-        ex, ey, eval_bytes = eval_window(shards.file("eval/tail.bin"), train["eval_bytes"], train["seq_len"])
+        ex, ey, eval_bytes = eval_window(layout.eval_bin(shards), train["eval_bytes"], train["seq_len"])
         metrics: list[dict] = []
         start, bad_in_row = 0, 0
         resumed_train, resumed_eval = Counter(), Counter()  # every rank's counts up to the checkpoint resumed from
@@ -211,7 +212,7 @@ def run(job: dict, cfg: ModelConfig, train: dict, shards, world: distributed.Wor
 
 def train_bytes(shards) -> int:
     """Bytes of the train shards, from the shard manifest (what TrainStream reads)."""
-    return sum(shards.manifest["files"][n]["size"] for n in shards.files("train/") if n.endswith(".bin"))
+    return layout.train_bytes(shards.manifest)
 
 
 def check_epochs(job: dict, train: dict, shards) -> None:

@@ -32,6 +32,7 @@ from collections import Counter, deque
 import torch
 import torch.nn.functional as F
 
+from dormouse.data import shards as layout
 from dormouse.data.byte_stream import eval_window
 from dormouse.engine.stage import input_artifact, parse_job, summary, writer
 from dormouse.posttrain import chat, task_eval
@@ -170,7 +171,7 @@ def main(argv=None) -> int:
         ref = copy.deepcopy(model).eval()
         for p in ref.parameters():
             p.requires_grad_(False)
-    ex, ey, eval_bytes = eval_window(shards.file("eval/tail.bin"), params["eval"]["eval_bytes"], params["eval"]["seq_len"])
+    ex, ey, eval_bytes = eval_window(layout.eval_bin(shards), params["eval"]["eval_bytes"], params["eval"]["seq_len"])
     heldout = task_eval.heldout_items(task_params)
     opts = build_optimizers(model, rl)
     params_list = list(model.parameters())

@@ -19,6 +19,7 @@ from collections import Counter
 
 import torch
 
+from dormouse.data import shards as layout
 from dormouse.data.byte_stream import TrainStream, eval_window
 from dormouse.engine.stage import input_artifact, parse_job, summary, writer
 from dormouse.posttrain import chat, task_eval
@@ -61,7 +62,7 @@ def main(argv=None) -> int:
     torch.manual_seed(sft["seed"])
     pre, shards = input_artifact(job, "pretrain"), input_artifact(job, "shard")
     model, cfg = load_model(pre, device)
-    ex, ey, eval_bytes = eval_window(shards.file("eval/tail.bin"), params["eval"]["eval_bytes"], params["eval"]["seq_len"])
+    ex, ey, eval_bytes = eval_window(layout.eval_bin(shards), params["eval"]["eval_bytes"], params["eval"]["seq_len"])
     heldout = task_eval.heldout_items(task_params)
     opts = build_optimizers(model, sft)
     params_list = list(model.parameters())
@@ -69,7 +70,7 @@ def main(argv=None) -> int:
     stream = task_eval.item_stream("sft", task_params["families"], lambda fam, rng: rng.choice(difficulties), sft["seed"])
     replay = None
     if sft["replay_rows"]:  # corpus rows from the train shards in every step, against forgetting
-        replay = TrainStream([shards.file(n) for n in shards.files("train/") if n.endswith(".bin")],
+        replay = TrainStream(layout.train_bins(shards),
                              sft["replay_rows"], sft["replay_seq_len"], sft["seed"] + 1)
 
     with writer(job) as art:

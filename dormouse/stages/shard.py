@@ -12,9 +12,8 @@ demo's tail had 28% of its bytes in such parts when documents were drawn one by 
 go to shard `doc_hash(id) % num_shards`. A train document whose text is byte-identical to an eval
 document is dropped (counted): the eval tail never trains, not even through a copy.
 
-Layout: train/shard-NNNN.{bin,idx.npy,ids.jsonl}, eval/tail.{bin,idx.npy,ids.jsonl}, shards.json.
-`.bin` is the documents' UTF-8 bytes back to back, in hash order (domains mixed, not corpus
-order); `.idx.npy` the int64 offsets (n_docs + 1).
+Layout: dormouse/data/shards.py (train/shard-NNNN.*, eval/tail.*, shards.json); documents in hash order
+(domains mixed, not corpus order).
 """
 
 from __future__ import annotations
@@ -32,26 +31,8 @@ from tqdm import tqdm
 
 from dormouse.data.docs_io import read_parts
 from dormouse.data.fnv import doc_hash
+from dormouse.data.shards import EVAL_STEM, ShardWriter, train_stem
 from dormouse.engine.stage import input_artifact, parse_job, summary, writer
-
-
-class ShardWriter:
-    def __init__(self, art, stem: str):
-        self.bin = open(art.path(f"{stem}.bin"), "wb")
-        self.ids = open(art.path(f"{stem}.ids.jsonl"), "w", encoding="utf-8")
-        self.idx_path = art.path(f"{stem}.idx.npy")
-        self.offsets = [0]
-
-    def write(self, doc_id: str, data: bytes) -> None:
-        self.bin.write(data)
-        self.ids.write(json.dumps(doc_id, ensure_ascii=False) + "\n")
-        self.offsets.append(self.offsets[-1] + len(data))
-
-    def close(self) -> dict:
-        self.bin.close()
-        self.ids.close()
-        np.save(self.idx_path, np.asarray(self.offsets, dtype=np.int64))
-        return {"docs": len(self.offsets) - 1, "bytes": self.offsets[-1]}
 
 
 def content_key(data: bytes) -> bytes:
@@ -124,8 +105,8 @@ def shard_documents(parts: list[Path], n_shards: int, eval_target: int, art, par
 
         # Pass 2: route from the scratch bytes.
         c = art.counters
-        tail = ShardWriter(art, "eval/tail")
-        shards = [ShardWriter(art, f"train/shard-{i:04d}") for i in range(n_shards)]
+        tail = ShardWriter(art, EVAL_STEM)
+        shards = [ShardWriter(art, train_stem(i)) for i in range(n_shards)]
         seen_ids = set()
         # Documents are written in hash order, not corpus order: the input is grouped by source
         # file (one domain after another) and a trainer reads a shard front to back.
