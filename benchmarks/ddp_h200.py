@@ -51,7 +51,6 @@ from torch.nn.parallel import DistributedDataParallel  # noqa: E402
 
 from dormouse.model.gpt import ByteLM, count_params  # noqa: E402
 from dormouse.train import distributed  # noqa: E402
-from dormouse.train.cuda_graphs import GraphedLoss  # noqa: E402
 from dormouse.train.optim import build_optimizers  # noqa: E402
 from dormouse.train.runtime import compile_for, deterministic_cpu  # noqa: E402
 
@@ -95,9 +94,9 @@ def worker(args) -> int:
         regions = compile_for(model, device, train)
         net = model if world.size == 1 else DistributedDataParallel(
             model, device_ids=[device.index] if device.type == "cuda" else None)
-        graphed = GraphedLoss(model, *batches[0], train) if system == "graphed" else None
         counters = Counter()
-        step = ph.ours_step(model, opts, cfg, train, device, batches, counters, graphed=graphed, net=net, world=world)
+        step = ph.ours_step(model, opts, cfg, train, device, batches, counters, graphed=system == "graphed", net=net,
+                            world=world)
         r = ph.measure(step, args.steps, args.warmup, device)
         tps = global_batch * seq_len / (r["ms_step"] / 1e3)
         results.append({
@@ -105,14 +104,14 @@ def worker(args) -> int:
             "seq_len": seq_len, "steps": args.steps, "warmup": args.warmup, "warmup_s": round(r["warmup_s"], 2),
             "ms_step": round(r["ms_step"], 3), "ms_step_median": round(r["ms_step_median"], 3),
             "tokens_per_s": round(tps),
-            "peak_gib": None if r["peak_gib"] is None or graphed is not None else round(r["peak_gib"], 3),
+            "peak_gib": None if r["peak_gib"] is None or system == "graphed" else round(r["peak_gib"], 3),
             "mfu_pct": round(100 * tps * flops_per_token / (world.size * rate), 2) if rate else None,
             "matmul_tflops": round(rate / 1e12, 1) if rate else None,
             "note": f"{len(regions)} regions compiled; {'DDP, ' if world.size > 1 else ''}"
-                    f"{'fwd+bwd as CUDA graphs, ' if graphed else ''}loss at end {r['last_loss']}; "
+                    f"{'fwd+bwd as CUDA graphs, ' if system == 'graphed' else ''}loss at end {r['last_loss']}; "
                     f"{flops_per_token:.4g} FLOP/token",
         })
-        del model, opts, net, graphed, step
+        del model, opts, net, step
         distributed.barrier(world)
         if world.is_main:  # each system's row as soon as it is measured: a killed launch keeps what it finished
             Path(args.result).write_text(json.dumps(results))

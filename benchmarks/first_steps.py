@@ -34,11 +34,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from dormouse.engine.config import load_preset  # noqa: E402
 from dormouse.model.config import ModelConfig  # noqa: E402
 from dormouse.model.gpt import ByteLM, count_params  # noqa: E402
-from dormouse.train import cuda_graphs  # noqa: E402
-from dormouse.train.distributed import World  # noqa: E402
-from dormouse.train.firewall import Firewall  # noqa: E402
 from dormouse.train.optim import build_optimizers, set_lr, wsd_multiplier  # noqa: E402
-from dormouse.train.runtime import autocast, compile_for, with_moe_aux  # noqa: E402
+from dormouse.train.runtime import compile_for  # noqa: E402
+from dormouse.train.trainer import PretrainStep  # noqa: E402
 
 
 def sync(device: torch.device) -> None:
@@ -118,10 +116,8 @@ def main(argv=None) -> int:
     model.defer_routing = True  # as the stage: an MoE's routing counts stay on the device until read
     opts = ph.run("build_optimizers", lambda: build_optimizers(model, train))
     regions = ph.run("compile_regions_setup", lambda: compile_for(model, device, train))
-    fw = Firewall(opts, list(model.parameters()), train["grad_clip"], train["max_bad_steps"], World(), on_device=device.type == "cuda")
-    graphs = cuda_graphs.decide(train, device.type, cfg, world_size=1)  # as the stage decides (train.cuda_graphs)
-    print(f"[first_steps] cuda_graphs: {graphs}", flush=True)
-    graphed = None
+    ps = PretrainStep(model, opts, cfg, train, device)  # the stage's step; decides train.cuda_graphs as the stage does
+    print(f"[first_steps] cuda_graphs: {ps.graphs}", flush=True)
     g = torch.Generator().manual_seed(1)
     counters: Counter = Counter()
     data = torch.randint(0, 256, (4, batch, seq + 1), generator=g)  # random bytes: never time on zeros
@@ -135,19 +131,11 @@ def main(argv=None) -> int:
         x, y = xy[:, :-1].contiguous(), xy[:, 1:].contiguous()
         box = {}
 
-        def forward():
-            nonlocal graphed
-            if graphs == "graphed":  # the stage's step: forward and backward replayed (captured on step 0)
-                if graphed is None:
-                    graphed = cuda_graphs.GraphedLoss(model, x, y, train)
-                box["loss"] = box["total"] = graphed(x, y, counters)
-                return
-            with autocast(device, train):
-                _, loss = model(x, y, counters=counters)
-                box["loss"], box["total"] = loss, with_moe_aux(loss, model, cfg, train["moe_aux_coef"])
+        def forward():  # graphed: the forward and backward replayed (captured on step 0)
+            box["loss"], box["total"] = ps.forward(x, y, counters)
 
         def rest():
-            fw.step(box["loss"], box["total"], f"step {step}")
+            ps.firewall.step(box["loss"], box["total"], f"step {step}")
 
         if step == args.steps - 1 and step >= 2:  # a steady step: count its host syncs
             syncs = {"n": 0}
@@ -161,7 +149,7 @@ def main(argv=None) -> int:
             continue
         ph.run(f"step{step}_forward", forward)
         ph.run(f"step{step}_backward_opt", rest)
-    loss = fw.read("the end")
+    loss = ps.firewall.read("the end")
     model.take_routing(counters)
     faulthandler.cancel_dump_traceback_later()
     try:

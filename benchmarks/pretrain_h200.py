@@ -39,7 +39,7 @@ its train section unless --batch-size / --seq-len) it measures, one after the ot
   ours_nosync     (a) without the firewall: the same step as fla_kda and sdpa get (FLA's model runs as FLA
                   ships it, eager around its own fused kernels)
   ours_graphed    (a) with the model's forward and backward replayed from CUDA graphs
-                  (dormouse.train.cuda_graphs.GraphedLoss, as the stage runs it under train.cuda_graphs: cuda;
+                  (dormouse.train.trainer.PretrainStep, as the stage runs it under train.cuda_graphs: cuda;
                   FLA's kernels included): one replay each way instead of ~1 000 host launches; optimizers
                   and the firewall run eagerly after it. A replay adds the counts of one captured forward.
                   CUDA only; refused under DDP. Peak memory n/a on the graphed
@@ -148,10 +148,9 @@ from dormouse.model.gpt import ByteLM, count_params  # noqa: E402
 from dormouse.model.kda import KDAMixer, chunk_kda_torch, l2norm  # noqa: E402
 from dormouse.model.regions import compile_regions  # noqa: E402
 from dormouse.train import distributed  # noqa: E402
-from dormouse.train.cuda_graphs import GraphedLoss  # noqa: E402
-from dormouse.train.firewall import Firewall  # noqa: E402
 from dormouse.train.optim import StackedMuon, build_optimizers, set_lr, wsd_multiplier  # noqa: E402
-from dormouse.train.runtime import autocast, with_moe_aux  # noqa: E402
+from dormouse.train.runtime import autocast  # noqa: E402
+from dormouse.train.trainer import PretrainStep  # noqa: E402
 
 DEFAULT_OUT = ROOT / "benchmarks" / "pretrain_h200.tsv"
 ONE_PROCESS = distributed.World()  # the benchmark is one process on one GPU (the loop's world size 1)
@@ -430,16 +429,18 @@ def compiled(args, module: nn.Module, device: torch.device) -> list[str]:
 
 
 def ours_step(model, opts, cfg: ModelConfig, train: dict, device, batches, counters: Counter,
-              firewall: bool = True, firewall_on_device: bool | None = None, graphed: GraphedLoss | None = None,
+              firewall: bool = True, firewall_on_device: bool | None = None, graphed: bool = False,
               net: nn.Module | None = None, world: distributed.World = ONE_PROCESS):
-    """One step of dormouse/stages/pretrain.py's loop (firewall=True: its Firewall, deciding on the device
-    on CUDA as the stage does, on the host elsewhere; graphed: the forward and backward replayed from CUDA
-    graphs, as the stage runs them under train.cuda_graphs: cuda; net: the model as the forward calls it,
-    DistributedDataParallel under torchrun as in the stage, with its world). Returns the step's loss."""
+    """One step of the pretrain stage's loop: dormouse.train.trainer.PretrainStep, the stage's own (its firewall,
+    deciding on the device on CUDA as the stage does; graphed: the forward and backward replayed from CUDA graphs,
+    captured here off the clock, as the stage runs them under train.cuda_graphs: cuda; net: DDP's wrapper under
+    torchrun, with its world). firewall=False is this benchmark's control: the same forward, then a plain
+    backward, clip and optimizer steps. Returns the step's loss."""
+    ps = PretrainStep(model, opts, cfg, train, device, world, net, graphs="graphed" if graphed else "eager",
+                      firewall_on_device=firewall_on_device)
+    if graphed:
+        ps.capture(*batches[0])
     params = list(model.parameters())
-    net = model if net is None else net
-    on_device = device.type == "cuda" if firewall_on_device is None else firewall_on_device
-    fw = Firewall(opts, params, train["grad_clip"], train["max_bad_steps"], world, on_device=on_device) if firewall else None
     state = {"i": 0}
 
     def step():
@@ -448,15 +449,9 @@ def ours_step(model, opts, cfg: ModelConfig, train: dict, device, batches, count
         torch.compiler.cudagraph_mark_step_begin()  # --compile-mode reduce-overhead: a new step's graphs
         set_lr(opts, wsd_multiplier(i, train["steps"], train["warmup_steps"], train["decay_frac"], train["min_lr_frac"]))
         x, y = batches[i % len(batches)]
-        if graphed is not None:
-            loss = total = graphed(x, y, counters)
-        else:
-            with autocast(device, train):
-                _, loss = net(x, y, counters=counters)
-                total = with_moe_aux(loss, model, cfg, train["moe_aux_coef"])
-        if fw is not None:  # the stage's step: backward, clip, guarded optimizer steps, zero_grad
-            fw.step(loss, total, f"step {i}")
-            return loss
+        if firewall:
+            return ps(x, y, counters, f"step {i}")
+        loss, total = ps.forward(x, y, counters)
         total.backward()
         torch.nn.utils.clip_grad_norm_(params, train["grad_clip"])
         for opt in opts:
@@ -558,9 +553,8 @@ def run_ours_graphed(ctx: Ctx) -> dict:
     batches = random_batches(ctx.batch, ctx.seq_len, dev, ctx.args.seed)
     counters = Counter()
     t0 = time.perf_counter()
-    graphed = GraphedLoss(model, *batches[0], train)  # as the pretrain stage graphs it (train.cuda_graphs: cuda)
+    step = ours_step(model, opts, cfg, train, dev, batches, counters, graphed=True)  # captured here, as the stage graphs
     capture_s = time.perf_counter() - t0
-    step = ours_step(model, opts, cfg, train, dev, batches, counters, graphed=graphed)
     r = {**measure(step, ctx.args.steps, ctx.args.warmup, dev), "peak_gib": None}  # the graph's pool: see graphed_measure
     cp = count_params(cfg)
     paths = ",".join(f"{k}={v}" for k, v in sorted(counters.items()) if k.startswith("kda_path"))
@@ -903,9 +897,8 @@ def check_equivalence(cfg: ModelConfig, train: dict, device: torch.device, batch
         if fast and backend != "none":
             compile_regions(model, backend=backend)
         counts[name] = Counter()
-        graphed = GraphedLoss(model, *batches[0], train) if name == "graphed" else None
         step = ours_step(model, opts, cfg, train, device, batches, counts[name], firewall=True, firewall_on_device=fast,
-                         graphed=graphed)
+                         graphed=name == "graphed")
         losses[name] = [float(step().detach().float().item()) for _ in range(steps)]
     def max_rel(ref, other):
         return max((abs(a - b) / max(abs(a), 1e-12) for a, b in zip(losses[ref], losses[other])), default=0.0)

@@ -52,10 +52,10 @@ from dormouse.data.byte_stream import StreamState, TrainStream, eval_window  # n
 from dormouse.engine.stage import input_artifact  # noqa: E402
 from dormouse.model.config import ModelConfig  # noqa: E402
 from dormouse.model.gpt import ByteLM, count_params  # noqa: E402
-from dormouse.train import checkpoint, cuda_graphs, distributed  # noqa: E402
-from dormouse.train.firewall import Firewall  # noqa: E402
+from dormouse.train import checkpoint, cuda_graphs  # noqa: E402
 from dormouse.train.optim import build_optimizers, set_lr, wsd_multiplier  # noqa: E402
-from dormouse.train.runtime import autocast, compile_for, evaluate, with_moe_aux  # noqa: E402
+from dormouse.train.runtime import compile_for, evaluate  # noqa: E402
+from dormouse.train.trainer import PretrainStep, resume  # noqa: E402
 
 SYSTEMS = ("ours", "sdpa")
 PROGRESS_STEPS = 10_000  # the clock's progress in these units drives wsd_multiplier
@@ -70,6 +70,9 @@ class CounterFree(torch.nn.Module):
 
     def forward(self, idx, targets=None, counters=None):
         return self.model(idx, targets)
+
+    def take_routing(self, counters) -> None:  # no MoE: nothing routed (cuda_graphs.GraphedLoss drains the capture's)
+        pass
 
 
 def build(system: str, cfg: ModelConfig, train: dict, device: torch.device):
@@ -99,45 +102,32 @@ def train_for(system: str, cfg: ModelConfig, train: dict, shards, device, budget
     bins = layout.train_bins(shards)
     ex, ey, eval_bytes = eval_window(layout.eval_bin(shards), train["eval_bytes"], train["seq_len"])
     counters = Counter()
-    graphed = {}  # model -> its GraphedLoss, captured at its first step
 
-    # both systems graphed or neither: where ours is refused (MoE), the SDPA model runs eagerly too
+    # both systems graphed or neither: the stage's decision for ours holds for the SDPA peer too
     graphs = cuda_graphs.decide(train, device.type, cfg, 1)
     if graphs.startswith("refused"):
         log(f"{system}: train.cuda_graphs: {graphs}; eager steps")
+    step_cfg = cfg if system == "ours" else ModelConfig.from_dict({**cfg.to_dict(), "moe": False})  # no MoE term
 
-    def graph_loss(m, x, y):
-        return cuda_graphs.GraphedLoss(m if system == "ours" else CounterFree(m), x, y, train)
-
-    def loss_of(m, x, y):
-        if graphs == "graphed":  # as the stage runs under train.cuda_graphs: cuda
-            if m not in graphed:
-                graphed[m] = graph_loss(m, x, y)
-            return graphed[m](x, y, counters)
-        with autocast(device, train):
-            _, loss = m(x, y, counters=counters) if system == "ours" else m(x, y)
-            if system == "ours":
-                loss = with_moe_aux(loss, m, cfg, train["moe_aux_coef"])
-        return loss
+    def stepper(model, scored, opts) -> PretrainStep:
+        """The pretrain stage's step (dormouse.train.trainer); the SDPA peer through its counter-free wrapper."""
+        return PretrainStep(model, opts, step_cfg, train, device, net=None if system == "ours" else scored, graphs=graphs)
 
     if warmup_steps:  # autotune and compile on a throwaway model of the same shapes: the timed one starts at its init
         w_model, w_scored, w_opts, _ = build(system, cfg, train, device)
         w_stream = TrainStream(bins, train["batch_size"], train["seq_len"], train["seed"] + 1)
-        # the timed step's own path (clip, firewall, `step(ok=...)`): the optimizer's graphs compile here too
-        w_fw = Firewall(w_opts, w_model.parameters(), train["grad_clip"], train["max_bad_steps"], distributed.World(),
-                        on_device=device.type == "cuda")
+        # the timed step's own path (graphs, clip, firewall, `step(ok=...)`): the optimizer's graphs compile here too
+        w_step = stepper(w_model, w_scored, w_opts)
         t = time.time()
         for _ in range(warmup_steps):
             x, y = (a.to(device) for a in w_stream.next_batch())
-            loss = loss_of(w_model, x, y)
-            w_fw.step(loss, loss, "warm-up")
-        w_fw.read("warm-up")
+            loss = w_step(x, y, Counter(), "warm-up")
+        w_step.firewall.read("warm-up")
         evaluate(w_scored, ex[: train["batch_size"]], ey[: train["batch_size"]], train["batch_size"], device, train, Counter())
         if device.type == "cuda":
             torch.cuda.synchronize(device)
         log(f"{system}: warm-up {warmup_steps} steps + one eval batch on a throwaway model: {time.time() - t:.1f} s")
-        graphed.clear()  # the throwaway model's graphs go with it
-        del w_model, w_scored, w_opts, w_fw, w_stream, loss, x, y  # the loss's autograd chain holds the graphs too
+        del w_model, w_scored, w_opts, w_step, w_stream, loss, x, y  # the loss's autograd chain holds the graphs too
         gc.collect()  # a GraphedLoss sits in a reference cycle: free its graphs and pool before the clock starts
         if device.type == "cuda":
             torch.cuda.empty_cache()
@@ -145,28 +135,24 @@ def train_for(system: str, cfg: ModelConfig, train: dict, shards, device, budget
     torch.manual_seed(train["seed"])
     model, scored, opts, note = build(system, cfg, train, device)
     stream = TrainStream(bins, train["batch_size"], train["seq_len"], train["seed"])
-    fw = Firewall(opts, model.parameters(), train["grad_clip"], train["max_bad_steps"], distributed.World(),
-                  on_device=device.type == "cuda")
+    step_fn = stepper(model, scored, opts)
     rows, spent, step, next_eval = [], 0.0, 0, 0.0
     warm = max(1, int(PROGRESS_STEPS * train["warmup_steps"] / train["steps"]))  # the preset's warmup share
     model.train()
     if graphs == "graphed":  # captured off the clock; any batch of the shape will do (a capture changes no weight)
         blank = torch.zeros((train["batch_size"], train["seq_len"]), dtype=torch.long, device=device)
-        graphed[model] = graph_loss(model, blank, blank)
+        step_fn.capture(blank, blank)
     note += f"; cuda_graphs {graphs}"
     ckpt_root = state_dir / system if state_dir else None
-    last = checkpoint.latest(ckpt_root) if ckpt_root else None
+    last, snap = resume(ckpt_root, model, opts)
     if last is not None:
-        snap = checkpoint.load_snapshot(last)
         key = {**(run_key or {}), "system": system, "budget_s": budget_s, "eval_every_s": eval_every_s}
         if snap["run_key"] != key:
             raise SystemExit(f"{last}: saved for {snap['run_key']}, not {key}: another run (a changed budget or "
                              f"eval interval would change its schedule); use another --state")
-        checkpoint.load_weights(model, last / checkpoint.WEIGHTS)
-        checkpoint.load_optimizers(opts, last / checkpoint.OPTIM)
         stream.state = StreamState(**snap["stream"])
         rows, spent, step, next_eval = snap["rows"], snap["spent"], snap["step"], snap["next_eval"]
-        fw.resume(snap["bad_in_row"])
+        step_fn.firewall.resume(snap["bad_in_row"])
         log(f"{system}: resumed from {last} at {spent:.1f} training seconds, step {step}")
     start_s = spent
     while True:
@@ -183,7 +169,7 @@ def train_for(system: str, cfg: ModelConfig, train: dict, shards, device, budget
         if pause_s is not None and spent - start_s >= pause_s:  # after any eval due now: resuming repeats none
             path = checkpoint.save(ckpt_root, step, model, opts, {
                 "stream": stream.state.to_dict(), "rows": rows, "spent": spent, "next_eval": next_eval,
-                "bad_in_row": fw.bad_in_row,
+                "bad_in_row": step_fn.firewall.bad_in_row,
                 "run_key": {**(run_key or {}), "system": system, "budget_s": budget_s, "eval_every_s": eval_every_s}})
             log(f"{system}: paused at {spent:.1f} of {budget_s} training seconds, step {step}: saved {path}")
             return rows
@@ -193,10 +179,9 @@ def train_for(system: str, cfg: ModelConfig, train: dict, shards, device, budget
         for _ in range(10):  # ten steps between clock reads: the read syncs the device
             x, y = stream.next_batch()
             x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
-            loss = loss_of(model, x, y)
-            fw.step(loss, loss, f"step {step}")
+            step_fn(x, y, counters, f"step {step}")
             step += 1
-        fw.read(f"step {step}")  # the sync that makes the clock honest, and the firewall's abort check
+        step_fn.firewall.read(f"step {step}")  # the sync that makes the clock honest, and the firewall's abort check
         spent += time.time() - t
 
 

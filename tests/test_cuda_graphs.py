@@ -17,6 +17,7 @@ from dormouse.train import cuda_graphs, distributed
 from dormouse.train.firewall import Firewall
 from dormouse.train.optim import build_optimizers
 from dormouse.train.runtime import autocast, evaluate
+from dormouse.train.trainer import PretrainStep
 
 ONE = distributed.World()
 
@@ -80,11 +81,11 @@ def test_a_cuda_step_never_waits_for_the_host(graphs):
 
     def step():
         if graphed is not None:
-            loss = graphed(x, x, counters)
+            loss, total = graphed(x, x, counters)
         else:
             with autocast(x.device, train):
-                loss = model(x, x, counters=counters)[1]
-        fw.step(loss, loss, "test")
+                loss = total = model(x, x, counters=counters)[1]
+        fw.step(loss, total, "test")
 
     for _ in range(3):
         step()
@@ -98,14 +99,36 @@ def test_a_cuda_step_never_waits_for_the_host(graphs):
     assert math.isfinite(fw.read("test")) and counters["kda_path.fla"] > 0  # the one sync, at a log step
 
 
+def test_the_graphed_loss_carries_the_moe_balancing_term():
+    """What a replay backpropagates is the stage's total: the loss plus moe_aux_coef times the balancing loss
+    (an MoE's graphed step once dropped it: R003). make_graphed_callables captures this module; on CPU its forward
+    runs as is."""
+    torch.manual_seed(0)
+    cfg = ModelConfig.from_dict({**TINY_MODEL, "moe": True, "n_experts": 4, "moe_top_k": 1})
+    model = ByteLM(cfg)
+    train = {**TINY_TRAIN, "moe_aux_coef": 0.5, "cuda_graphs": "cuda", "grad_clip": 1.0, "max_bad_steps": 3,
+             "dtype": "float32", "lr": 1e-3, "muon_lr": 0.02, "optimizer": "muon", "weight_decay": 0.0}
+    step = PretrainStep(model, build_optimizers(model, train), cfg, train, torch.device("cpu"), graphs="eager")
+    x = torch.randint(0, 256, (2, 32))
+    loss, total = step.forward(x, x, Counter())
+    out = cuda_graphs._Loss(model, train, Counter(), step.total_of)(x, x)
+    assert float(total - loss) > 0
+    torch.testing.assert_close(out, torch.stack([loss, total]).detach(), rtol=0, atol=0)
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (CUDA graphs, FLA's Triton kernels)")
-def test_graphed_steps_train_and_count_as_eager_steps():
-    """As the stage runs: regions compiled (inductor), the device firewall, an eval between steps. Four steps on
-    batches 0, 1, 2, 0 (batch 0's buffer must not have been overwritten by the later batches), eager against
-    graphed from the same weights: the same kernels, so the same losses and weights up to reduction order."""
+@pytest.mark.parametrize("moe", [False, True])
+def test_graphed_steps_train_and_count_as_eager_steps(moe):
+    """As the stage runs (dormouse.train.trainer.PretrainStep): regions compiled (inductor), the device firewall,
+    an eval between steps. Four steps on batches 0, 1, 2, 0 (batch 0's buffer must not have been overwritten by the
+    later batches), eager against graphed from the same weights: the same kernels, so the same losses and weights up
+    to reduction order; with an MoE the balancing term trains both."""
     torch.manual_seed(0)
     cfg, train = gpu_setup()
+    if moe:
+        cfg = ModelConfig.from_dict({**cfg.to_dict(), "moe": True, "n_experts": 4, "moe_top_k": 1})
+        train = {**train, "moe_aux_coef": 0.5}
     eager = ByteLM(cfg).cuda().train()
     twin = copy.deepcopy(eager)
     g = torch.Generator().manual_seed(1)
@@ -114,21 +137,15 @@ def test_graphed_steps_train_and_count_as_eager_steps():
     losses, counts, evals = {}, {}, {}
     for name, model in (("eager", eager), ("graphed", twin)):
         compile_regions(model)
-        opts = build_optimizers(model, train)
-        fw = Firewall(opts, model.parameters(), 1.0, 3, ONE, on_device=True)
+        model.defer_routing = True  # as the stage
+        step = PretrainStep(model, build_optimizers(model, train), cfg, train, torch.device("cuda"), graphs=name)
         counts[name], losses[name] = Counter(), []
-        graphed = cuda_graphs.GraphedLoss(model, *batches[0], train) if name == "graphed" else None
-        for step, i in enumerate([0, 1, 2, 0]):
-            x, y = batches[i]
-            if graphed is not None:
-                loss = graphed(x, y, counts[name])
-            else:
-                with autocast(x.device, train):
-                    loss = model(x, y, counters=counts[name])[1]
-            fw.step(loss, loss, "test")
-            losses[name].append(float(fw.read("test")))
-            if step == 1:  # an eager eval between replays, as the stage's eval_every
-                evals[name] = evaluate(model, *batches[2], 4, x.device, train, Counter())
+        for i, b in enumerate([0, 1, 2, 0]):
+            step(*batches[b], counts[name], "test")
+            losses[name].append(float(step.firewall.read("test")))
+            if i == 1:  # an eager eval between replays, as the stage's eval_every
+                evals[name] = evaluate(model, *batches[2], 4, torch.device("cuda"), train, Counter())
+        model.take_routing(counts[name])
     assert counts["graphed"] == counts["eager"] and counts["eager"]["kda_path.fla"] > 0
     torch.testing.assert_close(torch.tensor(losses["graphed"]), torch.tensor(losses["eager"]), rtol=1e-3, atol=0)
     assert evals["graphed"] == pytest.approx(evals["eager"], rel=1e-3)
@@ -136,7 +153,7 @@ def test_graphed_steps_train_and_count_as_eager_steps():
     for (k, a), b in zip(eager.state_dict().items(), twin.state_dict().values()):
         torch.testing.assert_close(b, a, rtol=0, atol=1e-3, msg=lambda m, k=k: f"{k}: {m}")
     with pytest.raises(ValueError, match="not the captured"):
-        graphed(batches[0][0][:2], batches[0][1][:2], Counter())
+        step.graphed(batches[0][0][:2], batches[0][1][:2], Counter())
 
 
 @pytest.mark.gpu

@@ -39,19 +39,18 @@ from dormouse.engine.stage import input_artifact, parse_job, summary, writer
 from dormouse.engine.store import scratch_dir
 from dormouse.model.config import ModelConfig
 from dormouse.model.gpt import ByteLM, count_params
-from dormouse.train import checkpoint, cuda_graphs, distributed
+from dormouse.train import checkpoint, distributed
 from dormouse.train.firewall import BadStepsError, Firewall  # noqa: F401 (BadStepsError: the stage's abort)
 from dormouse.train.optim import build_optimizers, set_lr, wsd_multiplier
 from dormouse.train.runtime import (
     LN2,
-    autocast,
     check_arms_active,
     compile_for,
     deterministic_cpu,
     device_for,
     evaluate,
-    with_moe_aux,
 )
+from dormouse.train.trainer import PretrainStep, resume
 
 
 def main(argv=None) -> int:
@@ -99,11 +98,8 @@ def run(job: dict, cfg: ModelConfig, train: dict, shards, world: distributed.Wor
         resumed_train, resumed_eval = Counter(), Counter()  # every rank's counts up to the checkpoint resumed from
         train_counters, eval_counters = Counter(), Counter()  # this process's counts since it started
 
-        last = checkpoint.latest(ckpt_root)
+        last, snap = resume(ckpt_root, model, opts)
         if last is not None:
-            snap = checkpoint.load_snapshot(last)
-            checkpoint.load_weights(model, last / checkpoint.WEIGHTS)
-            checkpoint.load_optimizers(opts, last / checkpoint.OPTIM)
             stream.state = StreamState(**snap["stream"])
             start, metrics, bad_in_row = snap["step"], snap["metrics"], snap["bad_in_row"]
             resumed_train, resumed_eval = Counter(snap["train_counters"]), Counter(snap["eval_counters"])
@@ -113,14 +109,12 @@ def run(job: dict, cfg: ModelConfig, train: dict, shards, world: distributed.Wor
         # Muon and AdamW then step on identical full gradients on every rank.
         net = model if world.size == 1 else DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
 
-        firewall = Firewall(opts, model.parameters(), train["grad_clip"], train["max_bad_steps"], world,
-                            on_device=device.type == "cuda")
+        step_fn = PretrainStep(model, opts, cfg, train, device, world, net)  # graphs captured on its first call
+        firewall = step_fn.firewall
         firewall.resume(bad_in_row)
-        graphs = cuda_graphs.decide(train, device.type, cfg, world.size)
-        if graphs.startswith("refused"):
-            c[f"cuda_graphs.{graphs}"] = 1
-            say(f"[pretrain] train.cuda_graphs: {graphs}; the step runs eagerly", flush=True)
-        graphed = None  # captured on the first step this process runs
+        if step_fn.graphs.startswith("refused"):
+            c[f"cuda_graphs.{step_fn.graphs}"] = 1
+            say(f"[pretrain] train.cuda_graphs: {step_fn.graphs}; the step runs eagerly", flush=True)
         t_last, bytes_last = time.time(), 0
         net.train()
         for step in range(start, train["steps"]):
@@ -128,16 +122,9 @@ def run(job: dict, cfg: ModelConfig, train: dict, shards, world: distributed.Wor
             set_lr(opts, mult)
             x, y = stream.next_batch()  # this rank's rows of the global batch
             x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
-            if graphs == "graphed":
-                if graphed is None:
-                    graphed = cuda_graphs.GraphedLoss(model, x, y, train)
-                    c["cuda_graphs.captures"] += 1
-                loss = total = graphed(x, y, train_counters)
-            else:
-                with autocast(device, train):
-                    _, loss = net(x, y, counters=train_counters)
-                    total = with_moe_aux(loss, model, cfg, train["moe_aux_coef"])
-            firewall.step(loss, total, f"step {step}")
+            if step_fn.graphs == "graphed" and step_fn.graphed is None:
+                c["cuda_graphs.captures"] += 1
+            step_fn(x, y, train_counters, f"step {step}")
             c["train.steps_run_this_process"] += 1
             bytes_last += x.numel() * world.size
 
@@ -186,8 +173,8 @@ def run(job: dict, cfg: ModelConfig, train: dict, shards, world: distributed.Wor
             for k, v in eval_total.items():
                 c[f"eval.{k}"] = v
             c["train.steps"] = train["steps"]
-            if graphed is not None:
-                c["cuda_graphs.replays_this_process"] = graphed.replays
+            if step_fn.graphed is not None:
+                c["cuda_graphs.replays_this_process"] = step_fn.replays
             c["train.bytes_seen"] = stream.bytes_seen()
             c["eval.window_bytes"] = eval_bytes
             save_file({k: v.detach().contiguous().cpu() for k, v in model.state_dict().items()}, str(art.path("model.safetensors")))

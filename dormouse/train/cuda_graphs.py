@@ -52,37 +52,42 @@ def per_call(capture: Counter, calls: int) -> Counter:
 
 
 class _Loss(nn.Module):
-    """The training loss as one module (make_graphed_callables graphs a module's forward and backward)."""
+    """The training loss as one module (make_graphed_callables graphs a module's forward and backward): its output
+    is [loss, total], total being what the step backpropagates (the loss plus an MoE's balancing term)."""
 
-    def __init__(self, model: nn.Module, train: dict, counters: Counter):
+    def __init__(self, model: nn.Module, train: dict, counters: Counter, total_of):
         super().__init__()
-        self.model, self.train_cfg, self.counters = model, train, counters
+        self.model, self.train_cfg, self.counters, self.total_of = model, train, counters, total_of
 
     def forward(self, x, y):
         # a graph must not keep autocast's cached weight casts: they would go stale after an optimizer step
         with autocast(x.device, self.train_cfg, cache=False):
-            return self.model(x, y, counters=self.counters)[1]
+            loss = self.model(x, y, counters=self.counters)[1]
+            return torch.stack([loss, self.total_of(loss)])
 
 
 class GraphedLoss:
-    """loss = graphed(x, y, counters): a replay of the captured forward; loss.backward() replays the backward."""
+    """loss, total = graphed(x, y, counters): a replay of the captured forward; total.backward() replays the
+    backward. `total_of(loss)` is captured with the forward (dormouse.train.trainer passes the MoE balancing term;
+    default: the loss itself)."""
 
-    def __init__(self, model: nn.Module, x: torch.Tensor, y: torch.Tensor, train: dict):
+    def __init__(self, model: nn.Module, x: torch.Tensor, y: torch.Tensor, train: dict, total_of=None):
         model.defer_routing = True  # a replay cannot read the routing on the host: it stays in the device tally
         capture = Counter()
         # its own input buffers: a later batch is copied into them, never into the caller's tensors
-        self.fn = torch.cuda.make_graphed_callables(_Loss(model, train, capture), (x.clone(), y.clone()),
+        self.fn = torch.cuda.make_graphed_callables(_Loss(model, train, capture, total_of or (lambda loss: loss)),
+                                                    (x.clone(), y.clone()),
                                                     num_warmup_iters=WARMUP_CALLS)
         self.per_call = per_call(capture, WARMUP_CALLS + 1)
         model.take_routing(None)  # the warm-up and capture forwards are no training steps
         self.shape = tuple(x.shape)
         self.replays = 0
 
-    def __call__(self, x: torch.Tensor, y: torch.Tensor, counters: Counter) -> torch.Tensor:
+    def __call__(self, x: torch.Tensor, y: torch.Tensor, counters: Counter) -> tuple[torch.Tensor, torch.Tensor]:
         if tuple(x.shape) != self.shape or tuple(y.shape) != self.shape:
             # copy_ into the graph's input buffers would broadcast a smaller batch without a word
             raise ValueError(f"cuda_graphs: batch {tuple(x.shape)}/{tuple(y.shape)} is not the captured {self.shape}")
-        loss = self.fn(x, y)
+        out = self.fn(x, y).clone()  # the graph's output buffer is overwritten by the next replay
         counters.update(self.per_call)
         self.replays += 1
-        return loss.clone()  # the graph's output buffer is overwritten by the next replay
+        return out[0], out[1]

@@ -1,0 +1,72 @@
+"""One pretrain step and one resume: what the pretrain stage runs and what every benchmark times, defined once so
+that a benchmark cannot drift from the stage.
+
+The learning rate stays the caller's (the stage's schedule runs on steps, quality_h200's on a clock); the data
+too. The step is the forward (replayed from CUDA graphs where `train.cuda_graphs` decides so, else under autocast
+through `net`, DDP's wrapper under torchrun), the MoE balancing loss, and the NaN firewall's backward, clip and
+guarded optimizer steps (dormouse/train/firewall.py).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+
+import torch
+
+from dormouse.model.config import ModelConfig
+from dormouse.train import checkpoint, cuda_graphs, distributed
+from dormouse.train.firewall import Firewall
+from dormouse.train.runtime import autocast, with_moe_aux
+
+
+class PretrainStep:
+    def __init__(self, model: torch.nn.Module, opts: list, cfg: ModelConfig, train: dict, device: torch.device,
+                 world: distributed.World = distributed.World(), net: torch.nn.Module | None = None,
+                 graphs: str | None = None, firewall_on_device: bool | None = None):
+        self.model, self.cfg, self.train, self.device = model, cfg, train, device
+        self.net = model if net is None else net  # what the forward calls (and the graphs capture)
+        self.graphs = cuda_graphs.decide(train, device.type, cfg, world.size) if graphs is None else graphs
+        on_device = device.type == "cuda" if firewall_on_device is None else firewall_on_device
+        self.firewall = Firewall(opts, model.parameters(), train["grad_clip"], train["max_bad_steps"], world,
+                                 on_device=on_device)
+        self.graphed: cuda_graphs.GraphedLoss | None = None
+
+    def capture(self, x: torch.Tensor, y: torch.Tensor) -> None:
+        """Capture the graphs now (a benchmark does it off its clock; a capture changes no weight); otherwise the
+        first graphed step does. The balancing term is captured with the forward: a replay trains as eager does."""
+        self.graphed = cuda_graphs.GraphedLoss(self.net, x, y, self.train, total_of=self.total_of)
+
+    def total_of(self, loss: torch.Tensor) -> torch.Tensor:
+        return with_moe_aux(loss, self.model, self.cfg, self.train["moe_aux_coef"])
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor, counters: Counter) -> tuple[torch.Tensor, torch.Tensor]:
+        """(loss, total): the language-model loss to log and what backward takes (plus an MoE's balancing term)."""
+        if self.graphs == "graphed":
+            if self.graphed is None:
+                self.capture(x, y)
+            return self.graphed(x, y, counters)
+        with autocast(self.device, self.train):
+            _, loss = self.net(x, y, counters=counters)
+            return loss, self.total_of(loss)
+
+    def __call__(self, x: torch.Tensor, y: torch.Tensor, counters: Counter, where: str) -> torch.Tensor:
+        loss, total = self.forward(x, y, counters)
+        self.firewall.step(loss, total, where)
+        return loss
+
+    @property
+    def replays(self) -> int:
+        return self.graphed.replays if self.graphed is not None else 0
+
+
+def resume(root: Path | None, model: torch.nn.Module, opts: list) -> tuple[Path, dict] | tuple[None, None]:
+    """Load the latest checkpoint under `root` into the model and optimizers: (its path, its snapshot, which holds
+    the caller's own state: data position, metrics, counters), or (None, None) when there is none."""
+    last = checkpoint.latest(root) if root is not None else None
+    if last is None:
+        return None, None
+    snap = checkpoint.load_snapshot(last)
+    checkpoint.load_weights(model, last / checkpoint.WEIGHTS)
+    checkpoint.load_optimizers(opts, last / checkpoint.OPTIM)
+    return last, snap
