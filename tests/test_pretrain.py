@@ -108,6 +108,14 @@ def test_every_enabled_arm_is_counted_in_training_and_eval(shards):
     assert m["final"]["eval_bytes"] == 2048 - 2048 % 32
     view_curve = [json.loads(line) for line in (shards / out_dir / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in view_curve if "eval_bpb" in r] == [3, 6]
+    # the stage writes nothing outside its artifact; the pretrain view appends the history entry, once per digest
+    hist = shards / "results" / "history.jsonl"
+    assert not hist.exists()
+    view = [sys.executable, "-m", "dormouse.cli", "view", "pretrain", "--preset", "tiny", "--artifact", out_dir,
+            "--out", "results/tiny/pretrain.json", "--history", "results/history.jsonl"]
+    for _ in range(2):
+        subprocess.run(view, cwd=shards, check=True, capture_output=True)
+    assert [json.loads(line)["digest"] for line in hist.read_text().splitlines()] == [Path(out_dir).name]
 
 
 def test_inert_arm_in_eval_is_a_loud_failure():

@@ -6,6 +6,7 @@ import argparse
 import json
 from pathlib import Path
 
+from dormouse.engine import history
 from dormouse.engine.store import open_artifact
 
 
@@ -38,6 +39,8 @@ def main(argv=None) -> int:
     ap.add_argument("--artifact", required=True, help="the artifact's directory or manifest.json")
     ap.add_argument("--store", default="results/store")
     ap.add_argument("--out", required=True)
+    ap.add_argument("--history", type=Path, default=None,
+                    help="pretrain: also append the run to this benchmark history (dormouse history), once per digest")
     args = ap.parse_args(argv)
     art = open_artifact(args.artifact, stage=args.kind)
     if args.kind == "anchors":
@@ -65,4 +68,7 @@ def main(argv=None) -> int:
     tmp = out.with_suffix(".tmp")
     tmp.write_text(json.dumps(view, indent=2) + "\n")
     tmp.replace(out)
+    if args.kind == "pretrain" and args.history is not None:
+        added = history.append(args.history, history.entry_from_artifact(art.path))
+        print(f"[view] history {args.history}: {'appended' if added else 'already there'} ({art.path.name})")
     return 0

@@ -13,7 +13,7 @@ Under torchrun (WORLD_SIZE > 1) the stage runs data-parallel: the global batch i
 train.batch_size rows (a multiple of the world size), each rank trains on its contiguous slice of
 every batch and DistributedDataParallel averages the gradients, so the run differs from one process
 only by floating-point reduction order; the world size is no param and not in the digest. Rank 0
-writes the checkpoints, the artifact and the history entry; a checkpoint resumes under any world size.
+writes the checkpoints and the artifact (the pretrain view appends the history entry); a checkpoint resumes under any world size.
 
 A non-finite step is skipped whole (dormouse/train/firewall.py); on CUDA that decision stays on the device,
 so no step waits for the GPU: the loss and the counts reach the host at log and checkpoint steps.
@@ -22,7 +22,6 @@ so no step waits for the GPU: the loss and the counts reach the host at log and 
 from __future__ import annotations
 
 import json
-import sys
 import time
 from collections import Counter
 from contextlib import nullcontext
@@ -34,7 +33,6 @@ from torch.nn.parallel import DistributedDataParallel
 
 from dormouse.data import shards as layout
 from dormouse.data.byte_stream import StreamState, TrainStream, eval_window, planned_epochs
-from dormouse.engine import history
 from dormouse.engine.stage import input_artifact, parse_job, summary, writer
 from dormouse.engine.store import scratch_dir
 from dormouse.model.config import ModelConfig
@@ -192,8 +190,6 @@ def run(job: dict, cfg: ModelConfig, train: dict, shards, world: distributed.Wor
                 art.extra["final"]["gpu"] = torch.cuda.get_device_name(device)
             art.extra["final"]["torch_threads"] = torch.get_num_threads()
             summary("pretrain", c)
-    if world.is_main:
-        record_history(Path(job["out"]))
     distributed.barrier(world)  # the other ranks wait until the artifact is in place
 
 
@@ -244,14 +240,3 @@ def eval_bpb(model, ex, ey, train: dict, device, counters: Counter, world: distr
     bits = evaluate(model, x, y, train["batch_size"], device, train, counters) * y.numel() if len(rows) else 0.0
     total_bits, n_bytes = distributed.all_sum(torch.tensor([bits, float(y.numel())], dtype=torch.float64, device=device), world)
     return total_bits / n_bytes
-
-
-def record_history(out_dir: Path) -> None:
-    """Append the finished run to the benchmark history (`dormouse history`). The artifact is already
-    complete: a history problem is reported loudly but does not fail the stage (Snakemake would
-    delete a finished artifact's manifest)."""
-    try:
-        added = history.append(history.DEFAULT_HISTORY, history.entry_from_artifact(out_dir))
-        print(f"[pretrain] history {history.DEFAULT_HISTORY}: {'appended' if added else 'already there'}", flush=True)
-    except (OSError, ValueError, KeyError) as e:
-        print(f"[pretrain] WARNING: history {history.DEFAULT_HISTORY} not updated: {e}", file=sys.stderr, flush=True)

@@ -25,7 +25,7 @@ class World:
 
     @property
     def is_main(self) -> bool:
-        """Rank 0: the only process that writes checkpoints, the artifact and the history entry."""
+        """Rank 0: the only process that writes checkpoints and the artifact."""
         return self.rank == 0
 
     def rows(self, n: int) -> range:

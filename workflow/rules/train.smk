@@ -44,6 +44,7 @@ rule pretrain_view:
         "results/benchmarks/view/{preset}.pretrain.tsv"
     params:
         store=STORE,
+        history="results/history.jsonl",  # appended from the finished artifact, once per digest (dormouse history)
     threads: 1
     resources:
         mem_mb=1000,
@@ -52,7 +53,8 @@ rule pretrain_view:
     conda:
         "../../envs/dormouse.yaml"
     shell:
-        "dormouse view pretrain --preset {wildcards.preset} --artifact {input.pretrain} --store {params.store} --out {output} > {log} 2>&1"
+        "dormouse view pretrain --preset {wildcards.preset} --artifact {input.pretrain} --store {params.store} "
+        "--history {params.history} --out {output} > {log} 2>&1"
 
 
 rule sft:
