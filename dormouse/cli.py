@@ -5,15 +5,11 @@ from __future__ import annotations
 import importlib
 import sys
 
+from dormouse.engine.registry import STAGES
+
+# command -> (module, help line[, entry function name: default main]); the stages from their registry
 COMMANDS = {
-    "filter": ("dormouse.stages.filter", "quality-filter the raw corpus"),
-    "shard": ("dormouse.stages.shard", "route documents into train shards and the eval tail"),
-    "anchors": ("dormouse.stages.anchors", "n-gram anchor ladder (bits per byte) on the eval window and the whole eval tail"),
-    "pretrain": ("dormouse.stages.pretrain", "train the byte LM; eval BPB on a fixed window of the eval tail"),
-    "sft": ("dormouse.stages.sft", "fine-tune on the verifiable tasks (loss on assistant bytes only)"),
-    "rl": ("dormouse.stages.rl", "GRPO on the verifiable tasks with exact-verifier rewards"),
-    "export": ("dormouse.stages.export", "quantized rungs (bf16 .. ternary) with bytes on disk and their BPB"),
-    "bench": ("dormouse.stages.bench", "score every stage and rung: BPB, task accuracy, multiple choice, cloze"),
+    **{s.name: (s.module, s.help) for s in STAGES.values()},
     "demo-corpus": ("dormouse.data.demo_corpus", "build corpus/demo from pinned package-registry sources"),
     "scale-corpus": ("dormouse.data.scale_corpus", "build corpus/scale (~1.4 GB of text) from pinned package-registry sources"),
     "gpu-run": ("dormouse.train.devices", "run a command on free GPU slots (sets CUDA_VISIBLE_DEVICES)"),

@@ -38,7 +38,7 @@ def test_bad_top_level_config_names_it(workdir):
 def test_sft_and_rl_carry_the_moe_balancing_coefficient_only_for_an_moe(workdir):
     """An MoE keeps pretrain's balancing loss in sft and rl; a dense model's sft and rl params (digests) do not
     change for it."""
-    from dormouse.engine.plan import stage_params
+    from dormouse.engine.registry import stage_params
 
     dense = load_preset("tiny", workdir)
     moe = load_preset("b1", workdir)

@@ -93,7 +93,7 @@ def test_a_match_key_that_no_job_has_is_refused(two_presets):
 def test_every_stage_can_be_retracted():
     from pathlib import Path
 
-    from dormouse.engine.plan import STAGES
+    from dormouse.engine.registry import STAGES
 
     schema = yaml.safe_load((Path(__file__).resolve().parent.parent / "workflow/schemas/retractions.schema.yaml").read_text())
     assert schema["items"]["properties"]["stage"]["enum"] == list(STAGES)

@@ -10,6 +10,8 @@ from pathlib import Path
 import pytest
 from pipeline_util import configure
 
+ROOT = Path(__file__).resolve().parents[1]
+
 BIN = Path(sys.executable).parent
 
 
@@ -82,3 +84,25 @@ def test_config_corpus_override_points_the_chain_at_another_corpus(fixture_workf
     assert job_counts(proc.stdout) == {"filter": 1, "shard": 1, "anchors": 1, "anchors_view": 1, "total": 4}
     missing = snakemake(fixture_workflow, "-n", "--config", f"corpus={tmp_path / 'nowhere'}", check=False)
     assert missing.returncode != 0 and "matched no files" in missing.stdout + missing.stderr
+
+
+def test_every_registered_stage_has_its_rule():
+    """The rules are written out for readers; this holds them to the registry (dormouse/engine/registry.py): one
+    rule per stage, named as the stage, whose inputs, job and command are that stage's, and no rule runs a stage
+    under another name."""
+    import re
+
+    from dormouse.engine.registry import STAGES
+
+    rules = {}
+    for smk in sorted((ROOT / "workflow" / "rules").glob("*.smk")):
+        for m in re.finditer(r"^rule (\w+):\n(.*?)(?=^rule |\Z)", smk.read_text(), re.S | re.M):
+            rules[m.group(1)] = m.group(2)
+    for name in STAGES:
+        body = rules.get(name)
+        assert body is not None, f"no rule {name!r} in workflow/rules/"
+        for want in (f'unpack(stage_inputs("{name}"))', f'stage_job("{name}")', f'{{STORE}}/{name}/{{{{d}}}}/manifest.json'):
+            assert want in body, f"rule {name}: {want!r} missing"
+        assert re.search(rf"(dormouse|{{params.launch}}) {name} --job", body), f"rule {name} does not run its stage"
+    runs = {rule: re.findall(r"(?:dormouse|{params.launch}) (\w+) --job", body) for rule, body in rules.items()}
+    assert all(cmd == [rule] for rule, cmd in runs.items() if cmd), runs

@@ -13,68 +13,8 @@ from pathlib import Path
 from dormouse.engine.config import ConfigError, flatten, load_preset, load_retractions, validate
 from dormouse.engine.experiments import load_experiments
 from dormouse.engine.raw import DEMO_BUILT, expand_raw, is_demo, raw_input
+from dormouse.engine.registry import STAGES, stage_params
 from dormouse.engine.store import artifact_digest, canonical_json
-
-
-@dataclass(frozen=True)
-class StageSpec:
-    name: str
-    format_version: int
-    upstream: tuple[str, ...]  # artifact inputs, by stage name
-
-
-# The chain, in order. A stage's format_version changes when its output layout changes.
-STAGES = {
-    s.name: s
-    for s in (
-        StageSpec("filter", 2, ()),  # 2: documents holding the chat template bytes 0x01-0x03 are dropped (fastText's NaN retries add manifest keys only: the documents are the same, so no bump)
-        StageSpec("shard", 4, ("filter",)),  # 2: documents in hash order; 3: the hash mixed (fnv.doc_hash): a uniform eval tail; 4: the tail held out by group (part_pattern)
-        StageSpec("anchors", 2, ("shard",)),  # 2: the ladder scores the model's eval window; ladder_tail the whole tail
-        StageSpec("pretrain", 8, ("shard",)),  # 2: batch rows from B lanes; 3: epochs exclude lane tails; 4: StackedMuon, compiled regions, shifted-sum convs; 5: those convs sum in fp32; 6: FLA's conv kernel on CUDA, CUDA graphs by default; 7: the mixer's input projections as one matmul, its activations inside chunk_kda on CUDA, no recompute in FLA's backward; 8: our Triton short conv on CUDA from the sequence start
-        StageSpec("sft", 7, ("pretrain", "shard")),  # 2: held-out accuracy with the constant-reply baseline; 3: StackedMuon; 4: convs sum in fp32; 5: FLA's conv kernel on CUDA; 6: one input matmul; 7: our Triton conv
-        StageSpec("rl", 9, ("sft", "shard")),  # 2: no dev-split prompt in training; 3: as sft 2; 4: paired selection; 5: StackedMuon; 6: as sft 4; 7: as sft 5; 8: as sft 6; 9: as sft 7
-        StageSpec("export", 2, ("rl", "shard")),  # 2: reference_bpb computed in fp32 (it ran under the bf16 autocast on CUDA)
-        StageSpec("bench", 2, ("pretrain", "sft", "rl", "export", "anchors", "shard")),  # 2: as sft 2
-    )
-}
-
-
-def stage_params(stage: str, preset: dict) -> dict:
-    """The resolved slice of a preset that can change this stage's output, and nothing else."""
-    data = preset["data"]
-    if stage == "filter":
-        quality = dict(data["filter"]["quality"])
-        if quality["model"] != "train":  # a user-supplied model: its file is an input, not a param
-            quality = {k: v for k, v in quality.items() if k not in ("train", "positive", "negative")}
-            quality["model"] = "file"
-        else:  # example sets are inputs (fingerprinted), not params
-            quality = {k: v for k, v in quality.items() if k not in ("positive", "negative")}
-        return {"reader": data["reader"], **{k: v for k, v in data["filter"].items() if k != "quality"}, "quality": quality}
-    if stage == "shard":
-        return dict(data["shard"])
-    if stage == "anchors":  # the ladder scores the model's eval window: its size is a param
-        return {**preset["anchors"], "eval": {k: preset["train"][k] for k in ("eval_bytes", "seq_len")}}
-    if stage == "pretrain":
-        from dormouse.model.config import ModelConfig  # torch-free
-
-        try:
-            model = ModelConfig.from_dict(preset["model"]).to_dict()
-        except (TypeError, ValueError) as e:
-            raise ConfigError(f"model: {e}") from None
-        return {"model": model, "train": dict(preset["train"])}
-    # After pretrain the model is implied by the upstream digest; what else runs it is explicit.
-    train = preset["train"]
-    run = {"device": train["device"], "dtype": train["dtype"],
-           "eval": {k: train[k] for k in ("eval_bytes", "seq_len", "batch_size")}}
-    if stage in ("sft", "rl"):
-        # an MoE keeps pretrain's balancing loss while it trains on (a param only then: other digests stay)
-        moe = {"moe_aux_coef": train["moe_aux_coef"]} if preset["model"].get("moe") else {}
-        return {"tasks": dict(preset["tasks"]), stage: dict(preset[stage]), **run, **moe}
-    if stage == "export":
-        return {"export": dict(preset["export"]), **run}
-    if stage == "bench":
-        return {"tasks": dict(preset["tasks"]), "bench": dict(preset["bench"]), **run}
-    raise KeyError(stage)
 
 
 @dataclass

@@ -17,7 +17,8 @@ import json
 from pathlib import Path
 
 from dormouse.engine.config import load_yaml
-from dormouse.engine.plan import STAGES, build_plan, matching_retractions
+from dormouse.engine.plan import build_plan, matching_retractions
+from dormouse.engine.registry import STAGES
 from dormouse.engine.store import artifact_digest
 
 

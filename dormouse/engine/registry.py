@@ -1,0 +1,133 @@
+"""The stages: one torch-free table that the planner (digests, inputs), the CLI (`dormouse <stage>`) and the tests
+of the rules (workflow/rules/*.smk: one rule per stage, its docstring the help line) read.
+
+A stage's `format_version` changes when its output changes for the same params and inputs (a new layout or a fix
+that changes the numbers: the digest then moves and the stage and everything downstream rebuild); each bump
+gets a line in its changelog. `params` cuts the resolved preset down to what can change the stage's output,
+and nothing else: it is digested.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from dormouse.engine.config import ConfigError
+
+
+@dataclass(frozen=True)
+class Stage:
+    name: str
+    help: str  # the CLI's help line and the rule's docstring
+    format_version: int
+    upstream: tuple[str, ...]  # artifact inputs, by stage name
+    params: Callable[[dict], dict]  # resolved preset -> the digested params slice
+    changelog: tuple[str, ...]  # "N: what changed", one per version from 2 on
+
+    @property
+    def module(self) -> str:  # the entry point: main(argv) in it
+        return f"dormouse.stages.{self.name}"
+
+
+def _filter(preset: dict) -> dict:
+    data = preset["data"]
+    quality = dict(data["filter"]["quality"])
+    if quality["model"] != "train":  # a user-supplied model: its file is an input, not a param
+        quality = {k: v for k, v in quality.items() if k not in ("train", "positive", "negative")}
+        quality["model"] = "file"
+    else:  # example sets are inputs (fingerprinted), not params
+        quality = {k: v for k, v in quality.items() if k not in ("positive", "negative")}
+    return {"reader": data["reader"], **{k: v for k, v in data["filter"].items() if k != "quality"}, "quality": quality}
+
+
+def _shard(preset: dict) -> dict:
+    return dict(preset["data"]["shard"])
+
+
+def _anchors(preset: dict) -> dict:  # the ladder scores the model's eval window: its size is a param
+    return {**preset["anchors"], "eval": {k: preset["train"][k] for k in ("eval_bytes", "seq_len")}}
+
+
+def _pretrain(preset: dict) -> dict:
+    from dormouse.model.config import ModelConfig  # torch-free
+
+    try:
+        model = ModelConfig.from_dict(preset["model"]).to_dict()
+    except (TypeError, ValueError) as e:
+        raise ConfigError(f"model: {e}") from None
+    return {"model": model, "train": dict(preset["train"])}
+
+
+def _run(preset: dict) -> dict:
+    """After pretrain the model is implied by the upstream digest; what else runs it is explicit."""
+    train = preset["train"]
+    return {"device": train["device"], "dtype": train["dtype"],
+            "eval": {k: train[k] for k in ("eval_bytes", "seq_len", "batch_size")}}
+
+
+def _posttrain(stage: str) -> Callable[[dict], dict]:
+    def params(preset: dict) -> dict:
+        # an MoE keeps pretrain's balancing loss while it trains on (a param only then: other digests stay)
+        moe = {"moe_aux_coef": preset["train"]["moe_aux_coef"]} if preset["model"].get("moe") else {}
+        return {"tasks": dict(preset["tasks"]), stage: dict(preset[stage]), **_run(preset), **moe}
+    return params
+
+
+def _export(preset: dict) -> dict:
+    return {"export": dict(preset["export"]), **_run(preset)}
+
+
+def _bench(preset: dict) -> dict:
+    return {"tasks": dict(preset["tasks"]), "bench": dict(preset["bench"]), **_run(preset)}
+
+
+# The chain, in order.
+STAGES: dict[str, Stage] = {s.name: s for s in (
+    Stage("filter", "quality-filter the raw corpus", 2, (), _filter, (
+        "2: documents holding the chat template bytes 0x01-0x03 are dropped (fastText's NaN retries add manifest keys "
+        "only: the documents are the same, so no bump)",)),
+    Stage("shard", "route documents into train shards and the eval tail", 4, ("filter",), _shard, (
+        "2: documents in hash order",
+        "3: the hash mixed (fnv.doc_hash): a uniform eval tail",
+        "4: the tail held out by group (part_pattern)")),
+    Stage("anchors", "n-gram anchor ladder (bits per byte) on the eval window and the whole eval tail", 2,
+          ("shard",), _anchors, (
+        "2: the ladder scores the model's eval window; ladder_tail the whole tail",)),
+    Stage("pretrain", "train the byte LM; eval BPB on a fixed window of the eval tail", 8, ("shard",), _pretrain, (
+        "2: batch rows from B lanes",
+        "3: epochs exclude lane tails",
+        "4: StackedMuon, compiled regions, shifted-sum convs",
+        "5: those convs sum in fp32",
+        "6: FLA's conv kernel on CUDA, CUDA graphs by default",
+        "7: the mixer's input projections as one matmul, its activations inside chunk_kda on CUDA, no recompute in "
+        "FLA's backward",
+        "8: our Triton short conv on CUDA from the sequence start")),
+    Stage("sft", "fine-tune on the verifiable tasks (loss on assistant bytes only)", 7, ("pretrain", "shard"),
+          _posttrain("sft"), (
+        "2: held-out accuracy with the constant-reply baseline",
+        "3: StackedMuon",
+        "4: convs sum in fp32",
+        "5: FLA's conv kernel on CUDA",
+        "6: one input matmul",
+        "7: our Triton conv")),
+    Stage("rl", "GRPO on the verifiable tasks with exact-verifier rewards", 9, ("sft", "shard"), _posttrain("rl"), (
+        "2: no dev-split prompt in training",
+        "3: as sft 2",
+        "4: paired selection",
+        "5: StackedMuon",
+        "6: as sft 4",
+        "7: as sft 5",
+        "8: as sft 6",
+        "9: as sft 7")),
+    Stage("export", "quantized rungs (bf16 .. ternary) with bytes on disk and their BPB", 2, ("rl", "shard"),
+          _export, (
+        "2: reference_bpb computed in fp32 (it ran under the bf16 autocast on CUDA)",)),
+    Stage("bench", "score every stage and rung: BPB, task accuracy, multiple choice, cloze", 2,
+          ("pretrain", "sft", "rl", "export", "anchors", "shard"), _bench, (
+        "2: as sft 2",)),
+)}
+
+
+def stage_params(stage: str, preset: dict) -> dict:
+    """The resolved slice of a preset that can change this stage's output, and nothing else."""
+    return STAGES[stage].params(preset)
