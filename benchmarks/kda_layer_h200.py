@@ -118,7 +118,7 @@ def layer_fn(layer, x, dy, train, call):
     def fn():
         x.grad = None
         layer.zero_grad(set_to_none=True)
-        with autocast(x.device, train):
+        with autocast(x.device, train["dtype"]):
             y = call(x)
         y.backward(dy)
     return fn
@@ -174,14 +174,14 @@ def main(argv=None) -> int:
                 note, a = "", None
                 if name in ("fla_conv", "torch_gates", "separate_proj", "torch_conv", "fla_norm"):
                     ours, ocall = build("ours", cfg, device, backend)
-                    with torch.no_grad(), autocast(device, train):
+                    with torch.no_grad(), autocast(device, train["dtype"]):
                         a = ocall(x).float()
                 with conv_off(*CONV_OFF[name]) if name in CONV_OFF else contextlib.nullcontext():
                     layer, call = build(name, cfg, device, backend)
                     fn = layer_fn(layer, x, dy, train, call)
                     if a is not None:
                         layer.load_state_dict(ours.state_dict())
-                        with torch.no_grad(), autocast(device, train):
+                        with torch.no_grad(), autocast(device, train["dtype"]):
                             b = call(x).float()
                         note = f"max|this-ours| {(a - b).abs().max().item():.3g} of max|ours| {a.abs().max().item():.3g}"
                         del ours

@@ -473,7 +473,7 @@ def peer_step(loss_fn, model, opts, train: dict, device, batches):
         state["i"] += 1
         set_lr(opts, wsd_multiplier(i, train["steps"], train["warmup_steps"], train["decay_frac"], train["min_lr_frac"]))
         x, y = batches[i % len(batches)]
-        with autocast(device, train):
+        with autocast(device, train["dtype"]):
             loss = loss_fn(x, y)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, train["grad_clip"])
@@ -752,7 +752,7 @@ def _layer_fn(ctx: Ctx, layer: nn.Module, call):
         x.grad = None
         layer.zero_grad(set_to_none=True)
         torch.compiler.cudagraph_mark_step_begin()
-        with autocast(ctx.device, ctx.train):
+        with autocast(ctx.device, ctx.train["dtype"]):
             y = call(x)
         if dy is None:
             dy = torch.randn(y.shape, generator=g0).to(device=ctx.device, dtype=y.dtype)
@@ -819,7 +819,7 @@ def run_layer_torch_gates_graphed(ctx: Ctx) -> dict:
     regions = graph_safe_compiled(ctx.args, other, ctx.device)
     graph_safe_compiled(ctx.args, ours, ctx.device)  # the reference output as the stage computes it
     x = torch.randn(ctx.batch, ctx.seq_len, ctx.cfg.d_model, generator=torch.Generator().manual_seed(ctx.args.seed + 1))
-    with torch.no_grad(), autocast(ctx.device, ctx.train):
+    with torch.no_grad(), autocast(ctx.device, ctx.train["dtype"]):
         a, b = ours(x.to(ctx.device))[0].float(), other(x.to(ctx.device))[0].float()
     diff = f"max |this - ours| {(a - b).abs().max().item():.3g} of max |ours| {a.abs().max().item():.3g}"
     del ours, a, b

@@ -123,7 +123,7 @@ def train_for(system: str, cfg: ModelConfig, train: dict, shards, device, budget
             x, y = (a.to(device) for a in w_stream.next_batch())
             loss = w_step(x, y, Counter(), "warm-up")
         w_step.firewall.read("warm-up")
-        evaluate(w_scored, ex[: train["batch_size"]], ey[: train["batch_size"]], train["batch_size"], device, train, Counter())
+        evaluate(w_scored, ex[: train["batch_size"]], ey[: train["batch_size"]], train["batch_size"], device, train["dtype"], Counter())
         if device.type == "cuda":
             torch.cuda.synchronize(device)
         log(f"{system}: warm-up {warmup_steps} steps + one eval batch on a throwaway model: {time.time() - t:.1f} s")
@@ -157,7 +157,7 @@ def train_for(system: str, cfg: ModelConfig, train: dict, shards, device, budget
     start_s = spent
     while True:
         if spent >= next_eval or spent >= budget_s:
-            bpb = evaluate(scored, ex, ey, train["batch_size"], device, train, counters)
+            bpb = evaluate(scored, ex, ey, train["batch_size"], device, train["dtype"], counters)
             read = step * train["batch_size"] * train["seq_len"]
             rows.append({"system": system, "train_s": round(spent, 1), "step": step, "bytes": read,
                          "passes": round(read / stream.epoch_bytes, 4),  # past 1 the curve measures memorising too

@@ -83,7 +83,7 @@ def test_a_cuda_step_never_waits_for_the_host(graphs):
         if graphed is not None:
             loss, total = graphed(x, x, counters)
         else:
-            with autocast(x.device, train):
+            with autocast(x.device, train["dtype"]):
                 loss = total = model(x, x, counters=counters)[1]
         fw.step(loss, total, "test")
 
@@ -144,7 +144,7 @@ def test_graphed_steps_train_and_count_as_eager_steps(moe):
             step(*batches[b], counts[name], "test")
             losses[name].append(float(step.firewall.read("test")))
             if i == 1:  # an eager eval between replays, as the stage's eval_every
-                evals[name] = evaluate(model, *batches[2], 4, torch.device("cuda"), train, Counter())
+                evals[name] = evaluate(model, *batches[2], 4, torch.device("cuda"), train["dtype"], Counter())
         model.take_routing(counts[name])
     assert counts["graphed"] == counts["eager"] and counts["eager"]["kda_path.fla"] > 0
     torch.testing.assert_close(torch.tensor(losses["graphed"]), torch.tensor(losses["eager"]), rtol=1e-3, atol=0)

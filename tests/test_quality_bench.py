@@ -100,7 +100,7 @@ def test_the_sdpa_baseline_trains_the_same_from_cuda_graphs():
             if graphed is not None:
                 loss, _ = graphed(x, y, Counter())
             else:
-                with autocast(dev, train):
+                with autocast(dev, train["dtype"]):
                     loss = model(x, y)[1]
             loss.backward()
             for o in opts:

@@ -10,7 +10,7 @@ from dormouse.posttrain import chat, task_eval, tasks
 
 CFG = ModelConfig(d_model=32, n_heads=2, head_dim=16, ffn_hidden=48, n_core=2, kda_chunk_size=16)
 TASKS = {"families": ["count", "reverse"], "difficulties": [1, 2], "heldout_items": 5, "max_new_bytes": 8}
-RUN = {"dtype": "float32"}
+RUN = "float32"
 CPU = torch.device("cpu")
 
 
@@ -66,7 +66,7 @@ def test_greedy_and_sampled_replies_decode_in_the_runs_precision(monkeypatch):
 
     monkeypatch.setattr(task_eval, "generate", fake_generate)
     items = task_eval.heldout_items(TASKS)[:2]
-    for run, want in (({"dtype": "float32"}, False), ({"dtype": "bfloat16"}, True), ({}, True)):
+    for run, want in (("float32", False), ("bfloat16", True)):
         seen.clear()
         task_eval.answer(live_model(CFG), items, 4, CPU, run)
         task_eval.sampled_accuracy(live_model(CFG), items, 4, CPU, run, samples=2, temperature=1.0, seed=0)

@@ -37,22 +37,22 @@ def grade(item: tasks.Item, generated: bytes) -> str:
 
 
 @torch.no_grad()
-def answer(model, items: list[tasks.Item], max_new_bytes: int, device, run: dict, batch: int = 256) -> list[bytes]:
+def answer(model, items: list[tasks.Item], max_new_bytes: int, device, dtype: str, batch: int = 256) -> list[bytes]:
     """Greedy replies to every item's prompt (eval mode; the caller's train/eval mode is restored)."""
     was_training = model.training
     model.eval()
     out: list[bytes] = []
     for i in range(0, len(items), batch):
         prompts = [chat.prompt_bytes(it.prompt) for it in items[i : i + batch]]
-        with autocast(device, run):
-            out += generate(model, prompts, max_new_bytes, temperature=0.0, bf16=uses_bf16(run))
+        with autocast(device, dtype):
+            out += generate(model, prompts, max_new_bytes, temperature=0.0, bf16=uses_bf16(dtype))
     model.train(was_training)
     return out
 
 
-def correct(model, items: list[tasks.Item], max_new_bytes: int, device, run: dict) -> list[bool]:
+def correct(model, items: list[tasks.Item], max_new_bytes: int, device, dtype: str) -> list[bool]:
     """Per item, whether the greedy reply is verified correct (for paired comparisons of two models)."""
-    return [grade(it, g) == "correct" for it, g in zip(items, answer(model, items, max_new_bytes, device, run))]
+    return [grade(it, g) == "correct" for it, g in zip(items, answer(model, items, max_new_bytes, device, dtype))]
 
 
 def tally(graded: list[tuple[tasks.Item, str]]) -> dict:
@@ -78,10 +78,10 @@ def constant_baseline(items: list[tasks.Item]) -> float:
     return round(sum(c.most_common(1)[0][1] for c in cells.values()) / len(items), 5)
 
 
-def accuracy(model, items: list[tasks.Item], max_new_bytes: int, device, run: dict) -> dict:
+def accuracy(model, items: list[tasks.Item], max_new_bytes: int, device, dtype: str) -> dict:
     """Exact-match accuracy by greedy decode, overall and per family / difficulty, beside the constant-reply
     baseline and the number of distinct replies (a model that collapsed to one answer shows 1 or 2)."""
-    replies = answer(model, items, max_new_bytes, device, run)
+    replies = answer(model, items, max_new_bytes, device, dtype)
     return {"n": len(items), **tally([(it, grade(it, g)) for it, g in zip(items, replies)]),
             "distinct_replies": len({chat.parse_assistant(g) for g in replies}),
             "distinct_prompts": len({it.prompt for it in items}),  # small cells repeat prompts: the independent count
@@ -89,7 +89,7 @@ def accuracy(model, items: list[tasks.Item], max_new_bytes: int, device, run: di
 
 
 @torch.no_grad()
-def sampled_accuracy(model, items: list[tasks.Item], max_new_bytes: int, device, run: dict, samples: int,
+def sampled_accuracy(model, items: list[tasks.Item], max_new_bytes: int, device, dtype: str, samples: int,
                      temperature: float, seed: int, batch_items: int = 64) -> dict:
     """Mean exact match of `samples` replies per item drawn at `temperature` (a pass@1 estimate), from a
     seeded CPU generator so a rerun draws the same bytes on the same device."""
@@ -99,10 +99,10 @@ def sampled_accuracy(model, items: list[tasks.Item], max_new_bytes: int, device,
     grades: list[tuple[tasks.Item, str]] = []
     for i in range(0, len(items), batch_items):
         chunk = items[i : i + batch_items]
-        with autocast(device, run):
+        with autocast(device, dtype):
             replies = generate(model, [chat.prompt_bytes(it.prompt) for it in chunk], max_new_bytes,
                                temperature=temperature, generator=gen, samples_per_prompt=samples,
-                               bf16=uses_bf16(run))
+                               bf16=uses_bf16(dtype))
         grades += [(chunk[j // samples], grade(chunk[j // samples], r)) for j, r in enumerate(replies)]
     model.train(was_training)
     t = tally(grades)
@@ -110,13 +110,13 @@ def sampled_accuracy(model, items: list[tasks.Item], max_new_bytes: int, device,
             "malformed": t["malformed"], "by_cell": t["by_cell"]}
 
 
-def heldout_accuracy(model, items: list[tasks.Item], task_params: dict, device, run: dict) -> dict:
+def heldout_accuracy(model, items: list[tasks.Item], task_params: dict, device, dtype: str) -> dict:
     """Greedy accuracy, with the sampled accuracy under "sampled" when tasks.sampled_eval.samples > 0:
     what sft, rl and bench report for the held-out items."""
-    acc = accuracy(model, items, task_params["max_new_bytes"], device, run)
+    acc = accuracy(model, items, task_params["max_new_bytes"], device, dtype)
     s = task_params["sampled_eval"]
     if s["samples"] > 0:
-        acc["sampled"] = sampled_accuracy(model, items, task_params["max_new_bytes"], device, run, s["samples"],
+        acc["sampled"] = sampled_accuracy(model, items, task_params["max_new_bytes"], device, dtype, s["samples"],
                                           s["temperature"], s["seed"])
     return acc
 
@@ -139,9 +139,8 @@ def held_out(model, items: list[tasks.Item], task_params: dict, dtype: str, batc
              counters: Counter) -> dict:
     """Task accuracy (greedy, and sampled when tasks.sampled_eval.samples > 0) and corpus BPB on the eval window:
     the numbers every post-training stage reports."""
-    run = {"dtype": dtype}
-    acc = heldout_accuracy(model, items, task_params, device, run)
-    bpb = evaluate(model, ex, ey, batch_size, device, run, counters)
+    acc = heldout_accuracy(model, items, task_params, device, dtype)
+    bpb = evaluate(model, ex, ey, batch_size, device, dtype, counters)
     return {**acc, "corpus_bpb": round(bpb, 5)}
 
 

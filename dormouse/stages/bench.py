@@ -45,7 +45,7 @@ def task_mc_items(items: list[tasks.Item], k: int) -> list[mc.McItem]:
 def score_model(model, suites: dict[str, list[mc.McItem]], heldout, params, device, counters) -> dict:
     window = params["eval"]["seq_len"]
     scores = {name: mc.evaluate_mc(model, items, window, device, counters) for name, items in suites.items()}
-    scores["tasks_gen"] = task_eval.heldout_accuracy(model, heldout, params["tasks"], device, params)
+    scores["tasks_gen"] = task_eval.heldout_accuracy(model, heldout, params["tasks"], device, params["dtype"])
     return scores
 
 
@@ -58,7 +58,7 @@ def upstream_summary(art) -> dict:
 def main(argv=None) -> int:
     job = parse_job(argv, "bench", __doc__)
     params = job["params"]
-    device = device_for(params, "bench")
+    device = device_for(params["device"], "bench")
     deterministic_cpu(device)
     arts = {name: input_artifact(job, name) for name in ("pretrain", "sft", "rl", "export", "anchors", "shard")}
     tail_path = layout.eval_bin(arts["shard"])
@@ -85,7 +85,7 @@ def main(argv=None) -> int:
             model, cfg = load_model(arts[stage], device)
             model.eval()
             counters = Counter()
-            bpb = evaluate(model, ex, ey, params["eval"]["batch_size"], device, params, counters)
+            bpb = evaluate(model, ex, ey, params["eval"]["batch_size"], device, params["dtype"], counters)
             models[stage] = {"bpb": round(bpb, 5), "eval_bytes": eval_bytes,
                              **score_model(model, suites, heldout, params, device, counters)}
             c.update({f"{stage}.{k}": v for k, v in counters.items()})

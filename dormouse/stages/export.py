@@ -50,7 +50,7 @@ def rung_source_state(model) -> dict[str, torch.Tensor]:
 def main(argv=None) -> int:
     job = parse_job(argv, "export", __doc__)
     params = job["params"]
-    device = device_for(params, "export")
+    device = device_for(params["device"], "export")
     deterministic_cpu(device)
     src, shards = input_artifact(job, "rl"), input_artifact(job, "shard")
     model, cfg = load_model(src, device)
@@ -62,7 +62,7 @@ def main(argv=None) -> int:
         c = art.counters
         counters = Counter()
         # the reference is computed in fp32: under the preset's bf16 autocast it would be the bf16 rung's arithmetic
-        reference = evaluate(model, ex, ey, batch, device, {**params, "dtype": "float32"}, counters)
+        reference = evaluate(model, ex, ey, batch, device, "float32", counters)
         rungs = {}
         for rung in params["export"]["rungs"]:
             path = art.path(f"rungs/{rung}.safetensors")
@@ -70,7 +70,7 @@ def main(argv=None) -> int:
             narrow: list[str] = []
             recipe = quant.save_rung(path, state, rung, eligible=eligible_for(rung, params["export"]["quantize_tables"], narrow))
             rung_counters = Counter()
-            bpb = evaluate(quant.load_rung_model(path, cfg, device), ex, ey, batch, device, params, rung_counters)
+            bpb = evaluate(quant.load_rung_model(path, cfg, device), ex, ey, batch, device, params["dtype"], rung_counters)
             check_arms_active(cfg, rung_counters, f"rung {rung}", "export")
             quantized = sorted(n for n, t in recipe["tensors"].items() if t["rule"] not in ("bf16", "keep"))
             rungs[rung] = {"file": f"rungs/{rung}.safetensors", "bytes": path.stat().st_size, "bpb": round(bpb, 5),

@@ -61,7 +61,7 @@ def main(argv=None) -> int:
                          f"(WORLD_SIZE): every rank trains on an equal slice of the global batch; use a multiple of the GPU count")
     shards = input_artifact(job, "shard")
     check_epochs(job, train, shards)  # before any device is touched
-    device = distributed.init(world, device_for(train))
+    device = distributed.init(world, device_for(train["device"]))
     try:
         run(job, cfg, train, shards, world, device)
     finally:
@@ -234,9 +234,9 @@ def eval_bpb(model, ex, ey, train: dict, device, counters: Counter, world: distr
     """BPB on the fixed eval window. Several ranks split its rows and add up bits and bytes: the same
     BPB as one process up to reduction order."""
     if world.size == 1:
-        return evaluate(model, ex, ey, train["batch_size"], device, train, counters)
+        return evaluate(model, ex, ey, train["batch_size"], device, train["dtype"], counters)
     rows = world.rows(len(ex))
     x, y = ex[rows.start : rows.stop], ey[rows.start : rows.stop]
-    bits = evaluate(model, x, y, train["batch_size"], device, train, counters) * y.numel() if len(rows) else 0.0
+    bits = evaluate(model, x, y, train["batch_size"], device, train["dtype"], counters) * y.numel() if len(rows) else 0.0
     total_bits, n_bytes = distributed.all_sum(torch.tensor([bits, float(y.numel())], dtype=torch.float64, device=device), world)
     return total_bits / n_bytes

@@ -82,7 +82,7 @@ class Selection:
 
     def __init__(self, model, dev: list, task_params: dict, device, params: dict, min_z: float):
         self.model, self.dev, self.device, self.min_z = model, dev, device, min_z
-        self.max_new, self.run = task_params["max_new_bytes"], {"dtype": params["dtype"]}
+        self.max_new, self.dtype = task_params["max_new_bytes"], params["dtype"]
         self.curve: list[tuple[int, float]] = []
         self.paired: list[dict] = []
         self.base: list[bool] | None = None
@@ -95,7 +95,7 @@ class Selection:
         return bool(self.dev) and (step % every == 0 or step == rl["steps"])
 
     def check(self, step: int) -> float:
-        right = task_eval.correct(self.model, self.dev, self.max_new, self.device, self.run)
+        right = task_eval.correct(self.model, self.dev, self.max_new, self.device, self.dtype)
         acc = round(sum(right) / len(right), 5)
         self.curve.append((step, acc))
         if self.base is None:
@@ -161,7 +161,7 @@ def main(argv=None) -> int:
     job = parse_job(argv, "rl", __doc__)
     params = job["params"]
     rl, task_params = params["rl"], params["tasks"]
-    device = device_for(params, "rl")
+    device = device_for(params["device"], "rl")
     deterministic_cpu(device)
     torch.manual_seed(rl["seed"])
     sft_art, shards = input_artifact(job, "sft"), input_artifact(job, "shard")
@@ -194,9 +194,9 @@ def main(argv=None) -> int:
             items = [next(stream) for _ in range(rl["prompts_per_step"] * rl["oversample"])]
             unique = [chat.prompt_bytes(it.prompt) for it in items]
             model.eval()
-            with torch.no_grad(), autocast(device, params):
+            with torch.no_grad(), autocast(device, params["dtype"]):
                 replies = generate(model, unique, max_new, temperature=temp, top_k=rl["top_k"], generator=gen,
-                                   samples_per_prompt=G, bf16=uses_bf16(params))
+                                   samples_per_prompt=G, bf16=uses_bf16(params["dtype"]))
             grades = [task_eval.grade(items[j // G], r) for j, r in enumerate(replies)]
             rewards = torch.tensor([float(g == "correct") for g in grades]).view(-1, G)
             signal = []  # groups with a learning signal, in draw order
@@ -220,12 +220,12 @@ def main(argv=None) -> int:
                 rows = [i * G + j for i in keep for j in range(G)]
                 prompts, kept = [unique[i // G] for i in rows], [replies[i] for i in rows]
                 adv = group_advantages(rewards[keep].reshape(-1), G).to(device).unsqueeze(1)
-                with torch.no_grad(), autocast(device, params):
+                with torch.no_grad(), autocast(device, params["dtype"]):
                     old_lp, mask = reply_logprobs(model, prompts, kept, temp, device)
                     ref_lp = reply_logprobs(ref, prompts, kept, temp, device)[0] if ref is not None else None
                 model.train()
                 for _ in range(rl["ppo_epochs"]):
-                    with autocast(device, params):
+                    with autocast(device, params["dtype"]):
                         new_lp, _ = reply_logprobs(model, prompts, kept, temp, device, train_counters)
                     loss = grpo_loss(new_lp, old_lp, ref_lp, adv, mask, rl["clip_eps"], rl["kl_coef"])
                     update(with_moe_aux(loss, model, cfg, params.get("moe_aux_coef")), params_list, opts, rl["grad_clip"],

@@ -57,7 +57,7 @@ def main(argv=None) -> int:
     job = parse_job(argv, "sft", __doc__)
     params = job["params"]
     sft, task_params = params["sft"], params["tasks"]
-    device = device_for(params, "sft")
+    device = device_for(params["device"], "sft")
     deterministic_cpu(device)
     torch.manual_seed(sft["seed"])
     pre, shards = input_artifact(job, "pretrain"), input_artifact(job, "shard")
@@ -83,7 +83,7 @@ def main(argv=None) -> int:
         for step in range(sft["steps"]):
             set_lr(opts, wsd_multiplier(step, sft["steps"], sft["warmup_steps"], sft["decay_frac"], sft["min_lr_frac"]))
             x, y, n_bytes = sft_batch([next(stream) for _ in range(sft["batch_size"])], device)
-            with autocast(device, params):
+            with autocast(device, params["dtype"]):
                 _, loss = model(x, y, counters=train_counters)
                 total = with_moe_aux(loss, model, cfg, params.get("moe_aux_coef"))
                 if replay is not None:

@@ -61,7 +61,7 @@ class _Loss(nn.Module):
 
     def forward(self, x, y):
         # a graph must not keep autocast's cached weight casts: they would go stale after an optimizer step
-        with autocast(x.device, self.train_cfg, cache=False):
+        with autocast(x.device, self.train_cfg["dtype"], cache=False):
             loss = self.model(x, y, counters=self.counters)[1]
             return torch.stack([loss, self.total_of(loss)])
 

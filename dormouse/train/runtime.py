@@ -18,20 +18,21 @@ from dormouse.train.arms import inert_arms
 LN2 = math.log(2)
 
 
-def device_for(train: dict, stage: str = "pretrain") -> torch.device:
-    if train["device"] == "cuda" and not torch.cuda.is_available():
+def device_for(device: str, stage: str = "pretrain") -> torch.device:
+    """train.device as a torch device; cuda with none visible is an error (no silent CPU fallback)."""
+    if device == "cuda" and not torch.cuda.is_available():
         raise SystemExit(f"{stage}: the preset asks for device cuda and none is visible (no silent CPU fallback)")
-    return torch.device(train["device"])
+    return torch.device(device)
 
 
-def uses_bf16(train: dict) -> bool:
+def uses_bf16(dtype: str) -> bool:
     """Whether the run computes in bf16 on CUDA (train.dtype): `autocast` below, and `decode.generate`'s `bf16`."""
-    return train.get("dtype", "bfloat16") == "bfloat16"
+    return dtype == "bfloat16"
 
 
-def autocast(device: torch.device, train: dict, cache: bool = True):
+def autocast(device: torch.device, dtype: str, cache: bool = True):
     """bf16 autocast on CUDA (train.dtype); cache=False inside a CUDA graph capture (dormouse.train.cuda_graphs)."""
-    if device.type == "cuda" and uses_bf16(train):
+    if device.type == "cuda" and uses_bf16(dtype):
         return torch.autocast("cuda", dtype=torch.bfloat16, cache_enabled=cache)
     return nullcontext()
 
@@ -66,14 +67,14 @@ def bits_per_byte(nats: float, n_bytes: int) -> float:
 
 
 @torch.no_grad()
-def evaluate(model, x, y, batch_size, device, train, counters) -> float:
-    """Bits per byte over the fixed window (rewound every call), in eval mode without autograd."""
+def evaluate(model, x, y, batch_size: int, device: torch.device, dtype: str, counters) -> float:
+    """Bits per byte over the fixed window (rewound every call), in eval mode without autograd; dtype: train.dtype."""
     was_training = model.training
     model.eval()
     nats = 0.0
     for i in range(0, len(x), batch_size):
         xb, yb = x[i : i + batch_size].to(device), y[i : i + batch_size].to(device)
-        with autocast(device, train):
+        with autocast(device, dtype):
             logits, _ = model(xb, counters=counters)
         nats += torch.nn.functional.cross_entropy(logits.float().flatten(0, 1), yb.flatten(), reduction="sum").item()
     model.train(was_training)

@@ -46,7 +46,7 @@ class PretrainStep:
             if self.graphed is None:
                 self.capture(x, y)
             return self.graphed(x, y, counters)
-        with autocast(self.device, self.train):
+        with autocast(self.device, self.train["dtype"]):
             _, loss = self.net(x, y, counters=counters)
             return loss, self.total_of(loss)
 
