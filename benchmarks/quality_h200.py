@@ -49,6 +49,7 @@ from pretrain_h200 import attach_param_groups, build_sdpa, sdpa_layout, versions
 
 from dormouse.data import shards as layout  # noqa: E402
 from dormouse.data.byte_stream import StreamState, TrainStream, eval_window  # noqa: E402
+from dormouse.engine.config import load_preset  # noqa: E402
 from dormouse.engine.stage import input_artifact  # noqa: E402
 from dormouse.model.config import ModelConfig  # noqa: E402
 from dormouse.model.gpt import ByteLM, count_params  # noqa: E402
@@ -94,11 +95,12 @@ def build(system: str, cfg: ModelConfig, train: dict, device: torch.device):
 
 def train_for(system: str, cfg: ModelConfig, train: dict, shards, device, budget_s: float, eval_every_s: float,
               warmup_steps: int, log, pause_s: float | None = None, state_dir: Path | None = None,
-              run_key: dict | None = None) -> list[dict]:
-    """The curve of one system. With state_dir, a checkpoint of it there is resumed, and with pause_s the clock
+              run_key: dict | None = None, label: str | None = None) -> list[dict]:
+    """The curve of one system (rows and saved state named `label`, default the system). With state_dir, a checkpoint of it there is resumed, and with pause_s the clock
     stops after that many training seconds of this call and the run is saved there for the next call (a 600 s budget does not
     fit one 600 s device command); the schedule runs on the whole budget either way. A saved run resumes only
     under the same run_key (job digest, system, budget and eval interval)."""
+    name = label or system
     bins = layout.train_bins(shards)
     ex, ey, eval_bytes = eval_window(layout.eval_bin(shards), train["eval_bytes"], train["seq_len"])
     counters = Counter()
@@ -106,7 +108,7 @@ def train_for(system: str, cfg: ModelConfig, train: dict, shards, device, budget
     # both systems graphed or neither: the stage's decision for ours holds for the SDPA peer too
     graphs = cuda_graphs.decide(train, device.type, cfg, 1)
     if graphs.startswith("refused"):
-        log(f"{system}: train.cuda_graphs: {graphs}; eager steps")
+        log(f"{name}: train.cuda_graphs: {graphs}; eager steps")
     step_cfg = cfg if system == "ours" else ModelConfig.from_dict({**cfg.to_dict(), "moe": False})  # no MoE term
 
     def stepper(model, scored, opts) -> PretrainStep:
@@ -126,7 +128,7 @@ def train_for(system: str, cfg: ModelConfig, train: dict, shards, device, budget
         evaluate(w_scored, ex[: train["batch_size"]], ey[: train["batch_size"]], train["batch_size"], device, train["dtype"], Counter())
         if device.type == "cuda":
             torch.cuda.synchronize(device)
-        log(f"{system}: warm-up {warmup_steps} steps + one eval batch on a throwaway model: {time.time() - t:.1f} s")
+        log(f"{name}: warm-up {warmup_steps} steps + one eval batch on a throwaway model: {time.time() - t:.1f} s")
         del w_model, w_scored, w_opts, w_step, w_stream, loss, x, y  # the loss's autograd chain holds the graphs too
         gc.collect()  # a GraphedLoss sits in a reference cycle: free its graphs and pool before the clock starts
         if device.type == "cuda":
@@ -143,26 +145,26 @@ def train_for(system: str, cfg: ModelConfig, train: dict, shards, device, budget
         blank = torch.zeros((train["batch_size"], train["seq_len"]), dtype=torch.long, device=device)
         step_fn.capture(blank, blank)
     note += f"; cuda_graphs {graphs}"
-    ckpt_root = state_dir / system if state_dir else None
+    ckpt_root = state_dir / name.replace(":", "_") if state_dir else None
     last, snap = resume(ckpt_root, model, opts)
     if last is not None:
-        key = {**(run_key or {}), "system": system, "budget_s": budget_s, "eval_every_s": eval_every_s}
+        key = {**(run_key or {}), "system": name, "budget_s": budget_s, "eval_every_s": eval_every_s}
         if snap["run_key"] != key:
             raise SystemExit(f"{last}: saved for {snap['run_key']}, not {key}: another run (a changed budget or "
                              f"eval interval would change its schedule); use another --state")
         stream.state = StreamState(**snap["stream"])
         rows, spent, step, next_eval = snap["rows"], snap["spent"], snap["step"], snap["next_eval"]
         step_fn.firewall.resume(snap["bad_in_row"])
-        log(f"{system}: resumed from {last} at {spent:.1f} training seconds, step {step}")
+        log(f"{name}: resumed from {last} at {spent:.1f} training seconds, step {step}")
     start_s = spent
     while True:
         if spent >= next_eval or spent >= budget_s:
             bpb = evaluate(scored, ex, ey, train["batch_size"], device, train["dtype"], counters)
             read = step * train["batch_size"] * train["seq_len"]
-            rows.append({"system": system, "train_s": round(spent, 1), "step": step, "bytes": read,
+            rows.append({"system": name, "train_s": round(spent, 1), "step": step, "bytes": read,
                          "passes": round(read / stream.epoch_bytes, 4),  # past 1 the curve measures memorising too
                          "eval_bpb": round(bpb, 5), "eval_bytes": eval_bytes, "note": note})
-            log(f"{system}: {json.dumps(rows[-1])}")
+            log(f"{name}: {json.dumps(rows[-1])}")
             next_eval += eval_every_s
             if spent >= budget_s:
                 return rows
@@ -170,8 +172,8 @@ def train_for(system: str, cfg: ModelConfig, train: dict, shards, device, budget
             path = checkpoint.save(ckpt_root, step, model, opts, {
                 "stream": stream.state.to_dict(), "rows": rows, "spent": spent, "next_eval": next_eval,
                 "bad_in_row": step_fn.firewall.bad_in_row,
-                "run_key": {**(run_key or {}), "system": system, "budget_s": budget_s, "eval_every_s": eval_every_s}})
-            log(f"{system}: paused at {spent:.1f} of {budget_s} training seconds, step {step}: saved {path}")
+                "run_key": {**(run_key or {}), "system": name, "budget_s": budget_s, "eval_every_s": eval_every_s}})
+            log(f"{name}: paused at {spent:.1f} of {budget_s} training seconds, step {step}: saved {path}")
             return rows
         t = time.time()
         progress = min(int(PROGRESS_STEPS * spent / budget_s), PROGRESS_STEPS - 1)
@@ -224,6 +226,10 @@ def main(argv=None) -> int:
     ap.add_argument("--warmup-steps", type=int, default=5, help="steps on a throwaway model before the clock starts")
     ap.add_argument("--pause-after-s", type=float, default=None,
                     help="stop after this many training seconds in this call and save the run in --state for the next")
+    ap.add_argument("--model-preset", default=None,
+                    help="train this preset's model (its model and train sections: lr, schedule shape, optimizer) on the "
+                         "job's shards, scored on the job's eval window (eval_bytes, seq_len, batch_size and device stay "
+                         "the job's, so every system reads and is scored alike); rows are labelled <system>:<preset>")
     ap.add_argument("--state", type=Path, default=None, help="directory of paused runs: one is resumed when present")
     ap.add_argument("--out", type=Path, default=None, help="TSV of the curve rows")
     ap.add_argument("--plot", type=Path, default=None, help="PNG of both curves")
@@ -247,21 +253,28 @@ def main(argv=None) -> int:
     if train["device"] == "cuda" and not torch.cuda.is_available():
         train["device"] = "cpu"
         print("[quality] no CUDA device: running on CPU (numbers are not H200 numbers)", flush=True)
+    if args.model_preset:  # another preset's model on this job's data and eval window
+        other = load_preset(args.model_preset)
+        cfg = ModelConfig.from_dict(other["model"])
+        train = {**other["train"], **{k: train[k] for k in ("eval_bytes", "seq_len", "batch_size", "device")}}
     device = torch.device(train["device"])
     shards = input_artifact(job, "shard")
     print(f"[quality] {versions()}; {torch.cuda.get_device_name(device) if device.type == 'cuda' else 'cpu'}", flush=True)
     rows = []
     for system in args.systems:
+        label = f"{system}:{args.model_preset}" if args.model_preset else system
         rows += train_for(system, cfg, train, shards, device, args.budget_s, args.eval_every_s, args.warmup_steps,
                           lambda m: print(f"[quality] {m}", flush=True), args.pause_after_s, args.state,
-                          {"job": job["digest"]})
+                          {"job": job["digest"]}, label)
     keys = ["system", "train_s", "step", "bytes", "passes", "eval_bpb", "eval_bytes", "note"]
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text("\t".join(keys) + "\n" + "".join("\t".join(str(r.get(k, "")) for k in keys) + "\n" for r in rows))
     if args.plot:
         plot(rows, args.plot, args.anchors)
-    curves = {system: [r for r in rows if r["system"] == system] for system in args.systems}
+    curves = {}
+    for r in rows:
+        curves.setdefault(r["system"], []).append(r)
     for system, curve in curves.items():
         if curve[-1].get("passes", 0) > 1:
             print(f"[quality] {system} read the train shards {curve[-1]['passes']:g} times: past one pass its curve measures "

@@ -70,6 +70,23 @@ def test_a_paused_run_resumes_where_it_stopped(shards, tmp_path):  # noqa: F811
     assert wrong.returncode != 0 and "another run" in wrong.stderr  # another budget would change the schedule
 
 
+def test_another_presets_model_on_this_jobs_data_and_window(shards, tmp_path):  # noqa: F811
+    """--model-preset: b1 against medium on one shard artifact needs medium's model (and its lr and schedule) read
+    from the same train shards and scored on the same eval window as the job's own model."""
+    config = set_model(shards, TINY_MODEL, {**TINY_TRAIN, "steps": 20})
+    job, _ = job_json(shards, config)
+    (tmp_path / "job.json").write_text(job)
+    r = subprocess.run([sys.executable, str(SCRIPT), "--job", str(tmp_path / "job.json"), "--systems", "ours",
+                        "--model-preset", "small", "--budget-s", "1", "--eval-every-s", "0.5", "--warmup-steps", "0",
+                        "--out", str(tmp_path / "m.tsv")], cwd=shards, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    rows = list(csv.DictReader((tmp_path / "m.tsv").open(), delimiter="\t"))
+    assert {row["system"] for row in rows} == {"ours:small"}
+    assert {row["eval_bytes"] for row in rows} == {str(2048 - 2048 % 32)}  # the job's window, not small's 1 MB
+    assert int(rows[-1]["bytes"]) == int(rows[-1]["step"]) * 4 * 32  # the job's batch and length
+    assert "8,9" in rows[0]["note"] or "non-embedding" in rows[0]["note"]
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (CUDA graphs)")
 def test_the_sdpa_baseline_trains_the_same_from_cuda_graphs():

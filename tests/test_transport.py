@@ -73,3 +73,14 @@ def test_the_commands(tmp_path):
     assert out.returncode == 0 and "unpacked and verified" in out.stdout, out.stderr
     out = run("unpack", str(tmp_path / "nothing"), "--store", str(tmp_path / "there"))
     assert out.returncode != 0 and "holds 0 parts lists" in out.stderr
+
+
+def test_a_higher_level_packs_smaller_and_round_trips(tmp_path):
+    """--level trades pack time for fewer carries; the list records it and unpack needs no flag."""
+    src = make_artifact(tmp_path / "here")
+    fast = json.loads(transport.pack(src, tmp_path / "l1", part_mib=8, level=1).read_text())
+    small = json.loads((listing := transport.pack(src, tmp_path / "l19", part_mib=8, level=19)).read_text())
+    assert (fast["zstd_level"], small["zstd_level"]) == (1, 19)
+    assert sum(p["size"] for p in small["parts"]) < sum(p["size"] for p in fast["parts"])
+    out = transport.unpack(listing, tmp_path / "there")
+    assert (out / "eval" / "tail.bin").read_bytes() == (src / "eval" / "tail.bin").read_bytes()

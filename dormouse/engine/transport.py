@@ -73,7 +73,7 @@ def _normalised(info: tarfile.TarInfo) -> tarfile.TarInfo:
     return info
 
 
-def pack(artifact_dir: Path, out: Path, part_mib: int = PART_MIB) -> Path:
+def pack(artifact_dir: Path, out: Path, part_mib: int = PART_MIB, level: int = ZSTD_LEVEL) -> Path:
     """Pack a verified artifact into parts under `out`; returns the parts list's path."""
     art = open_artifact(artifact_dir, verify=True)
     stage, digest = art.manifest["stage"], art.manifest["digest"]
@@ -83,12 +83,12 @@ def pack(artifact_dir: Path, out: Path, part_mib: int = PART_MIB) -> Path:
         old.unlink()
     sink = _Parts(out, stem, part_mib << 20)
     names = sorted([*art.files(), "manifest.json"])
-    with zstandard.ZstdCompressor(level=ZSTD_LEVEL).stream_writer(sink, closefd=False) as zw:
+    with zstandard.ZstdCompressor(level=level, threads=-1).stream_writer(sink, closefd=False) as zw:  # threads: one stream
         with tarfile.open(fileobj=zw, mode="w|", format=tarfile.PAX_FORMAT) as tar:
             for name in names:
                 tar.add(art.path / name, arcname=f"{stage}/{digest}/{name}", filter=_normalised)
     sink.close_part()
-    listing = {"format": FORMAT, "stage": stage, "digest": digest, "files": len(names),
+    listing = {"format": FORMAT, "stage": stage, "digest": digest, "files": len(names), "zstd_level": level,
                "bytes": sum(art.manifest["files"][n]["size"] for n in art.files()), "parts": sink.listing()}
     path = out / f"{stem}.parts.json"
     path.write_text(json.dumps(listing, indent=1) + "\n")
@@ -165,7 +165,11 @@ def pack_main(argv=None) -> int:
     ap.add_argument("--stage", default="shard")
     ap.add_argument("--config", default="config/config.yaml")
     ap.add_argument("--out", type=Path, required=True)
-    ap.add_argument("--part-mib", type=int, default=PART_MIB)
+    ap.add_argument("--part-mib", type=int, default=PART_MIB,
+                    help=f"largest part (default {PART_MIB}); a device call carries 64 MiB with the working tree, so "
+                         "leave room for it (e.g. 50)")
+    ap.add_argument("--level", type=int, default=ZSTD_LEVEL, choices=range(1, 23), metavar="1..22",
+                    help=f"zstd level (default {ZSTD_LEVEL}); 9 packs text shards ~4.1x against ~3.6x, still at tens of MB/s")
     args = ap.parse_args(argv)
     artifact = args.artifact
     if args.preset:
@@ -177,7 +181,7 @@ def pack_main(argv=None) -> int:
             raise SystemExit(f"dormouse pack: no preset {args.preset!r} in the plan (known: {', '.join(plan.chain)})")
         artifact = Path(plan.artifact_dir(args.stage, plan.chain[args.preset][args.stage]))
     try:
-        listing = pack(artifact, args.out, args.part_mib)
+        listing = pack(artifact, args.out, args.part_mib, args.level)
     except ArtifactError as e:
         raise SystemExit(f"dormouse pack: {e}") from None
     parts = json.loads(listing.read_text())["parts"]
