@@ -8,8 +8,8 @@ call of 10 minutes:
     python3 benchmarks/quality_h200.py --job ... --systems ours --budget-s 600 --pause-after-s 300 --state /tmp/q \
       --out $OUT/q_ours.tsv
     .venv/bin/python benchmarks/quality_h200.py --job <a tiny pretrain job> --budget-s 5 --eval-every-s 2   # CPU
-    .venv/bin/python benchmarks/quality_h200.py --from-tsv benchmarks/quality_h200.tsv \
-        --anchors results/small/anchors.json --plot benchmarks/quality_h200.png   # the curves of a past run
+    .venv/bin/python benchmarks/quality_h200.py --from-tsv benchmarks/records/2026-12-04-throughput-h200-run9-quality-600s/quality_h200.tsv \
+        --anchors results/small/anchors.json --plot benchmarks/records/2026-12-04-throughput-h200-run9-quality-600s/quality_h200.png   # the curves of a past run
 
 Both systems read the pretrain job's data the same way (TrainStream over the shard artifact's train
 shards, the job's batch, sequence length and seed) and are scored on the job's eval window (the eval
@@ -235,7 +235,7 @@ def main(argv=None) -> int:
     ap.add_argument("--plot", type=Path, default=None, help="PNG of both curves")
     ap.add_argument("--anchors", type=Path, default=None, help="the preset's anchors.json: its best rungs on the plot")
     ap.add_argument("--from-tsv", type=Path, nargs="+", default=None,
-                    help="plot these TSVs (--out files, or benchmarks/quality_h200.tsv) instead of training")
+                    help="plot these TSVs (--out files, or a record's quality_h200.tsv under benchmarks/records/) instead of training")
     args = ap.parse_args(argv)
     if args.from_tsv:
         rows = [r for f in args.from_tsv for r in csv.DictReader(f.open(encoding="utf-8"), delimiter="\t")]

@@ -14,11 +14,11 @@ from dormouse.engine import history
 from dormouse.engine.store import ArtifactWriter, artifact_digest
 
 REPO = Path(__file__).resolve().parent.parent
-H200_METRICS = REPO / "benchmarks" / "h200_small_pretrain.metrics.jsonl"
+H200_METRICS = REPO / "benchmarks" / "records" / "2026-12-02-small-pretrain-h200" / "h200_small_pretrain.metrics.jsonl"
 T0 = 1796215218  # a created_unix of a real tiny run
 _serial = count()
 
-# the small preset's params as the H200 run logged them (benchmarks/h200_small_pretrain.log)
+# the small preset's params as the H200 run logged them (benchmarks/records/2026-12-02-small-pretrain-h200/h200_small_pretrain.log)
 SMALL_MODEL = {"d_model": 256, "engram": True, "engram_dim": 16, "engram_heads": 2, "engram_layers": [0],
                "engram_orders": [2, 3, 4], "engram_rows": 8192, "ffn_hidden": 768, "head_dim": 64, "init_std": 0.02,
                "kda_chunk_size": 64, "kda_conv_size": 4, "moe": False, "moe_top_k": 2, "n_coda": 0, "n_core": 8,

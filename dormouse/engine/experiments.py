@@ -11,7 +11,7 @@
 
 A run is the base preset with the arm's overrides and train.seed / train.steps set, so every stage it
 shares with another run (corpus, shards, anchors; a finished arm) has the same digest and is built
-once. The verdict rule (`verdict`) is stated in the README and tested on synthetic numbers.
+once. The verdict rule (`verdict`) is stated in docs/experiments-and-history.md and tested on synthetic numbers.
 """
 
 from __future__ import annotations
@@ -163,7 +163,7 @@ def main(argv=None) -> int:
 
     from dormouse.engine.store import open_artifact
 
-    ap = argparse.ArgumentParser(prog="dormouse verdict", description="judge an experiment's arms (rule in the README)")
+    ap = argparse.ArgumentParser(prog="dormouse verdict", description="judge an experiment's arms (rule in docs/experiments-and-history.md)")
     ap.add_argument("--experiment", required=True, help="JSON: {name, spec, runs: {arm: {seed: pretrain digest}}}")
     ap.add_argument("--store", default="results/store")
     ap.add_argument("--out", required=True, help="verdict.json")

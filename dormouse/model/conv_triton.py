@@ -3,7 +3,7 @@ forward and backward: the training shape, x [B, T, C] with no cache.
 
 Written by hand because FLA's `causal_conv1d` backward runs its forward again, re-derives SiLU' at every tap
 and reduces the weight gradient over rows per 64-row tile and tap: 213 + 47 us a call at medium, about 5 x its
-memory traffic, 7 ms of a 108.6 ms step (benchmarks/README.md, "Run 6"). Here backward is two passes over
+memory traffic, 7 ms of a 108.6 ms step (benchmarks/records/2026-12-04-throughput-h200-run6). Here backward is two passes over
 memory: `_bwd_g` forms g = dy * SiLU'(pre) once per element, with the weight gradient's products accumulated in
 registers over up to 512 rows, and `_bwd_dx` sums W shifted taps of g. At medium: forward 54 us, backward
 97 + 43 us, against FLA's 47 and 47 + 213 us; the layer 6.66 against 7.06 ms with FLA's conv ("Run 7").
@@ -63,7 +63,7 @@ def _bwd_g(x, w, dy, g, dw_part, T, D, NC, sx_b, sx_t, W: tl.constexpr, ROWS: tl
            BD: tl.constexpr):
     # One program: ROWS rows, BT at a time. The weight gradient's products accumulate elementwise and are
     # summed over rows once at the end: a cross-warp row reduction per tile and tap cost 3 x the memory time
-    # (178 us a call at medium against 119 us with 8 tiles of 64 rows, benchmarks/README.md "Run 7"). Four tap accumulators: W <= 4, as `silu_conv_triton` checks.
+    # (178 us a call at medium against 119 us with 8 tiles of 64 rows, benchmarks/records/2026-12-04-throughput-h200-run7). Four tap accumulators: W <= 4, as `silu_conv_triton` checks.
     i_d, i_c, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     o_d = i_d * BD + tl.arange(0, BD)
     m_d = o_d < D

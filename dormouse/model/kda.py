@@ -260,7 +260,7 @@ def kda_fused_gates(q, k, v, f, b, A_log, dt_bias, *, initial_state=None, counte
     """The KDA core on the raw activations, as FLA's own `KimiDeltaAttention` calls it: `chunk_kda` applies
     the q/k L2 norms, the decay gate -exp(A_log) * softplus(f + dt_bias) (fused into its chunk cumsum) and
     beta's sigmoid itself, in fp32, with the gradients of A_log and dt_bias. What `KDAMixer.gates` computes,
-    with fewer passes over [B, T, H, K] (7.13 against 7.45 ms a medium layer, benchmarks/README.md "Run 6"). CUDA + fla only (callers check
+    with fewer passes over [B, T, H, K] (7.13 against 7.45 ms a medium layer, benchmarks/records/2026-12-04-throughput-h200-run6). CUDA + fla only (callers check
     `fused_gates_available`); the CPU tests check `gates` and the GPU test checks the two against each other.
     Counts `kda_path.fla` once per call. Returns (o [B, T, H, V], final state fp32)."""
     if counters is not None:
@@ -304,7 +304,7 @@ def short_conv(x: torch.Tensor, weight: torch.Tensor, cache: torch.Tensor | None
     On CUDA from the sequence start with W <= 4 (training, a prompt's first chunk): our Triton kernels
     (`dormouse.model.conv_triton`; FLA's backward costs ~5 x its memory traffic). On CUDA with a cache: FLA's
     Triton `causal_conv1d` (0.84 ms less than the torch code under inductor for the three convs of a medium
-    layer, benchmarks/README.md "Run 5"). Otherwise `regions.silu_conv`. Counts `conv_path.triton` /
+    layer, benchmarks/records/2026-12-04-throughput-h200-run5). Otherwise `regions.silu_conv`. Counts `conv_path.triton` /
     `conv_path.fla` / `conv_path.torch` once per call."""
     B, T, C = x.shape
     W = weight.shape[-1]
@@ -448,7 +448,7 @@ class KDAMixer(nn.Module):
     def in_proj(self, x: torch.Tensor, norm: nn.Module | None = None):
         """The six projections of x as ONE matmul against their weights stacked (a torch.compile region): x
         is read and cast once, and backward makes one dx instead of six summed in fp32 (medium's graphed step:
-        115.1 against 128.8 ms with six eager nn.Linear calls, benchmarks/README.md "Run 6"). `norm` (the
+        115.1 against 128.8 ms with six eager nn.Linear calls, benchmarks/records/2026-12-04-throughput-h200-run6). `norm` (the
         block's pre-mixer RMSNorm) is applied first, inside the region. x [B, T, D] -> (q, k, v [B, T, H*K]
         before the convs, column views of the one product (both Triton convs take strided input; the torch conv
         copies anyway), decay-gate logits f [B, T, H*K], beta logits [B, T, H], output-gate logits [B, T, H*K])."""

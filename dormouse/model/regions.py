@@ -2,12 +2,12 @@
 
 On the H200 a small model's eager step is launch-bound: each layer issues many small elementwise kernels
 (norms, gates, short convs) around one `chunk_kda` call, and the host, not the GPU, sets the pace
-(benchmarks/README.md, "Run 3"). FLA's kernels are `torch.compiler.disable`d, so a whole-model compile
+(benchmarks/records/2026-12-04-throughput-h200-run3). FLA's kernels are `torch.compiler.disable`d, so a whole-model compile
 breaks the graph at every layer anyway; compiling the pieces between the kernel calls gets the fusion
 with no graph breaks, and keeps the arm counters (`counters[...] += ...`: dynamo would guard on their
 values and recompile every step) in the eager code around them. What stays eager: the KDA core, the
 mixer's short convs (Triton kernels on CUDA, `dormouse.model.conv_triton` and FLA's: FLA's alone was 0.84 ms
-less per medium layer than `silu_conv` under inductor, benchmarks/README.md "Run 5"), the embedding, each block's Engram residual add, an MoE FFN (it
+less per medium layer than `silu_conv` under inductor, benchmarks/records/2026-12-04-throughput-h200-run5), the embedding, each block's Engram residual add, an MoE FFN (it
 syncs on its routing), the loss, the optimizers and the firewall.
 
 A module lists its regions by name in `regions()` (a method returning method names: pure tensor

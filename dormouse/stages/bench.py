@@ -29,7 +29,7 @@ from dormouse.engine.stage import check_raw_input, input_artifact, parse_job, su
 from dormouse.posttrain import chat, mc, quant, task_eval, tasks
 from dormouse.train.runtime import deterministic_cpu, device_for, evaluate, load_model
 
-BENCH_FORMAT = 1  # the layout of bench.json (documented in the README)
+BENCH_FORMAT = 1  # the layout of bench.json (documented in docs/posttraining.md)
 
 
 def task_mc_items(items: list[tasks.Item], k: int) -> list[mc.McItem]:

@@ -1,7 +1,7 @@
 """The training forward and backward as CUDA graphs (torch.cuda.make_graphed_callables), FLA's Triton
 kernels included. A small model's eager step is host-bound: on the H200 the small preset's step took 88 ms
 of wall time for ~26 ms of GPU work, ~1 000 launches; one replay each way took 28 ms (1.17M against 372k
-tokens/s, benchmarks/README.md, 2026-12-04). Optimizers, clip and the NaN firewall stay eager after it.
+tokens/s, benchmarks/records/2026-12-04-throughput-h200-run4). Optimizers, clip and the NaN firewall stay eager after it.
 
 Refused (the caller counts the reason) where a graph cannot hold the step: several ranks run DDP's gradient
 hooks inside backward. Not asked off CUDA. An MoE is graphed: its routing has fixed shapes and no host sync.

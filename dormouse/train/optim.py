@@ -62,14 +62,14 @@ class StackedMuon(torch.optim.Muon):
     here because torch's Muon (2.13) has no batched path; the state (momentum_buffer per parameter),
     the math and the lr adjustment are torch's, so checkpoints load either way. Equal to torch's up to
     bf16 rounding (tests/test_optim.py). On small (H200) its step is 9.1x torch's and the whole train step
-    1.42x (benchmarks/README.md, "Run 2").
+    1.42x (benchmarks/records/2026-12-03-throughput-h200-run2).
 
     The elementwise work around the iterations is two functions over every stack of a group, `_momentum`
     (momentum, the firewall's selection, the bf16 cast and the per-matrix norm) and `_apply` (decay and
     update). On CUDA each is one torch.compile graph: eagerly they were ~13 passes over the fp32 weights and
-    state, ~4.7 of medium's 11 ms a step; with the graphs medium's step went 104.9 -> 100.8 ms (benchmarks/README.md,
-    "Run 7"). The first step compiles them (~10 s at medium). Every stack's bf16 Newton–Schulz input and output
-    now exist at once (not one stack at a time): ~4 more bytes per hidden-matrix weight at the peak.
+    state, ~4.7 of medium's 11 ms a step; with the graphs medium's step went 104.9 -> 100.8 ms
+    (benchmarks/records/2026-12-04-throughput-h200-run7). The first step compiles them (~10 s at medium). Every stack's
+    bf16 Newton–Schulz input and output now exist at once (not one stack at a time): ~4 more bytes per hidden-matrix weight at the peak.
 
     A 3-D parameter is a bank of matrices (an MoE's experts, dormouse/model/ffn.py): each of its matrices is
     orthogonalised, normalised and lr-adjusted on its own, exactly as separate 2-D parameters would be, and the
