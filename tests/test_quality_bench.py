@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import yaml
 from test_pretrain import TINY_MODEL, TINY_TRAIN, job_json, set_model, shards  # noqa: F401 (fixture)
 
 SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "quality_h200.py"
@@ -76,15 +77,22 @@ def test_another_presets_model_on_this_jobs_data_and_window(shards, tmp_path):  
     config = set_model(shards, TINY_MODEL, {**TINY_TRAIN, "steps": 20})
     job, _ = job_json(shards, config)
     (tmp_path / "job.json").write_text(job)
+    other = yaml.safe_load((shards / "config" / "presets" / "tiny.yaml").read_text())  # a wider model, its own lr
+    other["model"], other["train"] = {**TINY_MODEL, "d_model": 48, "n_heads": 3}, {**TINY_TRAIN, "lr": 1e-3,
+                                                                                   "eval_bytes": 4096, "batch_size": 2}
+    (shards / "config" / "presets" / "wider.yaml").write_text(yaml.safe_dump(other, sort_keys=False))
     r = subprocess.run([sys.executable, str(SCRIPT), "--job", str(tmp_path / "job.json"), "--systems", "ours",
-                        "--model-preset", "small", "--budget-s", "1", "--eval-every-s", "0.5", "--warmup-steps", "0",
+                        "--model-preset", "wider", "--budget-s", "1", "--eval-every-s", "0.5", "--warmup-steps", "0",
                         "--out", str(tmp_path / "m.tsv")], cwd=shards, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
     rows = list(csv.DictReader((tmp_path / "m.tsv").open(), delimiter="\t"))
-    assert {row["system"] for row in rows} == {"ours:small"}
-    assert {row["eval_bytes"] for row in rows} == {str(2048 - 2048 % 32)}  # the job's window, not small's 1 MB
+    assert {row["system"] for row in rows} == {"ours:wider"} and int(rows[-1]["step"]) > 0
+    assert {row["eval_bytes"] for row in rows} == {str(2048 - 2048 % 32)}  # the job's window, not the preset's
     assert int(rows[-1]["bytes"]) == int(rows[-1]["step"]) * 4 * 32  # the job's batch and length
-    assert "8,9" in rows[0]["note"] or "non-embedding" in rows[0]["note"]
+    from dormouse.model.config import ModelConfig
+    from dormouse.model.gpt import count_params
+    wider = count_params(ModelConfig.from_dict(other["model"]))["non_embedding"]
+    assert rows[0]["note"].startswith(f"{wider:,} non-embedding")  # the other preset's model was built
 
 
 @pytest.mark.gpu
