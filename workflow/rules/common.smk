@@ -36,3 +36,31 @@ def slurm(gpu=False):
     if cfg["account"]:
         out["slurm_account"] = cfg["account"]
     return out
+
+
+# Under the slurm executor: the status command this cluster answers (sacct, or squeue without
+# accounting) and a guard that fails a job whose status stays unreadable (dormouse/engine/slurm_status.py).
+SLURM_STATUS = {}
+
+
+onstart:
+    from dormouse.engine import slurm_status
+
+    guard = slurm_status.install(workflow, 60 * PLAN.config["slurm"]["status_timeout_min"])
+    if guard is not None:
+        SLURM_STATUS["guard"] = guard
+
+
+def log_slurm_status_counts():
+    import sys
+
+    if SLURM_STATUS and SLURM_STATUS["guard"].counts:
+        print(f"dormouse: SLURM status counters {dict(SLURM_STATUS['guard'].counts)}", file=sys.stderr)
+
+
+onsuccess:
+    log_slurm_status_counts()
+
+
+onerror:
+    log_slurm_status_counts()
