@@ -175,22 +175,28 @@ def run(job: dict, cfg: ModelConfig, train: dict, shards, world: distributed.Wor
                 c["cuda_graphs.replays_this_process"] = step_fn.replays
             c["train.bytes_seen"] = stream.bytes_seen()
             c["eval.window_bytes"] = eval_bytes
-            save_file({k: v.detach().contiguous().cpu() for k, v in model.state_dict().items()}, str(art.path("model.safetensors")))
-            art.path("config.json").write_text(json.dumps({"model": cfg.to_dict(), "train": train, "params": formula}, indent=1))
-            art.path("metrics.jsonl").write_text("".join(json.dumps(m) + "\n" for m in metrics))
-            art.extra["final"] = {
+            write_artifact(art, model, cfg, train, formula, metrics, {
                 "eval_bpb": metrics[-1].get("eval_bpb"), "eval_bytes": eval_bytes, "params": formula,
                 "epochs": round(stream.epochs_seen(), 4), "train_bytes_seen": stream.bytes_seen(),
                 "device": str(device), "world_size": world.size, "optimizers": [type(o).__name__ for o in opts],
-            }
-            if device.type == "cuda":
-                art.extra["final"]["peak_memory_gib"] = round(torch.cuda.max_memory_allocated(device) / 2**30, 3)  # rank 0's GPU
-                # reserved counts CUDA graphs' private pools, which the allocated peak may leave out
-                art.extra["final"]["peak_reserved_gib"] = round(torch.cuda.max_memory_reserved(device) / 2**30, 3)
-                art.extra["final"]["gpu"] = torch.cuda.get_device_name(device)
-            art.extra["final"]["torch_threads"] = torch.get_num_threads()
+            }, device)
             summary("pretrain", c)
     distributed.barrier(world)  # the other ranks wait until the artifact is in place
+
+
+def write_artifact(art, model, cfg: ModelConfig, train: dict, formula: dict, metrics: list[dict], final: dict,
+                   device: torch.device) -> None:
+    """The weights (safetensors), config.json, metrics.jsonl and the manifest's `final` summary."""
+    save_file({k: v.detach().contiguous().cpu() for k, v in model.state_dict().items()}, str(art.path("model.safetensors")))
+    art.path("config.json").write_text(json.dumps({"model": cfg.to_dict(), "train": train, "params": formula}, indent=1))
+    art.path("metrics.jsonl").write_text("".join(json.dumps(m) + "\n" for m in metrics))
+    if device.type == "cuda":
+        final["peak_memory_gib"] = round(torch.cuda.max_memory_allocated(device) / 2**30, 3)  # rank 0's GPU
+        # reserved counts CUDA graphs' private pools, which the allocated peak may leave out
+        final["peak_reserved_gib"] = round(torch.cuda.max_memory_reserved(device) / 2**30, 3)
+        final["gpu"] = torch.cuda.get_device_name(device)
+    final["torch_threads"] = torch.get_num_threads()
+    art.extra["final"] = final
 
 
 def train_bytes(shards) -> int:
