@@ -262,3 +262,36 @@ def test_selection_ships_step0_when_no_gain_is_significant(monkeypatch):
     # min_z 0 is the raw best: the same curve ships step 2
     sel, model, weights = run_selection(monkeypatch, [base, noisy, [False] * 20], min_z=0.0)
     assert sel.report()["selected_step"] == 2 and torch.equal(model.weight, weights[2])
+
+def test_rl_diagnosis_cell_arithmetic():
+    """Per-prompt successes k out of G: pass@1 is their mean rate, pass@G the share with any success, and only
+    groups with 0 < k < G teach; a cell of equal prompts at the same mean would teach more often."""
+    rd = _rl_diagnosis()
+    r = rd.cell_row("add", 2, [0, 3, 1, 2], 3, [False, True, False, True], malformed=3)
+    assert (r["pass1"], r["passG"], r["informative"], r["greedy"], r["malformed"]) == (0.5, 0.75, 0.5, 0.5, 0.25)
+    assert r["informative_if_uniform"] == 0.75 and r["k_hist"] == "1,1,1,1"
+
+
+def test_rl_diagnosis_runs_on_an_sft_artifact(chain, tmp_path):
+    work, plan = chain
+    art = work / plan.artifact_dir("sft", plan.chain["tiny"]["sft"])
+    out, js = tmp_path / "d.tsv", tmp_path / "d.json"
+    assert _rl_diagnosis().main(["--artifact", str(art), "--group-size", "3", "--prompts-per-cell", "3",
+                                 "--device", "cpu", "--out", str(out), "--json", str(js)]) == 0
+    rows = json.loads(js.read_text())["rows"]
+    assert [(r["family"], r["difficulty"]) for r in rows] == [("add", 1), ("reverse", 1), ("all", "all")]
+    for r in rows:
+        hist = [int(v) for v in r["k_hist"].split(",")]
+        assert len(hist) == 4 and sum(hist) == r["prompts"]
+        assert r["informative"] == round(sum(hist[1:3]) / r["prompts"], 4)
+        assert r["pass1"] == round(sum(k * n for k, n in enumerate(hist)) / (3 * r["prompts"]), 4)
+    assert rows[-1]["prompts"] == 6 and out.read_text().count("\n") == 4
+
+
+def _rl_diagnosis():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("rl_diagnosis", Path(__file__).resolve().parents[1] / "benchmarks" / "rl_diagnosis.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
