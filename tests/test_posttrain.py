@@ -4,6 +4,7 @@ the pieces of each stage that a wrong line would break (loss mask, GRPO advantag
 import json
 import math
 import os
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -295,3 +296,86 @@ def _rl_diagnosis():
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
+
+
+def test_advantages_with_and_without_the_std():
+    from dormouse.stages.rl import group_advantages
+
+    r = torch.tensor([1.0, 0.0, 0.0, 0.0, 1.0, 1.0, 1.0, 1.0])
+    mean = group_advantages(r, 4, "mean")
+    torch.testing.assert_close(mean, torch.tensor([0.75, -0.25, -0.25, -0.25, 0.0, 0.0, 0.0, 0.0]))
+    std = group_advantages(r, 4, "mean_std")
+    torch.testing.assert_close(std[:4], mean[:4] / (0.5 + 1e-4))  # the rare success magnified by 1/std
+    assert not std[4:].any()
+
+
+def test_token_norm_weighs_long_replies_by_their_length():
+    from dormouse.stages.rl import grpo_loss
+
+    lp = torch.zeros(2, 4)
+    mask = torch.tensor([[True, False, False, False], [True, True, True, True]])
+    adv = torch.tensor([[1.0], [-1.0]])  # per byte -1 for reply 0, +1 for reply 1 (ratio 1)
+    assert float(grpo_loss(lp, lp, None, adv, mask, 0.2, 0.0, "reply")) == 0.0  # (-1 + 1) / 2
+    assert float(grpo_loss(lp, lp, None, adv, mask, 0.2, 0.0, "token")) == pytest.approx(3 / 5)  # (-1 + 4) / 5
+
+
+def test_pass_rate_sampler_follows_the_cells_that_teach():
+    import random
+
+    from dormouse.stages.rl import PassRateSampler
+
+    s = PassRateSampler(["add", "sort"], range(1, 3), {"window": 4, "floor": 0.05, "prior": 1.0})
+    for _ in range(4):
+        s.record("add", 1, torch.tensor([1.0, 1.0, 1.0]))  # always right: teaches nothing
+        s.record("sort", 2, torch.tensor([0.0, 1.0, 0.0]))  # mixed: teaches
+    assert s.share(("add", 1)) == 0.0 and s.share(("sort", 2)) == 1.0 and s.share(("add", 2)) == 1.0  # prior
+    rng = random.Random(0)
+    draws = Counter(s(rng) for _ in range(3000))
+    assert draws[("add", 1)] / 3000 == pytest.approx(0.05 / 3.05, abs=0.01)  # only the floor keeps it
+    assert draws[("sort", 2)] > 900 and draws[("add", 2)] > 900
+    rep = s.report()
+    assert rep["add/1"] == {"teaching_share": 0.0, "groups_measured": 4, "pass_rate": 1.0}
+
+
+def test_new_rl_keys_at_their_defaults_leave_the_digest_alone():
+    """rl.advantage, loss_norm and prompts came after rl format 9: at the values that run format 9's algorithm they
+    stay out of the params (the pinned digests hold); any other value is a param."""
+    from dormouse.engine.config import load_preset, load_yaml
+    from dormouse.engine.registry import RL_LATER_DEFAULTS, stage_params
+
+    root = Path(__file__).resolve().parents[1]
+    schema = load_yaml(root / "workflow" / "schemas" / "preset.schema.yaml")["properties"]["rl"]["properties"]
+    assert {k: schema[k]["default"] for k in RL_LATER_DEFAULTS} == RL_LATER_DEFAULTS
+    preset = load_preset("tiny", root)
+    base = stage_params("rl", preset)["rl"]
+    assert not set(RL_LATER_DEFAULTS) & set(base) and "pass_rate" not in base
+    preset["rl"] = {**preset["rl"], "prompts": "pass_rate", "advantage": "mean"}
+    moved = stage_params("rl", preset)["rl"]
+    assert moved["prompts"] == "pass_rate" and moved["advantage"] == "mean" and "pass_rate" in moved
+
+
+def test_rl_with_pass_rate_prompts_and_dr_grpo_runs(chain):
+    """The rl stage under prompts: pass_rate, advantage: mean, loss_norm: token: it trains, counts every cell and
+    reports the sampler's view of each."""
+    from dormouse.cli import main as dormouse_main
+    from dormouse.engine.store import artifact_digest
+
+    work, plan = chain
+    spec = plan.job("rl", plan.chain["tiny"]["rl"]).spec(plan.store)
+    spec["params"]["rl"] = {**spec["params"]["rl"], "prompts": "pass_rate", "advantage": "mean", "loss_norm": "token",
+                            "pass_rate": {"window": 4, "floor": 0.05, "prior": 1.0}, "steps": 4}
+    spec["digest"] = artifact_digest("rl", spec["format_version"], spec["params"],
+                                     {k: v["digest"] for k, v in spec["inputs"].items()}, spec["retractions"])
+    spec["out"] = f"{plan.store}/rl/{spec['digest']}"
+    cwd = os.getcwd()
+    os.chdir(work)
+    try:
+        assert dormouse_main(["rl", "--job", json.dumps(spec)]) == 0
+    finally:
+        os.chdir(cwd)
+    m = json.loads((work / spec["out"] / "manifest.json").read_text())
+    final, c = m["final"], m["counters"]
+    assert final["algorithm"] == {"advantage": "mean", "loss_norm": "token", "prompts": "pass_rate"}
+    assert set(final["pass_rate_cells"]) == {"add/1", "add/2", "reverse/1", "reverse/2"}
+    groups = {k: v for k, v in c.items() if k.startswith("rl.cell_groups.")}
+    assert sum(groups.values()) == c["rl.groups"] == 4 * 2 * 2  # steps x prompts_per_step x oversample

@@ -65,11 +65,23 @@ def _run(preset: dict) -> dict:
             "eval": {k: train[k] for k in ("eval_bytes", "seq_len", "batch_size")}}
 
 
+# rl keys added after format 9 whose defaults run format 9's algorithm: at these values they stay out of the params,
+# so adding them rebuilt nothing (the stage reads them with these defaults; the schema holds the same, tested).
+RL_LATER_DEFAULTS = {"advantage": "mean_std", "loss_norm": "reply", "prompts": "curriculum"}
+
+
 def _posttrain(stage: str) -> Callable[[dict], dict]:
     def params(preset: dict) -> dict:
         # an MoE keeps pretrain's balancing loss while it trains on (a param only then: other digests stay)
         moe = {"moe_aux_coef": preset["train"]["moe_aux_coef"]} if preset["model"].get("moe") else {}
-        return {"tasks": dict(preset["tasks"]), stage: dict(preset[stage]), **_run(preset), **moe}
+        section = dict(preset[stage])
+        if stage == "rl":
+            for key, default in RL_LATER_DEFAULTS.items():
+                if section.get(key) == default:
+                    del section[key]
+            if "prompts" not in section:  # pass_rate settings only matter when rl.prompts is pass_rate
+                section.pop("pass_rate", None)
+        return {"tasks": dict(preset["tasks"]), stage: section, **_run(preset), **moe}
     return params
 
 

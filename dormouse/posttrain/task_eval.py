@@ -123,13 +123,20 @@ def heldout_accuracy(model, items: list[tasks.Item], task_params: dict, device, 
 
 def item_stream(split: str, families: list[str], difficulty_of, seed: int) -> Iterator[tasks.Item]:
     """An endless seeded stream of `split` items: family drawn uniformly, difficulty from
-    `difficulty_of(family)` (fixed list or a curriculum), each (family, difficulty) consuming its own
-    seeds in order, so no item repeats until a cell's seed range is spent."""
+    `difficulty_of(family)` (fixed list or a curriculum)."""
+    def cell_of(rng):
+        fam = rng.choice(families)
+        return fam, difficulty_of(fam, rng)
+    return cell_stream(split, cell_of, seed)
+
+
+def cell_stream(split: str, cell_of, seed: int) -> Iterator[tasks.Item]:
+    """An endless seeded stream of `split` items, each (family, difficulty) from `cell_of(rng)` and consuming its
+    own seeds in order, so no item repeats until a cell's seed range is spent."""
     rng = random.Random(f"item_stream:{split}:{seed}")
     next_index: Counter = Counter()
     while True:
-        fam = rng.choice(families)
-        diff = difficulty_of(fam, rng)
+        fam, diff = cell_of(rng)
         idx = next_index[(fam, diff)]
         next_index[(fam, diff)] += 1
         yield tasks.make_item(fam, diff, tasks.SPLITS[split][idx])

@@ -4,7 +4,8 @@
 
 Per step: `prompts_per_step` x `oversample` prompts from the rl seed split, `group_size` samples each
 (temperature, optional top-k); reward 1 for a verified answer, else 0 (malformed replies are counted
-apart from wrong ones); advantage = (r - group mean) / (group std + 1e-4). A group whose rewards are
+apart from wrong ones); advantage = (r - group mean) / (group std + 1e-4), or r - group mean with
+`advantage: mean` (Dr. GRPO). A group whose rewards are
 all equal carries no learning signal (counted): the step trains on the first `prompts_per_step` groups
 that do (DAPO's dynamic sampling), so most of a batch is signal even when most groups are all-wrong.
 `ppo_epochs` gradient steps on the clipped-ratio objective against the sampling policy, plus
@@ -12,8 +13,12 @@ that do (DAPO's dynamic sampling), so most of a batch is signal even when most g
 (the END that stops it included), then over replies. The lr warms up linearly over `warmup_steps`:
 a fresh AdamW's first steps are sign steps of the full lr on every parameter, and on small they moved
 the policy so far that the second PPO epoch's loss was 3.6 instead of ~0.
-Curriculum: each family starts at `curriculum.start` and moves up one difficulty when its mean reward
-over the last `window` groups reaches `promote_at` (so the reward is not all zero at the start).
+`loss_norm: token` weighs every reply byte of the batch alike instead (DAPO).
+Prompts (`prompts`): `curriculum`: each family starts at `curriculum.start` and moves up one difficulty when its
+mean reward over the last `window` groups reaches `promote_at`; `pass_rate`: each prompt's (family, difficulty)
+is drawn in proportion to the measured share of that cell's recent groups that teach (PassRateSampler), so the
+prompts follow the policy's per-prompt pass rates instead of a fixed threshold. Counted per cell either way
+(rl.cell_groups.<family>.<difficulty>, rl.cell_groups_teaching.*).
 Model selection: every `select.every` steps (and at step 0, the SFT model) greedy exact match on the
 dev split (task_eval.dev_items: prompts rl never trains on and the held-out set never asks); a
 checkpoint ships only if it beats the SFT model on those items by a paired sign test (`select.min_z`),
@@ -34,6 +39,7 @@ import torch.nn.functional as F
 
 from dormouse.data import shards as layout
 from dormouse.data.byte_stream import eval_window
+from dormouse.engine.registry import RL_LATER_DEFAULTS
 from dormouse.engine.stage import input_artifact, parse_job, summary, writer
 from dormouse.posttrain import chat, task_eval
 from dormouse.posttrain.decode import generate
@@ -70,6 +76,38 @@ class Curriculum:
             q.clear()
             return True
         return False
+
+
+class PassRateSampler:
+    """rl.prompts: pass_rate. Each prompt's (family, difficulty) is drawn with weight max(floor, share), the share
+    being the fraction of the cell's last `window` groups whose rewards differed (0 < successes < G: the groups
+    that teach), or `prior` for a cell not yet measured. So prompts go where the current policy's per-prompt pass
+    rate is informative, measured online per cell, and a cell that went all-right or all-wrong is still sampled
+    at the floor and noticed when the policy moves."""
+
+    def __init__(self, families: list[str], difficulties: range, cfg: dict):
+        self.cells = [(f, d) for f in families for d in difficulties]
+        self.cfg = cfg
+        self.recent = {cell: deque(maxlen=cfg["window"]) for cell in self.cells}
+        self.pass_rates = {cell: deque(maxlen=cfg["window"]) for cell in self.cells}
+
+    def share(self, cell) -> float:
+        q = self.recent[cell]
+        return statistics.fmean(q) if q else self.cfg["prior"]
+
+    def __call__(self, rng) -> tuple[str, int]:
+        weights = [max(self.cfg["floor"], self.share(cell)) for cell in self.cells]
+        return rng.choices(self.cells, weights=weights)[0]
+
+    def record(self, family: str, difficulty: int, rewards: torch.Tensor) -> None:
+        cell = (family, difficulty)
+        self.recent[cell].append(float(rewards.std()) > 0.0)
+        self.pass_rates[cell].append(float(rewards.mean()))
+
+    def report(self) -> dict:
+        return {f"{f}/{d}": {"teaching_share": round(self.share((f, d)), 4), "groups_measured": len(self.recent[(f, d)]),
+                             "pass_rate": round(statistics.fmean(self.pass_rates[(f, d)]), 4) if self.pass_rates[(f, d)] else None}
+                for f, d in self.cells}
 
 
 class Selection:
@@ -120,23 +158,32 @@ class Selection:
                 "selected_step": self.best_step if self.dev else None}
 
 
-def group_advantages(rewards: torch.Tensor, group_size: int) -> torch.Tensor:
-    """(r - group mean) / (group std + 1e-4) per group of `group_size` consecutive samples; a group whose
-    rewards are all equal gets zeros (no learning signal)."""
+def group_advantages(rewards: torch.Tensor, group_size: int, kind: str = "mean_std") -> torch.Tensor:
+    """Per group of `group_size` consecutive samples: r - group mean, divided by (group std + 1e-4) when `kind`
+    is mean_std (GRPO; "mean" is Dr. GRPO's); a group whose rewards are all equal gets zeros (no signal)."""
     grouped = rewards.view(-1, group_size)
-    return ((grouped - grouped.mean(1, keepdim=True)) / (grouped.std(1, keepdim=True) + 1e-4)).view(-1)
+    centred = grouped - grouped.mean(1, keepdim=True)
+    if kind == "mean_std":
+        centred = centred / (grouped.std(1, keepdim=True) + 1e-4)
+    elif kind != "mean":
+        raise ValueError(f"rl.advantage {kind!r}")
+    return centred.view(-1)
 
 
-def grpo_loss(new_lp, old_lp, ref_lp, adv, mask, clip_eps: float, kl_coef: float) -> torch.Tensor:
+def grpo_loss(new_lp, old_lp, ref_lp, adv, mask, clip_eps: float, kl_coef: float, norm: str = "reply") -> torch.Tensor:
     """Clipped-ratio objective per reply byte, plus kl_coef x the k3 KL estimate to the reference
-    (unbiased, >= 0), averaged over each reply's bytes (`mask`), then over replies. [N, L] tensors,
-    adv [N, 1]; ref_lp None = no KL term."""
+    (unbiased, >= 0); norm "reply": averaged over each reply's bytes (`mask`), then over replies; "token": over
+    every reply byte of the batch at once (DAPO). [N, L] tensors, adv [N, 1]; ref_lp None = no KL term."""
     ratio = (new_lp - old_lp).exp()
     per_byte = -torch.minimum(ratio * adv, ratio.clamp(1 - clip_eps, 1 + clip_eps) * adv)
     if ref_lp is not None:
         d = ref_lp - new_lp
         per_byte = per_byte + kl_coef * (d.exp() - d - 1)
     m = mask.float()
+    if norm == "token":
+        return (per_byte * m).sum() / m.sum()
+    if norm != "reply":
+        raise ValueError(f"rl.loss_norm {norm!r}")
     return ((per_byte * m).sum(1) / m.sum(1)).mean()
 
 
@@ -176,8 +223,15 @@ def main(argv=None) -> int:
     opts = build_optimizers(model, rl)
     params_list = list(model.parameters())
     families = task_params["families"]
+    later = {k: rl.get(k, v) for k, v in RL_LATER_DEFAULTS.items()}  # keys left out of the digest at their defaults
     curriculum = Curriculum(families, rl["curriculum"])
-    stream = task_eval.item_stream("rl", families, curriculum, rl["seed"])
+    sampler = None
+    if later["prompts"] == "pass_rate":
+        cur = rl["curriculum"]
+        sampler = PassRateSampler(families, range(cur["start"], cur["max"] + 1), rl["pass_rate"])
+        stream = task_eval.cell_stream("rl", sampler, rl["seed"])
+    else:
+        stream = task_eval.item_stream("rl", families, curriculum, rl["seed"])
     gen = torch.Generator().manual_seed(rl["seed"])  # a CPU generator: the same draws on any device
     G, temp, max_new = rl["group_size"], rl["temperature"], task_params["max_new_bytes"]
     dev = task_eval.dev_items(task_params, rl["select"]["items_per_cell"]) if rl["select"]["every"] else []
@@ -206,7 +260,12 @@ def main(argv=None) -> int:
                     c["rl.groups_zero_variance"] += 1
                 else:
                     signal.append(i)
-                if curriculum.record(it.family, float(rewards[i].mean())):
+                cell = f"{it.family}.{it.difficulty}"
+                c[f"rl.cell_groups.{cell}"] += 1
+                c[f"rl.cell_groups_teaching.{cell}"] += int(float(rewards[i].std()) > 0.0)
+                if sampler is not None:
+                    sampler.record(it.family, it.difficulty, rewards[i])
+                elif curriculum.record(it.family, float(rewards[i].mean())):
                     c[f"rl.promotions.{it.family}"] += 1
             tally = Counter(grades)
             for k in ("correct", "wrong", "malformed"):
@@ -219,7 +278,7 @@ def main(argv=None) -> int:
             else:
                 rows = [i * G + j for i in keep for j in range(G)]
                 prompts, kept = [unique[i // G] for i in rows], [replies[i] for i in rows]
-                adv = group_advantages(rewards[keep].reshape(-1), G).to(device).unsqueeze(1)
+                adv = group_advantages(rewards[keep].reshape(-1), G, later["advantage"]).to(device).unsqueeze(1)
                 with torch.no_grad(), autocast(device, params["dtype"]):
                     old_lp, mask = reply_logprobs(model, prompts, kept, temp, device)
                     ref_lp = reply_logprobs(ref, prompts, kept, temp, device)[0] if ref is not None else None
@@ -227,13 +286,14 @@ def main(argv=None) -> int:
                 for _ in range(rl["ppo_epochs"]):
                     with autocast(device, params["dtype"]):
                         new_lp, _ = reply_logprobs(model, prompts, kept, temp, device, train_counters)
-                    loss = grpo_loss(new_lp, old_lp, ref_lp, adv, mask, rl["clip_eps"], rl["kl_coef"])
+                    loss = grpo_loss(new_lp, old_lp, ref_lp, adv, mask, rl["clip_eps"], rl["kl_coef"], later["loss_norm"])
                     update(with_moe_aux(loss, model, cfg, params.get("moe_aux_coef")), params_list, opts, rl["grad_clip"],
                            "rl", step)
                     c["rl.updates"] += 1
             row = {"step": step + 1, "reward": round(float(rewards.mean()), 4), "groups_trained": len(keep),
                    "loss": None if loss is None else round(loss.item(), 5), "malformed": tally["malformed"],
-                   "levels": dict(curriculum.level), "elapsed_s": round(time.time() - t0, 2)}
+                   "levels": dict(curriculum.level) if sampler is None else "pass_rate",
+                   "elapsed_s": round(time.time() - t0, 2)}
             if select.due(step + 1, rl):
                 row["dev_accuracy"] = select.check(step + 1)
             metrics.append(row)
@@ -247,7 +307,9 @@ def main(argv=None) -> int:
         c["rl.steps"] = rl["steps"]
         save_model_artifact(art, model, {"model": cfg.to_dict(), "rl": rl, "tasks": task_params}, metrics)
         art.extra["final"] = {"start": start, "end": end, "eval_bytes": eval_bytes, "heldout_items": len(heldout),
-                              "curriculum_levels": dict(curriculum.level), "device": str(device),
+                              "curriculum_levels": dict(curriculum.level) if sampler is None else None,
+                              "pass_rate_cells": sampler.report() if sampler is not None else None,
+                              "algorithm": later, "device": str(device),
                               "selection": select.report()}
         summary("rl", c)
     return 0
