@@ -6,7 +6,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 export PATH := $(abspath $(BIN)):$(PATH)
 
-.PHONY: env run test test-all test-slurm lint dry-run clean-env scale
+.PHONY: env run test test-all test-system lint dry-run clean-env scale
 
 $(VENV)/.installed: requirements.txt pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -29,18 +29,19 @@ run: env
 scale: env
 	$(BIN)/snakemake --cores 1 corpus/scale/BUILD.json
 
-# The default suite, then the SLURM profile against a real one-node SLURM (test-slurm below).
+# The default suite, then the system tests (test-system below).
 test: $(VENV)/.installed-test
 	$(BIN)/python -m pytest -q
-	$(MAKE) --no-print-directory test-slurm
+	$(MAKE) --no-print-directory test-system
 
 test-all: $(VENV)/.installed-test
 	DORMOUSE_SLOW_TESTS=1 $(BIN)/python -m pytest -q
 
-# The SLURM profile against a real one-node SLURM (slurm-wlm + munge, apt-installed when root; ~5 min;
-# skipped with the reason when it cannot run). Part of test and test-all.
-test-slurm: $(VENV)/.installed-test
-	DORMOUSE_SLOW_TESTS=1 $(BIN)/python -m pytest -q -rs tests/test_slurm_real.py
+# System tests against the real thing: the SLURM profile on a one-node SLURM (slurm-wlm + munge, ~5 min) and the
+# chat page in a headless Chromium (~10 s), their Debian packages apt-installed when root; each skipped with the
+# reason when it cannot run. Part of test and test-all.
+test-system: $(VENV)/.installed-test
+	DORMOUSE_SLOW_TESTS=1 $(BIN)/python -m pytest -q -rs tests/test_slurm_real.py tests/test_serve_browser.py
 
 lint: env
 	$(BIN)/snakemake --lint

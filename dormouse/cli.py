@@ -21,6 +21,7 @@ COMMANDS = {
     "view": ("dormouse.engine.views", "write a per-preset result file from an artifact and its chain"),
     "pack": ("dormouse.engine.transport", "an artifact into zstd parts of <= 60 MiB with their sha256 (to carry it)", "pack_main"),
     "unpack": ("dormouse.engine.transport", "verify carried parts and rebuild their artifact in the store", "unpack_main"),
+    "serve": ("dormouse.serve.app", "an OpenAI-compatible endpoint (streaming, batched decode) and a chat page for a model"),
 }
 
 

@@ -21,20 +21,20 @@ By hand (as root):
 from __future__ import annotations
 
 import os
-import shutil
 import signal
 import socket
 import subprocess
 import time
 from pathlib import Path
 
+import system_packages
+
 DAEMONS = ("munged", "mungekey", "slurmctld", "slurmd")
 CLIENTS = ("sbatch", "squeue", "scontrol", "sinfo", "scancel", "srun")
-SBIN = ("/usr/sbin", "/sbin")
 
 
 def which(name: str) -> str | None:
-    return shutil.which(name) or shutil.which(name, path=os.pathsep.join(SBIN))
+    return system_packages.which(name)
 
 
 def missing_binaries() -> list[str]:
@@ -44,21 +44,7 @@ def missing_binaries() -> list[str]:
 def find_or_install(timeout_s: int = 600) -> str | None:
     """None when slurm-wlm and munge are here (installing them with apt-get when root); else the
     reason they are not, for a skip message."""
-    missing = missing_binaries()
-    if not missing:
-        return None
-    if os.geteuid() != 0:
-        return f"not root, so cannot apt-get install slurm-wlm munge (missing: {' '.join(missing)})"
-    if not shutil.which("apt-get"):
-        return f"no apt-get to install slurm-wlm munge (missing: {' '.join(missing)})"
-    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-    install = ["apt-get", "install", "-y", "-q", "--no-install-recommends", "slurm-wlm", "munge"]
-    for cmd in (install, ["apt-get", "update", "-q"], install):  # the lists may be stale: update once
-        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout_s)
-        if proc.returncode == 0 and cmd is install and not missing_binaries():
-            return None
-    tail = (proc.stdout + proc.stderr).strip().splitlines()[-3:]
-    return f"apt-get install slurm-wlm munge failed (rc {proc.returncode}): {' | '.join(tail)}"
+    return system_packages.find_or_install(DAEMONS + CLIENTS, ("slurm-wlm", "munge"), timeout_s)
 
 
 def free_port() -> int:

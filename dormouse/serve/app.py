@@ -1,0 +1,349 @@
+"""`dormouse serve`: a finished model behind an OpenAI-compatible HTTP API, with a chat page.
+
+    dormouse serve --preset small                    # the preset's rl model (the artifact the chain ships)
+    dormouse serve --preset small --rung int8        # one of its exported rungs
+    dormouse serve --model results/store/sft/<digest> --port 8001   # any pretrain/sft/rl artifact
+
+Endpoints: POST /v1/chat/completions and /v1/completions (OpenAI's request and response shapes, `stream: true` as
+server-sent events, `usage` counted in bytes: this is a byte model), GET /v1/models, /health (live streams, the
+decode state's bytes per stream, counters) and / (a chat page). Chat turns go through the chat template
+(dormouse/posttrain/chat.py: user and assistant roles); completions continue the raw prompt text. Every live
+stream decodes in one batched step (dormouse/serve/batcher.py). Bad requests get a 400 with OpenAI's error body
+({"error": {"message", "type", "param", "code"}}); a client that goes away mid-stream frees its row (counted).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import time
+import uuid
+from pathlib import Path
+from typing import Literal
+
+from fastapi import FastAPI, Request
+from fastapi.responses import HTMLResponse, JSONResponse, StreamingResponse
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from dormouse.posttrain import chat
+from dormouse.serve.batcher import Batcher, Stream
+from dormouse.serve.page import PAGE
+
+MAX_NEW_BYTES = 4096  # max_tokens ceiling (bytes)
+
+
+class Limits(BaseModel):
+    max_prompt_bytes: int = 16384
+    max_messages: int = 64
+    default_max_tokens: int = 256
+
+
+class TextPart(BaseModel):
+    model_config = ConfigDict(extra="ignore", strict=True)
+    type: Literal["text"]
+    text: str
+
+
+class Message(BaseModel):
+    model_config = ConfigDict(extra="ignore", strict=True)
+    role: str
+    content: str | list[TextPart]
+
+    def text(self) -> str:
+        return self.content if isinstance(self.content, str) else "".join(p.text for p in self.content)
+
+
+class Sampling(BaseModel):
+    """The fields both endpoints share; unknown fields are ignored (clients send many), known ones are typed."""
+
+    model_config = ConfigDict(extra="ignore", strict=True)
+    model: str | None = None
+    max_tokens: int | None = Field(None, ge=1, le=MAX_NEW_BYTES)
+    temperature: float = Field(1.0, ge=0.0, le=2.0)
+    top_k: int | None = Field(None, ge=1, le=256)
+    top_p: float | None = Field(None, ge=1.0, le=1.0, description="only 1 (no nucleus sampling)")
+    n: int = Field(1, ge=1, le=1)
+    stream: bool = False
+    stop: str | list[str] | None = None
+    seed: int | None = None
+    stream_options: dict | None = None
+
+    def stops(self) -> tuple[str, ...]:
+        s = [self.stop] if isinstance(self.stop, str) else (self.stop or [])
+        return tuple(x for x in s if x)
+
+
+class ChatRequest(Sampling):
+    messages: list[Message] = Field(min_length=1)
+    max_completion_tokens: int | None = Field(None, ge=1, le=MAX_NEW_BYTES)
+
+
+class CompletionRequest(Sampling):
+    prompt: str | list[str] = Field(min_length=1)
+    echo: bool = False
+    logprobs: int | None = Field(None, le=0, description="log-probs are not served")
+
+
+class BadRequest(Exception):
+    def __init__(self, message: str, param: str | None = None, code: str = "invalid_request_error", status: int = 400):
+        super().__init__(message)
+        self.message, self.param, self.code, self.status = message, param, code, status
+
+
+def error_body(message: str, param: str | None = None, code: str = "invalid_request_error") -> dict:
+    return {"error": {"message": message, "type": "invalid_request_error", "param": param, "code": code}}
+
+
+def validation_message(e: ValidationError) -> tuple[str, str | None]:
+    err = e.errors()[0]
+    where = ".".join(str(x) for x in err["loc"])
+    return f"{where}: {err['msg']}" if where else err["msg"], where or None
+
+
+def chat_prompt(req: ChatRequest, limits: Limits) -> bytes:
+    if len(req.messages) > limits.max_messages:
+        raise BadRequest(f"messages: {len(req.messages)} messages, at most {limits.max_messages}", "messages")
+    turns = []
+    for i, m in enumerate(req.messages):
+        if m.role not in chat.ROLE_OPENERS:
+            raise BadRequest(f"messages.{i}.role: {m.role!r} is not in this model's chat template "
+                             f"(roles: {', '.join(sorted(chat.ROLE_OPENERS))})", f"messages.{i}.role")
+        turns.append((m.role, m.text()))
+    if turns[-1][0] != "user":
+        raise BadRequest("messages: the last message must be the user's (the model writes the assistant turn)", "messages")
+    try:
+        return chat.encode_turns(turns) + bytes([chat.ASSISTANT])
+    except chat.ChatTemplateError as e:
+        raise BadRequest(f"messages: {e}", "messages") from None
+
+
+def completion_prompts(req: CompletionRequest) -> list[bytes]:
+    """Each prompt's bytes (a list of prompts gets one choice each, `index` in order)."""
+    if req.echo:
+        raise BadRequest("echo is not served (nor are prompt log-probs)", "echo")
+    prompts = [req.prompt] if isinstance(req.prompt, str) else req.prompt
+    if req.stream and len(prompts) > 1:
+        raise BadRequest("prompt: stream one prompt per request", "prompt")
+    out = []
+    for i, p in enumerate(prompts):
+        found = chat.RESERVED_PATTERN.search(p)
+        if found:
+            raise BadRequest(f"prompt: byte 0x{ord(found.group()):02x} at index {found.start()} (prompt {i}) is reserved "
+                             "for the chat template's turn boundaries", "prompt")
+        if not p:
+            raise BadRequest(f"prompt: prompt {i} is empty (there is no context to continue)", "prompt")
+        out.append(p.encode("utf-8"))
+    return out
+
+
+def create_app(batcher: Batcher, model_id: str, limits: Limits | None = None, info: dict | None = None):
+    limits = limits or Limits()
+    app = FastAPI(title="dormouse", docs_url=None, redoc_url=None)
+
+    @app.exception_handler(BadRequest)
+    async def _bad(request, e: BadRequest):
+        batcher.counters[f"serve.rejected.{e.code}"] += 1
+        return JSONResponse(error_body(e.message, e.param, e.code), status_code=e.status)
+
+    async def parse(request: Request, kind: type[Sampling]) -> Sampling:
+        raw = await request.body()
+        try:
+            body = json.loads(raw)
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise BadRequest(f"the request body is not JSON: {e}", code="invalid_json") from None
+        if not isinstance(body, dict):
+            raise BadRequest("the request body must be a JSON object", code="invalid_json")
+        try:
+            return kind.model_validate(body)
+        except ValidationError as e:
+            raise BadRequest(*validation_message(e)) from None
+
+    def check_length(prompt: bytes) -> None:
+        if len(prompt) > limits.max_prompt_bytes:
+            raise BadRequest(f"the prompt is {len(prompt)} bytes, at most {limits.max_prompt_bytes}",
+                             code="context_length_exceeded")
+
+    def start(prompt: bytes, req: Sampling, max_new: int) -> tuple[Stream, asyncio.Queue]:
+        loop, q = asyncio.get_running_loop(), asyncio.Queue()
+        stream = Stream(prompt, max_new, emit=lambda text: loop.call_soon_threadsafe(q.put_nowait, ("text", text)),
+                        finish=lambda reason, usage: loop.call_soon_threadsafe(q.put_nowait, ("done", reason, usage)),
+                        temperature=req.temperature, top_k=req.top_k, stops=req.stops(), seed=req.seed)
+        batcher.submit(stream)
+        return stream, q
+
+    async def collect(q: asyncio.Queue) -> tuple[str, str, dict]:
+        parts = []
+        while True:
+            item = await q.get()
+            if item[0] == "text":
+                parts.append(item[1])
+            else:
+                return "".join(parts), item[1], item[2]
+
+    def sse(obj) -> str:
+        return f"data: {json.dumps(obj, ensure_ascii=False)}\n\n"
+
+    def streaming(stream: Stream, q: asyncio.Queue, chunk, include_usage: bool):
+        async def events():
+            done = False
+            try:
+                first = chunk(None, None, first=True)
+                if first is not None:
+                    yield sse(first)
+                while True:
+                    item = await q.get()
+                    if item[0] == "text":
+                        yield sse(chunk(item[1], None))
+                        continue
+                    done = True
+                    yield sse(chunk(None, item[1]))
+                    if include_usage:
+                        yield sse({**chunk(None, None, usage_only=True), "usage": item[2]})
+                    yield "data: [DONE]\n\n"
+                    return
+            finally:
+                if not done:  # the client went away: free its row
+                    stream.cancel()
+        return StreamingResponse(events(), media_type="text/event-stream",
+                                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: Request):
+        req = await parse(request, ChatRequest)
+        prompt = chat_prompt(req, limits)
+        check_length(prompt)
+        max_new = req.max_completion_tokens or req.max_tokens or limits.default_max_tokens
+        stream, q = start(prompt, req, max_new)
+        rid, created = f"chatcmpl-{uuid.uuid4().hex[:24]}", int(time.time())
+        if not req.stream:
+            text, reason, usage = await collect(q)
+            return {"id": rid, "object": "chat.completion", "created": created, "model": model_id,
+                    "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": reason}],
+                    "usage": usage}
+
+        def chunk(text, reason, first=False, usage_only=False):
+            base = {"id": rid, "object": "chat.completion.chunk", "created": created, "model": model_id}
+            if usage_only:
+                return {**base, "choices": []}
+            delta = {"role": "assistant", "content": ""} if first else ({"content": text} if text is not None else {})
+            return {**base, "choices": [{"index": 0, "delta": delta, "finish_reason": reason}]}
+
+        return streaming(stream, q, chunk, bool((req.stream_options or {}).get("include_usage")))
+
+    @app.post("/v1/completions")
+    async def completions(request: Request):
+        req = await parse(request, CompletionRequest)
+        prompts = completion_prompts(req)
+        for prompt in prompts:
+            check_length(prompt)
+        started = [start(prompt, req, req.max_tokens or limits.default_max_tokens) for prompt in prompts]
+        rid, created = f"cmpl-{uuid.uuid4().hex[:24]}", int(time.time())
+        if not req.stream:
+            done = [await collect(q) for _, q in started]
+            usage = {k: sum(u[k] for _, _, u in done) for k in ("prompt_tokens", "completion_tokens", "total_tokens")}
+            return {"id": rid, "object": "text_completion", "created": created, "model": model_id, "usage": usage,
+                    "choices": [{"index": i, "text": text, "logprobs": None, "finish_reason": reason}
+                                for i, (text, reason, _) in enumerate(done)]}
+        stream, q = started[0]
+
+        def chunk(text, reason, first=False, usage_only=False):
+            base = {"id": rid, "object": "text_completion", "created": created, "model": model_id}
+            if first:
+                return None
+            if usage_only:
+                return {**base, "choices": []}
+            return {**base, "choices": [{"index": 0, "text": text or "", "logprobs": None, "finish_reason": reason}]}
+
+        return streaming(stream, q, chunk, bool((req.stream_options or {}).get("include_usage")))
+
+    @app.get("/v1/models")
+    async def models():
+        return {"object": "list", "data": [{"id": model_id, "object": "model", "created": 0, "owned_by": "dormouse"}]}
+
+    @app.get("/health")
+    async def health():
+        return {"status": "ok", "model": model_id, **(info or {}), "live_streams": batcher.live,
+                "waiting_streams": len(batcher.waiting), "max_batch": batcher.max_batch,
+                "state_bytes_per_stream": batcher.state_bytes_per_stream,
+                "counters": {k: v for k, v in sorted(batcher.counters.items()) if k.startswith("serve.")}}
+
+    @app.get("/", response_class=HTMLResponse)
+    async def page():
+        return PAGE.replace("{{MODEL}}", model_id)
+
+    return app
+
+
+def load(args) -> tuple:
+    """(model, device, bf16, model id, info) from --preset/--rung or --model."""
+    import torch
+
+    from dormouse.engine.store import open_artifact
+    from dormouse.train.runtime import device_for, load_model
+
+    device = device_for(args.device or ("cuda" if torch.cuda.is_available() else "cpu"), "serve")
+    if args.model:
+        art = open_artifact(args.model)
+        label = f"{art.manifest['stage']}-{art.path.name[:8]}"
+    else:
+        from dormouse.engine.config import load_yaml
+        from dormouse.engine.plan import build_plan
+
+        plan = build_plan(load_yaml(Path(args.config)))
+        if args.preset not in plan.chain:
+            raise SystemExit(f"dormouse serve: no preset {args.preset!r} (known: {', '.join(p for p in plan.presets)})")
+        stage = "rl"
+        path = Path(plan.artifact_dir(stage, plan.chain[args.preset][stage]))
+        if not (path / "manifest.json").exists():
+            raise SystemExit(f"dormouse serve: preset {args.preset}'s rl model {path} is not built yet: "
+                             f"snakemake results/{args.preset}/bench.json (or --model DIR for another artifact)")
+        art = open_artifact(path)
+        label = f"{args.preset}-{path.name[:8]}"
+    model, cfg = load_model(art, device)
+    if args.rung:
+        from dormouse.engine.config import load_yaml
+        from dormouse.engine.plan import build_plan
+        from dormouse.posttrain import quant
+
+        if not args.preset:
+            raise SystemExit("dormouse serve: --rung needs --preset (the rungs are the preset's export artifact)")
+        plan = build_plan(load_yaml(Path(args.config)))
+        export = open_artifact(Path(plan.artifact_dir("export", plan.chain[args.preset]["export"])))
+        rung_file = f"rungs/{args.rung}.safetensors"
+        if rung_file not in export.manifest["files"]:
+            known = sorted(n[len("rungs/"):-len(".safetensors")] for n in export.files("rungs/"))
+            raise SystemExit(f"dormouse serve: export has no rung {args.rung!r} (rungs: {', '.join(known)})")
+        model = quant.load_rung_model(export.file(rung_file), cfg, device)
+        label += f"-{args.rung}"
+    model.eval()
+    info = {"artifact": str(art.path), "stage": art.manifest["stage"], "rung": args.rung, "device": str(device)}
+    return model, device, True, f"dormouse-{label}", info
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="dormouse serve", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    which = ap.add_mutually_exclusive_group(required=True)
+    which.add_argument("--preset", help="serve this preset's finished rl model")
+    which.add_argument("--model", type=Path, help="serve this model artifact (pretrain, sft or rl) instead")
+    ap.add_argument("--rung", help="one of the preset's export rungs (bf16, int8, fp8, mxfp4, nvfp4, ternary)")
+    ap.add_argument("--config", default="config/config.yaml")
+    ap.add_argument("--host", default="127.0.0.1")
+    ap.add_argument("--port", type=int, default=8000)
+    ap.add_argument("--device", default=None, help="cpu or cuda (default: cuda when visible)")
+    ap.add_argument("--max-batch", type=int, default=64, help="streams decoded together in one step")
+    ap.add_argument("--max-prompt-bytes", type=int, default=Limits().max_prompt_bytes)
+    args = ap.parse_args(argv)
+    import uvicorn
+
+    model, device, bf16, model_id, info = load(args)
+    batcher = Batcher(model, device, bf16, max_batch=args.max_batch)
+    batcher.start()
+    app = create_app(batcher, model_id, Limits(max_prompt_bytes=args.max_prompt_bytes), info)
+    print(f"[serve] {model_id} on {device}: http://{args.host}:{args.port}/ (OpenAI API under /v1)", flush=True)
+    try:
+        uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
+    finally:
+        batcher.stop()
+    return 0

@@ -1,0 +1,266 @@
+"""dormouse serve: the OpenAI-compatible API through the real `openai` client and raw HTTP, the batched decode
+scheduler, bad requests, clients that leave, and the decode state's size per stream."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import httpx
+import pytest
+import torch
+import uvicorn
+
+from dormouse.engine.store import ArtifactWriter, artifact_digest
+from dormouse.model.config import ModelConfig
+from dormouse.model.gpt import ByteLM
+from dormouse.posttrain import chat
+from dormouse.posttrain.decode import generate, prefill_prompts
+from dormouse.serve.app import Limits, create_app
+from dormouse.serve.batcher import Batcher, Stream, state_bytes_per_row
+from dormouse.train.runtime import save_model_artifact
+
+TINY = {"d_model": 32, "n_heads": 2, "head_dim": 16, "ffn_hidden": 64, "n_core": 1, "kda_chunk_size": 16,
+        "engram": True, "engram_rows": 256, "engram_dim": 8}
+
+
+def tiny_model(seed: int = 0) -> ByteLM:
+    torch.manual_seed(seed)
+    return ByteLM(ModelConfig.from_dict(TINY)).eval()
+
+
+class Server:
+    """The app under uvicorn on a free loopback port, in this process (its decode thread included)."""
+
+    def __init__(self, model: ByteLM, limits: Limits | None = None, max_batch: int = 64):
+        self.batcher = Batcher(model, torch.device("cpu"), bf16=False, max_batch=max_batch)
+        self.batcher.start()
+        app = create_app(self.batcher, "dormouse-test", limits)
+        self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning"))
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+        self.thread.start()
+        deadline = time.monotonic() + 30
+        while not self.server.started:
+            assert time.monotonic() < deadline, "uvicorn did not start"
+            time.sleep(0.02)
+        self.url = f"http://127.0.0.1:{self.server.servers[0].sockets[0].getsockname()[1]}"
+
+    def close(self):
+        self.server.should_exit = True
+        self.thread.join(timeout=10)
+        self.batcher.stop()
+
+    def health(self) -> dict:
+        return httpx.get(self.url + "/health").json()
+
+
+@pytest.fixture(scope="module")
+def model():
+    return tiny_model()
+
+
+@pytest.fixture(scope="module")
+def server(model):
+    s = Server(model, Limits(max_prompt_bytes=2000))
+    yield s
+    s.close()
+
+
+def test_the_openai_client_chats_and_completes_streaming_or_not(server):
+    openai = pytest.importorskip("openai")
+    client = openai.OpenAI(base_url=server.url + "/v1", api_key="unused")
+    assert [m.id for m in client.models.list().data] == ["dormouse-test"]
+    msgs = [{"role": "user", "content": "Reverse: abc"}]
+    whole = client.chat.completions.create(model="dormouse-test", messages=msgs, max_tokens=12, temperature=0)
+    assert whole.choices[0].message.role == "assistant" and whole.choices[0].finish_reason in ("stop", "length")
+    prompt = chat.encode_turns([("user", "Reverse: abc")]) + bytes([chat.ASSISTANT])
+    assert whole.usage.prompt_tokens == len(prompt) and 1 <= whole.usage.completion_tokens <= 12  # bytes
+    parts = list(client.chat.completions.create(model="dormouse-test", messages=msgs, max_tokens=12, temperature=0,
+                                                stream=True, stream_options={"include_usage": True}))
+    text = "".join(c.choices[0].delta.content or "" for c in parts if c.choices)
+    assert text == whole.choices[0].message.content  # greedy: the same reply, streamed
+    assert parts[-1].usage.completion_tokens == whole.usage.completion_tokens
+    done = client.completions.create(model="dormouse-test", prompt="Once upon", max_tokens=16, temperature=0.8, seed=7)
+    again = client.completions.create(model="dormouse-test", prompt="Once upon", max_tokens=16, temperature=0.8, seed=7)
+    assert done.choices[0].text == again.choices[0].text and done.object == "text_completion"
+    streamed = "".join(c.choices[0].text for c in client.completions.create(
+        model="dormouse-test", prompt="Once upon", max_tokens=16, temperature=0.8, seed=7, stream=True))
+    assert streamed == done.choices[0].text  # a seed fixes the draws, streamed or not
+
+
+def test_the_reply_is_what_generate_decodes(server, model):
+    """The server's greedy reply is decode.generate's bytes up to END, as whole UTF-8 characters."""
+    r = httpx.post(server.url + "/v1/chat/completions", json={
+        "messages": [{"role": "user", "content": "hello"}, {"role": "assistant", "content": "hi"},
+                     {"role": "user", "content": "again"}], "max_tokens": 20, "temperature": 0}).json()
+    prompt = chat.encode_turns([("user", "hello"), ("assistant", "hi"), ("user", "again")]) + bytes([chat.ASSISTANT])
+    want = generate(model, [prompt], 20, bf16=False)[0]
+    body = want.split(bytes([chat.END]))[0]
+    assert r["choices"][0]["message"]["content"] == body.decode("utf-8", "replace")
+    assert r["usage"]["completion_tokens"] == min(20, len(body) + 1)
+
+
+@pytest.mark.parametrize("body,param", [
+    (b"{not json", None),
+    (b"[1, 2]", None),
+    ({"messages": []}, "messages"),
+    ({"messages": [{"role": "user", "content": "x"}], "temperature": "hot"}, "temperature"),
+    ({"messages": [{"role": "user", "content": "x"}], "temperature": 3.0}, "temperature"),
+    ({"messages": [{"role": "user", "content": "x"}], "top_k": 0}, "top_k"),
+    ({"messages": [{"role": "user", "content": "x"}], "max_tokens": 10**6}, "max_tokens"),
+    ({"messages": [{"role": "user", "content": "x"}], "top_p": 0.5}, "top_p"),
+    ({"messages": [{"role": "user", "content": "x"}], "n": 3}, "n"),
+    ({"messages": [{"role": "user", "content": "x"}], "stream": "yes"}, "stream"),
+    ({"messages": [{"role": "user", "content": "a\x02b"}]}, "messages"),
+    ({"messages": [{"role": "system", "content": "be nice"}, {"role": "user", "content": "x"}]}, "messages.0.role"),
+    ({"messages": [{"role": "user", "content": "x"}, {"role": "assistant", "content": "y"}]}, "messages"),
+    ({"messages": [{"role": "user", "content": 5}]}, "messages.0.content.str"),
+])
+def test_bad_chat_requests_get_a_400_with_a_json_error(server, body, param):
+    kw = {"content": body} if isinstance(body, bytes) else {"json": body}
+    r = httpx.post(server.url + "/v1/chat/completions", **kw)
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    assert err["type"] == "invalid_request_error" and err["message"] and err["param"] == param
+
+
+def test_over_long_and_reserved_prompts_and_unknown_fields(server):
+    r = httpx.post(server.url + "/v1/completions", json={"prompt": "x" * 2001})
+    assert r.status_code == 400 and r.json()["error"]["code"] == "context_length_exceeded"
+    r = httpx.post(server.url + "/v1/completions", json={"prompt": "a\x03"})
+    assert r.status_code == 400 and "0x03" in r.json()["error"]["message"]
+    r = httpx.post(server.url + "/v1/completions", json={"prompt": "ok", "max_tokens": 2, "user": "me", "presence_penalty": 0})
+    assert r.status_code == 200  # fields a client adds and we do not use are ignored
+
+
+def test_streams_decode_together_and_each_gets_its_own_reply(model):
+    """Eight concurrent greedy requests: each reply equals the one decoded alone, while the decode loop ran far
+    fewer steps than the bytes it produced (one batched step serves every live stream)."""
+    s = Server(model)
+    try:
+        prompts = [f"prompt number {i} " * (i + 1) for i in range(8)]
+
+        def ask(p):
+            return httpx.post(s.url + "/v1/completions", json={"prompt": p, "max_tokens": 40, "temperature": 0},
+                              timeout=60).json()
+
+        with ThreadPoolExecutor(8) as pool:
+            replies = list(pool.map(ask, prompts))
+        c = s.health()["counters"]
+        produced = sum(r["usage"]["completion_tokens"] for r in replies)
+        assert c["serve.max_batch_seen"] >= 2 and c["serve.steps"] < produced
+        for p, r in zip(prompts, replies):
+            alone = generate(model, [p.encode()], 40, bf16=False)[0].split(bytes([chat.END]))[0]
+            assert r["choices"][0]["text"] == alone.decode("utf-8", "replace")
+    finally:
+        s.close()
+
+
+def test_a_client_that_leaves_mid_stream_frees_its_row(model):
+    s = Server(model)
+    try:
+        with httpx.stream("POST", s.url + "/v1/completions",
+                          json={"prompt": "go on", "max_tokens": 4000, "stream": True, "temperature": 1.0}) as r:
+            lines = r.iter_lines()
+            assert next(lines).startswith("data: ")
+        deadline = time.monotonic() + 30
+        while (h := s.health())["counters"].get("serve.streams_cancelled", 0) < 1:
+            assert time.monotonic() < deadline, h
+            time.sleep(0.05)
+        assert h["live_streams"] == 0 and h["counters"].get("serve.finished.length", 0) == 0
+    finally:
+        s.close()
+
+
+def test_the_decode_state_per_stream_does_not_grow_with_the_conversation(model, server):
+    short = prefill_prompts(model, [b"hi"])[1]
+    long = prefill_prompts(model, [b"a long conversation " * 200])[1]
+    assert state_bytes_per_row(short) == state_bytes_per_row(long) > 0
+    httpx.post(server.url + "/v1/completions", json={"prompt": "x", "max_tokens": 1})
+    assert server.health()["state_bytes_per_stream"] == state_bytes_per_row(short)
+
+
+def test_text_goes_out_as_whole_characters_and_never_part_of_a_stop():
+    got, done = [], []
+    s = Stream(b"p", 100, emit=got.append, finish=lambda reason, usage: done.append(reason), stops=("END",))
+    for b in "é€ab".encode():
+        assert s.take(b) is None
+    assert got == ["é", "€", "a", "b"]  # a character's first bytes are held until it is whole
+    for b in b"EN":
+        assert s.take(b) is None
+    assert got == ["é", "€", "a", "b"]  # "EN" might start the stop sequence: held back
+    assert s.take(ord("D")) == "stop" and "".join(got) == "é€ab"
+    t = Stream(b"p", 3, emit=got.append, finish=lambda *a: None)
+    assert [t.take(x) for x in b"xyz"] == [None, None, "length"]
+
+
+def test_the_chat_page_is_served(server):
+    r = httpx.get(server.url + "/")
+    assert r.status_code == 200 and "dormouse-test" in r.text and "/v1/chat/completions" in r.text
+
+
+def test_serve_loads_a_store_artifact_from_the_cli(tmp_path, model):
+    """`dormouse serve --model DIR` resolves a store artifact (manifest-verified) and names the model by it."""
+    import argparse
+
+    from dormouse.serve.app import load
+
+    params = {"model": model.cfg.to_dict(), "note": "serve test"}
+    out = tmp_path / "store" / "pretrain" / artifact_digest("pretrain", 1, params, {}, [])
+    with ArtifactWriter(out, "pretrain", 1, params, {}, []) as art:
+        save_model_artifact(art, model, {"model": model.cfg.to_dict()}, [])
+    loaded, device, _, model_id, info = load(argparse.Namespace(model=out, preset=None, rung=None, device="cpu",
+                                                                config="config/config.yaml"))
+    assert model_id == f"dormouse-pretrain-{out.name[:8]}" and info["stage"] == "pretrain" and not loaded.training
+    for (k, a), b in zip(model.state_dict().items(), loaded.state_dict().values()):
+        assert torch.equal(a, b), k
+    json.dumps(info)  # /health serves it
+
+
+GEN_TASK = """\
+task: dormouse_serve_gen
+dataset_path: json
+dataset_kwargs:
+  data_files:
+    test: {data}
+  cache_dir: {cache}
+test_split: test
+output_type: generate_until
+doc_to_text: "{{{{question}}}}"
+doc_to_target: "{{{{answer}}}}"
+generation_kwargs:
+  until: ["\\n"]
+  max_gen_toks: 12
+  do_sample: false
+metric_list:
+  - metric: exact_match
+    aggregation: mean
+    higher_is_better: true
+"""
+
+
+@pytest.mark.parametrize("kind", ["local-completions", "local-chat-completions"])
+def test_lm_eval_harness_generates_through_the_server(server, tmp_path, kind):
+    """lm-evaluation-harness's own OpenAI-API models against the server: every document is answered with the
+    server's greedy reply (generation tasks; prompt log-probs are not served)."""
+    lm_eval = pytest.importorskip("lm_eval")
+    from lm_eval.tasks import TaskManager
+
+    docs = [{"question": f"Q{i}: 1+{i}=", "answer": str(1 + i)} for i in range(3)]
+    data = tmp_path / "gen.jsonl"
+    data.write_text("".join(json.dumps(d) + "\n" for d in docs))
+    tasks = tmp_path / "tasks"
+    tasks.mkdir()
+    (tasks / "gen.yaml").write_text(GEN_TASK.format(data=data, cache=tmp_path / "hf_cache"))
+    endpoint = "chat/completions" if kind == "local-chat-completions" else "completions"
+    before = server.health()["counters"].get("serve.streams", 0)
+    r = lm_eval.simple_evaluate(
+        model=kind, model_args=f"base_url={server.url}/v1/{endpoint},model=dormouse-test,tokenizer_backend=None,"
+                               "tokenized_requests=False,num_concurrent=1,max_retries=1",
+        tasks=["dormouse_serve_gen"], task_manager=TaskManager(include_defaults=False, include_path=str(tasks)),
+        log_samples=True, apply_chat_template=kind == "local-chat-completions")
+    samples = r["samples"]["dormouse_serve_gen"]
+    assert len(samples) == 3 and server.health()["counters"]["serve.streams"] - before == 3
+    assert "exact_match,none" in r["results"]["dormouse_serve_gen"]
