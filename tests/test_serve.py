@@ -264,3 +264,16 @@ def test_lm_eval_harness_generates_through_the_server(server, tmp_path, kind):
     samples = r["samples"]["dormouse_serve_gen"]
     assert len(samples) == 3 and server.health()["counters"]["serve.streams"] - before == 3
     assert "exact_match,none" in r["results"]["dormouse_serve_gen"]
+
+
+def test_inverse_cdf_sampling_follows_the_distribution():
+    """The scheduler's batched draw: a byte's frequency is its softmax probability, top-k cuts the rest."""
+    from dormouse.serve.batcher import sample_with_uniforms
+
+    logits = torch.log(torch.tensor([[0.5, 0.3, 0.2, 1e-9]])).repeat(20000, 1)
+    g = torch.Generator().manual_seed(0)
+    draws = sample_with_uniforms(logits, 1.0, None, torch.rand(20000, generator=g))
+    freq = torch.bincount(draws, minlength=4).float() / 20000
+    torch.testing.assert_close(freq, torch.tensor([0.5, 0.3, 0.2, 0.0]), atol=0.015, rtol=0)
+    top2 = sample_with_uniforms(logits, 1.0, 2, torch.rand(20000, generator=g))
+    assert set(top2.tolist()) == {0, 1} and abs(float((top2 == 0).float().mean()) - 0.625) < 0.015

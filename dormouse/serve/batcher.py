@@ -6,8 +6,8 @@ the same size whatever the conversation's length, so a step costs the same for a
 conversation, and memory grows with the number of streams only (`state_bytes_per_stream`).
 
 One thread owns the model. Each loop: admit waiting streams (their prompts prefilled, grouped by length, then
-concatenated onto the running batch), sample one byte per row (rows grouped by temperature and top-k; a stream
-with a seed draws from its own generator), hand each byte to its stream, drop the rows that finished (stop byte,
+concatenated onto the running batch), sample one byte per row (rows grouped by temperature and top-k, one uniform
+per row: a stream with a seed draws it from its own generator), hand each byte to its stream, drop the rows that finished (stop byte,
 a stop sequence, max bytes, or a client that went away), and step the rest. The text a stream sees is whole UTF-8
 characters (an incremental decoder holds back a partial one) and never part of a stop sequence.
 """
@@ -25,7 +25,18 @@ from dataclasses import dataclass, field
 import torch
 
 from dormouse.model.gpt import ByteLM, LMState, cat_states
-from dormouse.posttrain.decode import prefill_prompts, sample_next
+from dormouse.posttrain.decode import prefill_prompts
+
+
+def sample_with_uniforms(logits: torch.Tensor, temperature: float, top_k: int | None, u: torch.Tensor) -> torch.Tensor:
+    """logits [B, V], uniforms u [B] in [0, 1) -> one byte per row from softmax(logits / temperature) over the top_k
+    largest logits: the first byte whose cumulative probability passes u."""
+    z = logits.float() / temperature
+    if top_k is not None:
+        kth = z.topk(min(top_k, z.shape[-1]), dim=-1).values[:, -1:]
+        z = z.masked_fill(z < kth, float("-inf"))
+    cdf = z.softmax(-1).cumsum(-1)
+    return torch.searchsorted(cdf, (u * cdf[:, -1]).unsqueeze(1)).squeeze(1).clamp_max(z.shape[-1] - 1)
 
 
 def state_bytes_per_row(state: LMState) -> int:
@@ -159,15 +170,20 @@ class Batcher:
         return s.cancelled
 
     def _sample(self, rows: list[Stream], logits: torch.Tensor) -> torch.Tensor:
+        """One byte per row. Each row's draw is inverse-CDF sampling of one uniform taken from its own generator (a
+        stream with a seed) or the shared one, so rows of equal temperature and top-k sample in one batched op and
+        a seeded stream's bytes do not depend on the streams beside it."""
         out = torch.empty(len(rows), dtype=torch.long, device=logits.device)
         groups: dict[tuple, list[int]] = {}
         for i, s in enumerate(rows):
-            key = (s.temperature, s.top_k) if s.generator is None else ("own", i)
-            groups.setdefault(key, []).append(i)
-        for key, idx in groups.items():
-            s = rows[idx[0]]
+            groups.setdefault((s.temperature, s.top_k), []).append(i)
+        for (temperature, top_k), idx in groups.items():
             sel = torch.tensor(idx, device=logits.device)
-            out[sel] = sample_next(logits[sel], s.temperature, s.top_k, s.generator or self._shared_gen)
+            if temperature == 0:
+                out[sel] = logits[sel].argmax(-1)
+                continue
+            u = torch.stack([torch.rand((), generator=rows[i].generator or self._shared_gen) for i in idx])
+            out[sel] = sample_with_uniforms(logits[sel], temperature, top_k, u.to(logits.device))
         return out
 
     @staticmethod
