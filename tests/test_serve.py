@@ -277,3 +277,19 @@ def test_inverse_cdf_sampling_follows_the_distribution():
     torch.testing.assert_close(freq, torch.tensor([0.5, 0.3, 0.2, 0.0]), atol=0.015, rtol=0)
     top2 = sample_with_uniforms(logits, 1.0, 2, torch.rand(20000, generator=g))
     assert set(top2.tolist()) == {0, 1} and abs(float((top2 == 0).float().mean()) - 0.625) < 0.015
+
+
+def test_the_load_benchmark_runs_both_arms(tmp_path):
+    """benchmarks/serve_bench.py at a toy size: both arms serve every byte; the batched one in fewer steps."""
+    import csv
+    import importlib.util
+    from pathlib import Path
+
+    spec = importlib.util.spec_from_file_location("serve_bench", Path(__file__).resolve().parents[1] / "benchmarks" / "serve_bench.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    out = tmp_path / "s.tsv"
+    assert bench.main(["--concurrency", "4", "--requests", "8", "--max-tokens", "6", "--out", str(out)]) == 0
+    rows = {r["arm"]: r for r in csv.DictReader(out.open(), delimiter="\t")}
+    assert rows["batched"]["bytes"] == rows["unbatched"]["bytes"] == str(8 * 6)
+    assert int(rows["batched"]["steps"]) < int(rows["unbatched"]["steps"]) and rows["batched"]["max_batch_seen"] == "4"
