@@ -21,17 +21,30 @@ COMMANDS = {
     "view": ("dormouse.engine.views", "write a per-preset result file from an artifact and its chain"),
     "pack": ("dormouse.engine.transport", "an artifact into zstd parts of <= 60 MiB with their sha256 (to carry it)", "pack_main"),
     "unpack": ("dormouse.engine.transport", "verify carried parts and rebuild their artifact in the store", "unpack_main"),
+    "lm-eval": ("dormouse.posttrain.lm_eval_adapter", "lm-evaluation-harness's CLI with the model \"dormouse\" registered (any artifact, any rung)"),
     "serve": ("dormouse.serve.app", "an OpenAI-compatible endpoint (streaming, batched decode) and a chat page for a model"),
 }
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    if not argv or argv[0] in ("-h", "--help") or argv[0] not in COMMANDS:
-        print("usage: dormouse <command> [args]\n\ncommands:")
+    if argv and argv[0] in ("-V", "--version"):
+        from importlib.metadata import version
+
+        from dormouse.engine.provenance import git_state
+
+        git = git_state()
+        where = f"git {git['git_commit'][:12]}{' dirty' if git['git_dirty'] else ''}" if git["git_commit"] else "no git checkout"
+        print(f"dormouse {version('dormouse')} ({where})")
+        return 0
+    if argv and argv[0] not in COMMANDS and argv[0] not in ("-h", "--help"):
+        print(f"dormouse: unknown command {argv[0]!r}; commands: {', '.join(COMMANDS)} (dormouse --help)", file=sys.stderr)
+        return 2
+    if not argv or argv[0] in ("-h", "--help"):
+        print("usage: dormouse <command> [args]      (dormouse --version)\n\ncommands:")
         for name, (_, help_, *_fn) in COMMANDS.items():
             print(f"  {name:12s} {help_}")
-        return 0 if argv and argv[0] in ("-h", "--help") else 2
+        return 0 if argv else 2
     from dormouse.engine.config import ConfigError
 
     module_name, _, *fn = COMMANDS[argv[0]]

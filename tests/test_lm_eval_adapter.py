@@ -208,3 +208,49 @@ def test_simple_evaluate_end_to_end_on_a_local_task(artifact, tmp_path):
         s = [lp for lp, _ in mc.score_choices(lm.model, it.context, it.choices, WINDOW, "cpu")]
         want += mc.argmax_first([lp / (len(c) - 1) for lp, c in zip(s, it.choices)]) == it.answer
     assert res["acc_bytes,none"] == pytest.approx(want / len(items))
+
+
+def test_the_dormouse_lm_eval_command_runs_the_harness_cli(artifact, tmp_path):
+    """`dormouse lm-eval` is lm-eval's own command line with the model registered (a bare `lm_eval --model
+    dormouse` cannot find it: 0.4.13 has no plugin entry point); the device is chosen for the box."""
+    import subprocess
+    import sys
+
+    tasks = tmp_path / "tasks"
+    tasks.mkdir()
+    (tasks / "dormouse_tiny.yaml").write_text(TASK_YAML.format(data=TASK, cache=tmp_path / "hf_cache"))
+    out = tmp_path / "out"
+    r = subprocess.run([sys.executable, "-m", "dormouse.cli", "lm-eval", "--model", "dormouse", "--model_args",
+                        f"pretrained={artifact}", "--tasks", "dormouse_tiny", "--include_path", str(tasks),
+                        "--output_path", str(out)], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "dormouse_tiny" in r.stdout and "acc" in r.stdout
+    results = [json.loads(p.read_text()) for p in out.rglob("results_*.json")]
+    assert results and "dormouse_tiny" in results[0]["results"]
+
+
+def test_sft_rl_and_export_artifacts_load_with_their_own_window(tmp_path):
+    """sft and rl artifacts hold no train section: the window is their eval window; an export takes rung=."""
+    from dormouse.posttrain import quant
+
+    model = live_model(ModelConfig(**TINY))
+    params = {"tasks": {}, "sft": {}, "device": "cpu", "dtype": "float32",
+              "eval": {"eval_bytes": 2048, "seq_len": 48, "batch_size": 4}}
+    out = tmp_path / "sft" / artifact_digest("sft", 1, params, {}, [])
+    with ArtifactWriter(out, "sft", 1, params, {}, []) as art:
+        save_file({k: v.detach().contiguous() for k, v in model.state_dict().items()}, str(art.path("model.safetensors")))
+        art.path("config.json").write_text(json.dumps({"model": model.cfg.to_dict(), "sft": {}, "tasks": {}}))
+    assert DormouseLM(pretrained=str(out)).window == 48
+    eparams = {"export": {"rungs": ["int8"]}, "device": "cpu", "dtype": "float32",
+               "eval": {"eval_bytes": 2048, "seq_len": 40, "batch_size": 4}}
+    exp = tmp_path / "export" / artifact_digest("export", 1, eparams, {}, [])
+    with ArtifactWriter(exp, "export", 1, eparams, {}, []) as art:
+        path = art.path("rungs/int8.safetensors")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        state = {k: (v.detach().float() if v.is_floating_point() else v.detach()) for k, v in model.state_dict().items()}
+        quant.save_rung(path, state, "int8")
+        art.path("config.json").write_text(json.dumps({"model": model.cfg.to_dict(), "export": eparams["export"]}))
+    lm = DormouseLM(pretrained=str(exp), rung="int8")
+    assert lm.window == 40 and lm.model.head_weight.shape == model.head_weight.shape
+    with pytest.raises(ValueError, match="name a rung"):
+        DormouseLM(pretrained=str(exp))

@@ -25,8 +25,13 @@ def main(argv=None) -> int:
     if args.corpus:
         config["corpus"] = args.corpus
     plan = build_plan(config)
+    if args.preset and args.preset not in plan.chain:
+        raise SystemExit(f"dormouse plan: no preset {args.preset!r} in the plan (presets: {', '.join(plan.presets)}; "
+                         f"a new one goes in config/presets/ and config.yaml's presets)")
     if args.stage:
         preset = args.preset or config["preset"]
+        if args.stage not in plan.chain[preset]:
+            raise SystemExit(f"dormouse plan: no stage {args.stage!r} (stages: {', '.join(plan.chain[preset])})")
         print(plan.job_json(args.stage, plan.chain[preset][args.stage]))
         return 0
     for preset, stages in plan.chain.items():

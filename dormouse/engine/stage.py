@@ -16,12 +16,32 @@ def parse_job(argv: list[str] | None, stage: str, doc: str) -> dict:
     ap.add_argument("--job", required=True, help="job JSON (as printed by `dormouse plan`), or @file holding it")
     ap.add_argument("--presets", default="", help="the presets that plan this job, comma-separated (for messages; no param)")
     args = ap.parse_args(argv)
-    text = Path(args.job[1:]).read_text() if args.job.startswith("@") else args.job
-    job = json.loads(text)
-    if job.get("stage") != stage:
-        raise SystemExit(f"dormouse {stage}: job is for stage {job.get('stage')!r}")
+    job = read_job(args.job, stage)
     job["presets"] = [p for p in args.presets.split(",") if p]
     print(f"[{stage}] job {job['digest']}\n[{stage}] params {json.dumps(job['params'], sort_keys=True)}", flush=True)
+    return job
+
+
+JOB_KEYS = ("stage", "format_version", "digest", "params", "inputs", "retractions", "out")
+
+
+def read_job(arg: str, stage: str) -> dict:
+    """--job's value: JSON text, @file, or a path to a file holding it; one line naming the problem otherwise."""
+    hint = f"pass the output of `dormouse plan --preset <preset> --stage {stage}` (the text, @file or a file path)"
+    path = Path(arg[1:]) if arg.startswith("@") else Path(arg) if not arg.lstrip().startswith("{") else None
+    if path is not None:
+        if not path.is_file():
+            raise SystemExit(f"dormouse {stage}: --job {arg!r} is neither JSON nor a file; {hint}")
+        arg = path.read_text()
+    try:
+        job = json.loads(arg)
+    except json.JSONDecodeError as e:
+        raise SystemExit(f"dormouse {stage}: --job is not JSON ({e}); {hint}") from None
+    missing = [k for k in JOB_KEYS if not isinstance(job, dict) or k not in job]
+    if missing:
+        raise SystemExit(f"dormouse {stage}: --job lacks {', '.join(missing)}; {hint}")
+    if job["stage"] != stage:
+        raise SystemExit(f"dormouse {stage}: the job is for stage {job['stage']!r}: run `dormouse {job['stage']} --job ...`")
     return job
 
 

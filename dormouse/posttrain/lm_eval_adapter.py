@@ -1,12 +1,14 @@
 """lm-evaluation-harness model "dormouse": a byte-level ByteLM from an artifact dir.
 
     pip install -e '.[lmeval]'
-    python -c "import dormouse.posttrain.lm_eval_adapter, lm_eval.__main__ as m; m.cli_evaluate()" \
-        --model dormouse --model_args pretrained=results/store/pretrain/<digest> --tasks <task> --device cpu
+    dormouse lm-eval --model dormouse --model_args pretrained=results/store/rl/<digest> --tasks <task>
+    dormouse lm-eval --model dormouse --model_args pretrained=results/store/export/<digest>,rung=int8 --tasks <task>
 
-(`lm_eval` on the command line does not import this module, so the model would not be registered;
-import it first, as above, or pass an instance: `lm_eval.simple_evaluate(model=DormouseLM(dir), ...)`.
-The CLI's --device defaults to cuda.) A local task is a yaml with `dataset_path: json` and
+(`dormouse lm-eval` is lm-eval's own command line with this model registered: lm-eval 0.4.13 has no plugin
+entry point, so a bare `lm_eval --model dormouse` cannot find it. In Python: `lm_eval.simple_evaluate(
+model=DormouseLM(dir), ...)`. Any model artifact works: pretrain, sft, rl, or an export with `rung=`; the window
+is the artifact's own (train.seq_len, or the eval window of sft/rl/export) unless `max_length=`; the device is
+cuda when visible, else cpu, whatever lm-eval's --device default says.) A local task is a yaml with `dataset_path: json` and
 `dataset_kwargs: {data_files: {test: <file.jsonl>}}`, found through `--include_path` (see
 tests/test_lm_eval_adapter.py, which runs one end to end).
 
@@ -64,29 +66,52 @@ class _PlainDir:
         return p
 
 
-def load_artifact_model(artifact_dir: str | Path, device="cpu"):
+def load_artifact_model(artifact_dir: str | Path, device="cpu", rung: str | None = None):
     """(ByteLM in eval mode, config.json dict) via dormouse.train.runtime.load_model (strict keys). A store
     artifact (manifest.json present) has config.json and model.safetensors checked against its manifest
-    (size + sha256); a plain dir is read as is."""
+    (size + sha256); a plain dir is read as is. An export artifact takes `rung` (its rungs/<rung>.safetensors,
+    dequantized as the bench stage loads it)."""
     d = Path(artifact_dir)
     art = open_artifact(d) if (d / MANIFEST).exists() else _PlainDir(d)
     config = json.loads(art.file("config.json").read_text())
-    model, _ = load_model(art, torch.device(device))
+    if "export" in config:
+        from dormouse.model.config import ModelConfig
+        from dormouse.posttrain import quant
+
+        if rung is None:
+            raise ValueError(f"dormouse: {d} is an export artifact: name a rung (model_args rung=bf16|int8|...)")
+        model = quant.load_rung_model(art.file(f"rungs/{rung}.safetensors"), ModelConfig.from_dict(config["model"]),
+                                      torch.device(device))
+    else:
+        if rung is not None:
+            raise ValueError(f"dormouse: rung={rung} names an export rung, and {d} is not an export artifact")
+        model, _ = load_model(art, torch.device(device))
+    # pretrain: train.seq_len (its params, or config.json for a plain dir); sft, rl, export: their eval window's
+    params = {} if isinstance(art, _PlainDir) else art.manifest["params"]
+    config["_window"] = (params.get("train") or params.get("eval") or config.get("train") or {}).get("seq_len")
     return model.eval(), config
 
 
 @register_model("dormouse")
 class DormouseLM(LM):
-    def __init__(self, pretrained: str, device: str | None = "cpu", max_length: int | None = None,
-                 truncate_context: bool = False, batch_size=None, max_batch_size=None, **unused):
+    def __init__(self, pretrained: str, device: str | None = None, max_length: int | None = None,
+                 truncate_context: bool = False, batch_size=None, max_batch_size=None, rung: str | None = None,
+                 **unused):
         """batch_size / max_batch_size are accepted (the harness always passes them) and ignored:
-        batches are the requests that share a context."""
+        batches are the requests that share a context. device None: cuda when visible, else cpu."""
         super().__init__()
         if unused:
             log.warning("dormouse: ignoring model_args %s", sorted(unused))
-        self._device = torch.device(device or "cpu")
-        self.model, self.config = load_artifact_model(pretrained, self._device)
-        self.window = int(max_length) if max_length is not None else int(self.config["train"]["seq_len"])
+        if device is None or (str(device).startswith("cuda") and not torch.cuda.is_available()):
+            if device is not None:
+                log.warning("dormouse: device %s asked and no CUDA device visible: running on cpu", device)
+            device = "cuda" if torch.cuda.is_available() else "cpu"
+        self._device = torch.device(device)
+        self.model, self.config = load_artifact_model(pretrained, self._device, rung)
+        window = max_length if max_length is not None else self.config["_window"]
+        if window is None:
+            raise ValueError(f"dormouse: {pretrained} names no window (config.json train.seq_len); pass max_length=")
+        self.window = int(window)
         self.truncate_context = truncate_context in (True, "True", "true", "1", 1)
         self.counters: Counter = Counter()
 
@@ -165,3 +190,17 @@ class DormouseLM(LM):
             self.cache_hook.add_partial("generate_until", r.args, out[-1])
         self.counters["lm_eval.generate_requests"] += len(requests)
         return out
+
+
+def main(argv=None) -> int:
+    """`dormouse lm-eval ...`: lm-eval's command line (every flag passes through) with "dormouse" registered."""
+    import sys
+
+    from lm_eval.__main__ import cli_evaluate
+
+    args = list(sys.argv[1:] if argv is None else argv)
+    if "--device" not in args and not any(a.startswith("--device=") for a in args):
+        args += ["--device", "cuda" if torch.cuda.is_available() else "cpu"]
+    sys.argv = ["lm_eval", *args]
+    cli_evaluate()
+    return 0
