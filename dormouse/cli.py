@@ -32,7 +32,9 @@ def main(argv: list[str] | None = None) -> int:
             print(f"  {name:12s} {help_}")
         return 0 if argv and argv[0] in ("-h", "--help") else 2
     from dormouse.engine.config import ConfigError
+    from dormouse.engine.lifeline import tie_to_snakemake
 
+    tie_to_snakemake()  # a job of a killed Snakemake does not run on as an orphan
     module_name, _, *fn = COMMANDS[argv[0]]
     entry = getattr(importlib.import_module(module_name), fn[0] if fn else "main")
     try:
