@@ -14,6 +14,7 @@ COMMANDS = {
     "scale-corpus": ("dormouse.data.scale_corpus", "build corpus/scale (~1.4 GB of text) from pinned package-registry sources"),
     "gpu-run": ("dormouse.train.devices", "run a command on free GPU slots (sets CUDA_VISIBLE_DEVICES)"),
     "plan": ("dormouse.engine.plan_cli", "print the plan, or one job's JSON to run a stage by hand"),
+    "verify": ("dormouse.engine.verify", "re-hash artifacts against their manifests; exit 1 naming every altered file"),
     "retractions": ("dormouse.engine.retractions", "the retraction ledger: what each entry hits and superseded"),
     "plots": ("dormouse.engine.plots", "the report's figures from results/<preset>/bench.json and the store"),
     "verdict": ("dormouse.engine.experiments", "judge an A/B experiment's arms over seeds (WIN / LOSE / TIE / INVALID)"),
@@ -46,7 +47,9 @@ def main(argv: list[str] | None = None) -> int:
             print(f"  {name:12s} {help_}")
         return 0 if argv else 2
     from dormouse.engine.config import ConfigError
+    from dormouse.engine.lifeline import tie_to_snakemake
 
+    tie_to_snakemake()  # a job of a killed Snakemake does not run on as an orphan
     module_name, _, *fn = COMMANDS[argv[0]]
     entry = getattr(importlib.import_module(module_name), fn[0] if fn else "main")
     try:

@@ -202,7 +202,8 @@ def test_files_without_a_reader_are_counted_and_listed(workdir, small_corpus, qu
     plan = run_chain(workdir, config, stages=("filter",))
     m = manifest(workdir, plan, "filter")
     assert m["counters"]["reader.files_ignored.unknown_suffix"] == 2
-    assert sorted(p.rsplit("/", 1)[-1] for p in m["corpus_files_ignored"]) == ["README.md", "notes.json.gz"]
+    assert sorted(e["path"].rsplit("/", 1)[-1] for e in m["corpus_files_ignored"]) == ["README.md", "notes.json.gz"]
+    assert {e["reason"] for e in m["corpus_files_ignored"]} == {"unknown_suffix"}
 
 
 def test_constant_ids_cannot_swallow_the_corpus_into_the_eval_tail(workdir, small_corpus, quality_examples, tmp_path):

@@ -85,6 +85,28 @@ def test_truncated_zstd_is_an_error_not_a_short_read(tmp_path):
     assert all(r.text for r in recs)  # what was read intact is real; nothing is padded
 
 
+def test_truncated_zstd_counts_the_text_it_lost_and_names_the_record(tmp_path):
+    lines = [json.dumps(r) + "\n" for r in rows() * 200]
+    data = "".join(lines).encode()
+    comp = zstandard.ZstdCompressor().compress(data)  # the frame header records the content size
+    path = tmp_path / "x.jsonl.zst"
+    path.write_bytes(comp[: len(comp) * 2 // 3])
+    with pytest.raises(ReadError, match=r"record at line \d+ \(decompressed byte \d+\) is cut off"):
+        read(path)
+    recs, counters = read(path, on_bad_file="skip")
+    kept = len("".join(lines[: len(recs)]).encode())  # every row is one record here
+    assert counters["reader.text_bytes_lost.unreadable"] == len(data) - kept > 0
+    assert counters["reader.files_text_bytes_lost_unknown.unreadable"] == 0
+
+
+def test_truncated_gzip_lost_text_is_named_unknown(tmp_path):
+    data = gzip.compress("".join(json.dumps(r) + "\n" for r in rows() * 500).encode())
+    path = tmp_path / "x.jsonl.gz"
+    path.write_bytes(data[: len(data) // 2])
+    recs, counters = read(path, on_bad_file="skip")
+    assert counters["reader.files_text_bytes_lost_unknown.unreadable"] == 1
+
+
 def test_truncated_gzip_names_the_file(tmp_path):
     data = gzip.compress("".join(json.dumps(r) + "\n" for r in rows() * 500).encode())
     path = tmp_path / "x.jsonl.gz"

@@ -2,7 +2,7 @@ import json
 
 import pytest
 
-from dormouse.engine.store import ArtifactError, ArtifactWriter, artifact_digest, open_artifact
+from dormouse.engine.store import ArtifactError, ArtifactWriter, artifact_digest, open_artifact, published
 
 
 def make(tmp_path, params=None, fail=False):
@@ -65,11 +65,30 @@ def test_wrong_directory_name_is_refused(tmp_path):
 
 
 def test_finished_artifact_is_never_overwritten(tmp_path):
+    # A second writer of the same digest (an orphaned job of a killed Snakemake published first): the
+    # published artifact verifies, so the second one succeeds and leaves it exactly as it was.
     path = make(tmp_path)
-    before = json.loads((path / "manifest.json").read_text())
-    with pytest.raises(ArtifactError, match="never overwritten"):
+    before = (path / "manifest.json").read_bytes()
+    make(tmp_path)
+    assert (path / "manifest.json").read_bytes() == before
+    assert not list(path.parent.glob(".*.tmp-*"))
+    # ... and one whose files were altered is refused, not rebuilt over
+    (path / "sub" / "data.txt").write_text("hellO")
+    with pytest.raises(ArtifactError, match="no longer match its manifest"):
         make(tmp_path)
-    assert json.loads((path / "manifest.json").read_text()) == before
+    assert (path / "manifest.json").read_bytes() == before
+
+
+def test_manifest_deleted_by_snakemake_is_restored_from_its_hidden_link(tmp_path):
+    # Snakemake deletes a job's output (manifest.json) before a rerun and after a failure.
+    path = make(tmp_path)
+    st = (path / "manifest.json").stat()
+    (path / "manifest.json").unlink()
+    art = published(path)
+    assert art is not None and art.digest == path.name
+    again = (path / "manifest.json").stat()
+    assert (again.st_ino, again.st_mtime_ns) == (st.st_ino, st.st_mtime_ns)  # the same file: no mtime cascade
+    assert published(tmp_path / "filter" / ("0" * 20)) is None
 
 
 def test_scratch_survives_failure_is_keyed_by_digest_and_goes_on_success(tmp_path):

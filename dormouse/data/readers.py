@@ -24,7 +24,13 @@ import zstandard
 
 
 class ReadError(ValueError):
-    """Unreadable input; the message names the file and the line or row."""
+    """Unreadable input; the message names the file and the line or row. A stream that breaks part-way says what
+    it lost: `lost_decoded`, text bytes decoded after the last whole record; `lost_beyond`, the bytes the break
+    cut off (from the zstd frame header's content size), or None when the format cannot tell (gzip, a zstd
+    frame written without its size)."""
+
+    lost_decoded: int = 0
+    lost_beyond: int | None = None
 
 
 @dataclass
@@ -58,6 +64,9 @@ class _ZstdRaw(io.RawIOBase):
         self._d = zstandard.ZstdDecompressor().decompressobj()
         self._fed = False  # has the current frame's decompressor seen input?
         self._buf = b""
+        self.produced = 0  # decompressed bytes so far
+        self._frame_head = b""  # the current frame's first bytes (its header: content size, when written)
+        self._frame_produced = 0
 
     def readable(self):
         return True
@@ -67,14 +76,22 @@ class _ZstdRaw(io.RawIOBase):
             chunk = self._f.read(1 << 20)
             if not chunk:
                 if self._fed and not self._d.eof:
-                    raise ReadError(f"{self._path}: truncated zstd stream (the last frame has no end)")
+                    err = ReadError(f"{self._path}: truncated zstd stream (the last frame has no end)")
+                    err.lost_beyond = self._frame_missing()
+                    raise err
                 return 0
             while chunk:
+                if not self._fed:
+                    self._frame_head, self._frame_produced = b"", 0
                 self._fed = True
+                self._frame_head = (self._frame_head + chunk)[:32]
                 try:
-                    self._buf += self._d.decompress(chunk)
+                    out = self._d.decompress(chunk)
                 except zstandard.ZstdError as e:
                     raise ReadError(f"{self._path}: corrupt zstd data: {e}") from None
+                self._buf += out
+                self.produced += len(out)
+                self._frame_produced += len(out)
                 if self._d.eof:
                     chunk = self._d.unused_data
                     self._d = zstandard.ZstdDecompressor().decompressobj()
@@ -85,6 +102,20 @@ class _ZstdRaw(io.RawIOBase):
         b[:n] = self._buf[:n]
         self._buf = self._buf[n:]
         return n
+
+
+def _zstd_frame_missing(self) -> int | None:
+    """Bytes of the broken frame that never arrived, from its header's content size; None if it has none."""
+    try:
+        size = zstandard.get_frame_parameters(self._frame_head).content_size
+    except zstandard.ZstdError:
+        return None
+    if size in (0, zstandard.CONTENTSIZE_UNKNOWN, zstandard.CONTENTSIZE_ERROR):
+        return None
+    return max(0, size - self._frame_produced)
+
+
+_ZstdRaw._frame_missing = _zstd_frame_missing
 
 
 def _open_lines(path: Path):
@@ -104,10 +135,11 @@ def _bad(policy: str, reason: str, message: str, counters: Counter, prefix: str)
 
 
 def _read_jsonl(path: Path, rel: str, cfg: ReaderConfig, counters: Counter) -> Iterator[Record]:
-    lineno = 0
+    lineno = consumed = 0  # consumed: decompressed bytes of the whole lines read
     with _open_lines(path) as f:
         try:
-            for lineno, line in enumerate(f, 1):
+            for lineno, line in enumerate(_lines(f, path, lambda: (lineno, consumed)), 1):
+                consumed += len(line)
                 if not line.strip():
                     counters["reader.blank_lines"] += 1
                     continue
@@ -134,7 +166,26 @@ def _read_jsonl(path: Path, rel: str, cfg: ReaderConfig, counters: Counter) -> I
                     doc_id = f"{rel}:{lineno}"
                 yield from _text_record(str(doc_id), text, rel, f"{path}:{lineno}", cfg, counters, len(line))
         except (EOFError, OSError, zlib.error) as e:  # gzip: truncated or corrupt stream
-            raise ReadError(f"{path}: unreadable after line {lineno}: {e}") from None
+            raise ReadError(f"{path}: unreadable after line {lineno} (the record at line {lineno + 1} is cut off; "
+                            f"how much text followed is unknown): {e}") from None
+
+
+def _lines(f, path: Path, where):
+    """The lines of f; a ReadError mid-stream names the record it broke in and what was lost."""
+    it = iter(f)
+    while True:
+        try:
+            line = next(it)
+        except StopIteration:
+            return
+        except ReadError as e:
+            lineno, consumed = where()
+            raw = getattr(f, "raw", None)
+            decoded = getattr(raw, "produced", consumed)
+            err = ReadError(f"{path}: record at line {lineno + 1} (decompressed byte {consumed}) is cut off: {e}")
+            err.lost_decoded, err.lost_beyond = max(0, decoded - consumed), e.lost_beyond
+            raise err from None
+        yield line
 
 
 def _text_record(doc_id, text, rel, where, cfg, counters, raw_len) -> Iterator[Record]:
@@ -269,7 +320,14 @@ def read_file(path: Path, rel: str, cfg: ReaderConfig, counters: Counter) -> Ite
         # Records already yielded were read intact and stay counted; the rest of the file is lost, loudly.
         counters["reader.files_skipped.unreadable"] += 1
         counters["reader.file_bytes_skipped.unreadable"] += path.stat().st_size
-        print(f"[reader] skipping the rest of {path} by policy on_bad_file=skip: {e}")
+        # Text lost: what was decoded after the last whole record (its records are not in docs_read), plus what
+        # the break cut off when the format records it; else the file is counted as losing an unknown amount.
+        counters["reader.text_bytes_lost.unreadable"] += e.lost_decoded + (e.lost_beyond or 0)
+        if e.lost_beyond is None:
+            counters["reader.files_text_bytes_lost_unknown.unreadable"] += 1
+        lost = f"{e.lost_decoded} decoded bytes of a cut record, " + (
+            f"{e.lost_beyond} more cut off" if e.lost_beyond is not None else "and an unknown amount cut off")
+        print(f"[reader] skipping the rest of {path} by policy on_bad_file=skip ({lost}): {e}")
         return
     if n_text == 0 and n_bad == 0:  # records skipped by policy were already counted
         _bad(cfg.on_bad_file, "no_text", f"{path}: file yields no text", counters, "reader.files_skipped")

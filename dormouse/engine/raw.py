@@ -7,6 +7,7 @@ from __future__ import annotations
 import glob
 import hashlib
 import os
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from dormouse.engine.config import ConfigError
@@ -22,26 +23,94 @@ def is_raw_file(path: str | Path) -> bool:
     return str(path).endswith(RAW_SUFFIXES)
 
 
+@dataclass
+class RawScan:
+    """What a spec names on disk. Links are resolved and each real file (device, inode) is read once, under its
+    link-free path when it has one, else its first path in sorted order; every other path is in `skipped`."""
+
+    files: list[Path] = field(default_factory=list)  # every regular file to consider, sorted
+    skipped: list[dict] = field(default_factory=list)  # {"path", "reason"[, "same_as"]} for each path not read
+    links_followed: int = 0  # files read through a path that passes a symlink
+    duplicate_paths: int = 0  # paths to a file already read (a symlink loop, a second link, a hard link)
+
+
+def _walk(top: Path, scan: RawScan) -> list[tuple[Path, bool]]:
+    """Every regular file under top, following symlinked directories once each; (path, via a symlink)."""
+    found: list[tuple[Path, bool]] = []
+    stack = [(top, False, (os.path.realpath(top),))]
+    while stack:
+        d, via_link, ancestors = stack.pop()
+        try:
+            entries = sorted(os.scandir(d), key=lambda e: e.name)
+        except OSError as e:
+            scan.skipped.append({"path": str(d), "reason": f"unreadable_directory: {e.strerror}"})
+            continue
+        for entry in entries:
+            path = Path(entry.path)
+            link = entry.is_symlink()
+            if link and not path.exists():
+                scan.skipped.append({"path": str(path), "reason": "broken_symlink"})
+            elif path.is_dir():
+                real = os.path.realpath(path)
+                if real in ancestors:  # a link back up the tree: following it would read the same files again
+                    scan.skipped.append({"path": str(path), "reason": "symlink_loop", "same_as": real})
+                else:
+                    stack.append((path, via_link or link, ancestors + (real,)))
+            elif path.is_file():
+                found.append((path, via_link or link))
+            else:
+                scan.skipped.append({"path": str(path), "reason": "not_a_regular_file"})
+    return found
+
+
+def scan_raw(spec: str, root: Path = Path(".")) -> RawScan:
+    """The files a spec names (a file, a directory read recursively through symlinks, or a glob), each once."""
+    p = Path(spec) if os.path.isabs(spec) else root / spec
+    scan = RawScan()
+    if p.is_file():
+        found = [(p, p.is_symlink())]
+    elif p.is_dir():
+        found = _walk(p, scan)
+    else:  # glob's ** follows symlinked directories, loops too (until ELOOP): duplicates are removed below
+        found = []
+        for f in sorted(glob.glob(str(p), recursive=True)):
+            path = Path(f)
+            if path.is_symlink() and not path.exists():
+                scan.skipped.append({"path": f, "reason": "broken_symlink"})
+            elif path.is_file():
+                found.append((path, os.path.realpath(f) != os.path.abspath(f)))
+    by_file: dict[tuple[int, int], list[tuple[Path, bool]]] = {}
+    for path, via_link in found:
+        st = path.stat()
+        by_file.setdefault((st.st_dev, st.st_ino), []).append((path, via_link))
+    for paths in by_file.values():
+        paths.sort(key=lambda pv: (pv[1], len(pv[0].parts), str(pv[0])))  # link-free first, then the shortest path
+        kept, via_link = paths[0]
+        scan.files.append(kept)
+        scan.links_followed += via_link
+        for dup, _ in paths[1:]:
+            scan.skipped.append({"path": str(dup), "reason": "duplicate_path", "same_as": str(kept)})
+            scan.duplicate_paths += 1
+    scan.files.sort()
+    scan.skipped.sort(key=lambda s: s["path"])
+    return scan
+
+
 def expand_raw(spec: str, root: Path = Path(".")) -> list[Path]:
-    """The raw files a spec names: a file, a directory (recursive), or a glob; sorted."""
-    p = Path(spec) if os.path.isabs(spec) else root / spec
-    if p.is_file():
-        return [p]
-    if p.is_dir():
-        files = [f for f in p.rglob("*") if f.is_file() and is_raw_file(f)]
-    else:
-        files = [Path(f) for f in glob.glob(str(p), recursive=True) if os.path.isfile(f) and is_raw_file(f)]
-    return sorted(files)
+    """The raw files a spec names (scan_raw, with a reader for their suffix): each real file once, sorted."""
+    return [f for f in scan_raw(spec, root).files if is_raw_file(f)]
 
 
-def ignored_files(spec: str, root: Path = Path(".")) -> list[Path]:
-    """Regular files a directory or glob spec matches that are not raw text (no reader for their
-    suffix); dotfiles aside. The filter counts and lists them: nothing is left out silently."""
-    p = Path(spec) if os.path.isabs(spec) else root / spec
-    if p.is_file():
-        return []
-    found = p.rglob("*") if p.is_dir() else (Path(f) for f in glob.glob(str(p), recursive=True))
-    return sorted(f for f in found if f.is_file() and not is_raw_file(f) and not f.name.startswith("."))
+def ignored_files(spec: str, root: Path = Path(".")) -> list[dict]:
+    """Every path a spec matches that is not read, with its reason: no reader for the suffix (`unknown_suffix`;
+    dotfiles `hidden_file`), a second path to a file already read (`duplicate_path`), a `symlink_loop`, a
+    `broken_symlink`, a `not_a_regular_file`. The filter counts and lists them: nothing is left out silently."""
+    scan = scan_raw(spec, root)
+    out = list(scan.skipped)
+    for f in scan.files:
+        if not is_raw_file(f):
+            out.append({"path": str(f), "reason": "hidden_file" if f.name.startswith(".") else "unknown_suffix"})
+    return sorted(out, key=lambda s: s["path"])
 
 
 def is_demo(spec: str, root: Path = Path(".")) -> bool:

@@ -40,8 +40,15 @@ def _filter(preset: dict) -> dict:
     return {"reader": data["reader"], **{k: v for k, v in data["filter"].items() if k != "quality"}, "quality": quality}
 
 
+# Keys added to data.shard after digests were pinned: left out of the params at their default, so every preset
+# that does not set them keeps its digest (the shard stage applies the same defaults when a key is absent).
+SHARD_DEFAULTS_NOT_DIGESTED = {"eval_tail_fraction": None, "eval_tail_min_bytes": None, "eval_tail_max_bytes": None,
+                               "eval_tail_min_docs": None, "eval_tail_max_docs": None, "eval_tail_warn_below": 100}
+
+
 def _shard(preset: dict) -> dict:
-    return dict(preset["data"]["shard"])
+    return {k: v for k, v in preset["data"]["shard"].items()
+            if not (k in SHARD_DEFAULTS_NOT_DIGESTED and v == SHARD_DEFAULTS_NOT_DIGESTED[k])}
 
 
 def _anchors(preset: dict) -> dict:  # the ladder scores the model's eval window: its size is a param

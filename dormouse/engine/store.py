@@ -22,6 +22,10 @@ from typing import Any
 from dormouse.engine.provenance import code_version, environment
 
 MANIFEST = "manifest.json"
+# A hard link to manifest.json (same inode, same mtime) that Snakemake does not know about: Snakemake deletes a
+# job's declared output (manifest.json) before rerunning the job and after a failed one, and this keeps the
+# record of a finished artifact through both (`published`, below, puts manifest.json back).
+MANIFEST_KEEP = ".manifest.json"
 DIGEST_CHARS = 20  # 80 bits of sha256: collision-free for any store a lab will ever hold
 
 
@@ -144,7 +148,11 @@ class ArtifactWriter:
             **self.extra,
         }
         (self.tmp / MANIFEST).write_text(json.dumps(manifest, indent=2, sort_keys=False) + "\n")
-        _move_into_place(self.tmp, self.out_dir)
+        _link_or_copy(self.tmp / MANIFEST, self.tmp / MANIFEST_KEEP)
+        if _move_into_place(self.tmp, self.out_dir):
+            self.counters["store.already_published"] += 1  # not in the manifest: that one was written by the other writer
+            print(f"[store] {self.out_dir}: already published by another writer, with the same digest and verified files; "
+                  f"left as it was", flush=True)
         shutil.rmtree(scratch_dir(self.out_dir), ignore_errors=True)
         return False
 
@@ -155,15 +163,55 @@ def scratch_dir(out_dir: Path) -> Path:
     return out_dir.parent.parent.parent / "scratch" / out_dir.parent.name / out_dir.name
 
 
-def _move_into_place(tmp: Path, out_dir: Path) -> None:
-    if (out_dir / MANIFEST).exists():
+def _link_or_copy(src: Path, dst: Path) -> None:
+    try:
+        os.link(src, dst)
+    except FileExistsError:
+        pass
+    except OSError:  # a filesystem without hard links: a copy with the same mtime
+        shutil.copy2(src, dst)
+
+
+def published(out_dir: Path) -> Artifact | None:
+    """The finished artifact at out_dir, or None when there is none. A finished one (its manifest.json, or the
+    copy MANIFEST_KEEP that survives Snakemake deleting manifest.json) must match its directory and every file
+    its manifest lists, else ArtifactError: an altered artifact is never silently rebuilt over. When only the copy
+    is left, manifest.json is linked back to it (the same inode: its mtime is the original one)."""
+    out_dir = Path(out_dir)
+    manifest, keep = out_dir / MANIFEST, out_dir / MANIFEST_KEEP
+    if not manifest.exists() and not keep.exists():
+        return None
+    source = manifest if manifest.exists() else keep
+    art = Artifact(out_dir, json.loads(source.read_text()))
+    if art.manifest.get("digest") != out_dir.name:
+        raise ArtifactError(f"{source}: digest {art.manifest.get('digest')!r} does not match its directory")
+    try:
+        art.verify_all()
+    except ArtifactError as e:
+        raise ArtifactError(
+            f"{out_dir} is a finished artifact whose files no longer match its manifest ({e}); it is left as it is. "
+            f"`dormouse verify` lists every altered file; to rebuild it, move the directory out of the store"
+        ) from None
+    if not manifest.exists():
+        _link_or_copy(keep, manifest)
+    elif not keep.exists():  # an artifact written before the copy existed
+        _link_or_copy(manifest, keep)
+    return art
+
+
+def _move_into_place(tmp: Path, out_dir: Path) -> bool:
+    """Rename tmp to out_dir; True when out_dir was already published with this digest and verified files
+    (another writer got there first: e.g. an orphaned job of a killed Snakemake): tmp is dropped, out_dir kept."""
+    if (out_dir / MANIFEST).exists() or (out_dir / MANIFEST_KEEP).exists():
         shutil.rmtree(tmp, ignore_errors=True)
-        raise ArtifactError(f"{out_dir}: a finished artifact already exists; artifacts are never overwritten")
+        published(out_dir)  # raises when that artifact does not verify; never overwritten either way
+        return True
     if out_dir.exists():
         # Snakemake creates the output's parent directory before the job runs; an empty one (or one
         # holding leftovers of a killed job, which never has a manifest) is replaced.
         shutil.rmtree(out_dir)
     os.replace(tmp, out_dir)
+    return False
 
 
 @dataclass

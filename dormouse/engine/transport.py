@@ -24,7 +24,7 @@ from pathlib import Path
 
 import zstandard
 
-from dormouse.engine.store import ArtifactError, open_artifact, sha256_file
+from dormouse.engine.store import ArtifactError, open_artifact, published, sha256_file
 
 PART_MIB = 60
 FORMAT = 1
@@ -152,6 +152,7 @@ def unpack(listing_path: Path, store: Path) -> Path:
         if sorted([*art.files(), "manifest.json"]) != sorted(str(p.relative_to(got)) for p in got.rglob("*") if p.is_file()):
             raise ArtifactError(f"{listing_path}: the unpacked files are not exactly the manifest's")
         got.rename(final)
+        published(final)  # adds the hidden manifest link (store.MANIFEST_KEEP)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return final

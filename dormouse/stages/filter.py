@@ -3,7 +3,8 @@
     dormouse filter --job "$(dormouse plan --preset tiny --stage filter)"
 
 Outputs: docs-*.jsonl.zst ({id, text, source, quality}), quality_model.bin (when trained here),
-per_file.json (read/kept per raw file). Counters: docs_/bytes_ read, kept, dropped.<reason>; the
+per_file.json (read/kept per raw file). Corpus discovery (engine/raw.py) resolves links and reads each real
+file once; every path it does not read is in the manifest's corpus_files_ignored with its reason. Counters: docs_/bytes_ read, kept, dropped.<reason>; the
 stage asserts read = kept + sum(dropped) for both. A document holding a chat-template byte (0x01-0x03)
 is dropped (`chat_control_bytes`): those bytes mean turn boundaries to sft, rl and bench.
 """
@@ -27,7 +28,7 @@ from dormouse.data.docs_io import PartWriter, read_parts
 from dormouse.data.fnv import fnv1a_64
 from dormouse.data.heuristics import heuristic_drop_reason
 from dormouse.data.readers import ReaderConfig, read_file
-from dormouse.engine.raw import RAW_SUFFIXES, expand_raw, ignored_files
+from dormouse.engine.raw import RAW_SUFFIXES, expand_raw, ignored_files, scan_raw
 from dormouse.engine.stage import check_raw_input, parse_job, summary, writer
 from dormouse.engine.store import sha256_file
 from dormouse.posttrain.chat import RESERVED_PATTERN
@@ -114,11 +115,17 @@ def iter_records(specs: list[str], cfg: ReaderConfig, counters: Counter, files_o
                  ignored_out: list | None = None):
     for spec in specs:
         base = Path(spec)
-        for path in ignored_files(spec):
-            counters["reader.files_ignored.unknown_suffix"] += 1
+        scan = scan_raw(spec)
+        counters["corpus_links_followed"] += scan.links_followed
+        counters["corpus_duplicate_paths"] += scan.duplicate_paths
+        for entry in ignored_files(spec):
+            reason = entry["reason"].split(":")[0]
+            counters[f"reader.files_ignored.{reason}"] += 1
             if ignored_out is not None:
-                ignored_out.append(str(path))
-            print(f"[filter] ignoring {path}: no reader for its suffix (expected {', '.join(RAW_SUFFIXES)})", flush=True)
+                ignored_out.append(entry)
+            why = (f"no reader for its suffix (expected {', '.join(RAW_SUFFIXES)})" if reason == "unknown_suffix"
+                   else entry["reason"] + (f" (the same as {entry['same_as']})" if "same_as" in entry else ""))
+            print(f"[filter] not reading {entry['path']}: {why}", flush=True)
         for path in expand_raw(spec):
             rel = path.relative_to(base).as_posix() if base.is_dir() else path.as_posix()
             if files_out is not None:

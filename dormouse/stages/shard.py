@@ -60,9 +60,38 @@ def group_of(doc_id: str, part_pattern: re.Pattern | None) -> str:
     return (part_pattern.sub("", doc_id) or doc_id) if part_pattern is not None else doc_id
 
 
-def shard_documents(parts: list[Path], n_shards: int, eval_target: int, art, part_pattern: str | None = None) -> None:
+def tail_size(cum_bytes: np.ndarray, eval_target: int, sizing: dict | None = None) -> int:
+    """How many documents, in group-hash order (`cum_bytes` their cumulative bytes), the tail takes before its
+    last group is completed: to `eval_target` bytes, or `eval_tail_fraction` of the corpus within
+    [eval_tail_min_bytes, eval_tail_max_bytes]; then at least eval_tail_min_docs, at most eval_tail_max_docs
+    and eval_tail_max_bytes (caps win). No sizing keys: the plain byte target, as before they existed."""
+    sizing = {k: v for k, v in (sizing or {}).items() if v is not None}
+    if not len(cum_bytes):
+        return 0
+    target = eval_target
+    if "eval_tail_fraction" in sizing:
+        target = int(sizing["eval_tail_fraction"] * int(cum_bytes[-1]))
+    target = max(target, sizing.get("eval_tail_min_bytes", 0))
+    n = int(np.searchsorted(cum_bytes, target) + 1)
+    n = max(n, sizing.get("eval_tail_min_docs", 0))
+    if "eval_tail_max_bytes" in sizing:
+        n = min(n, max(1, int(np.searchsorted(cum_bytes, sizing["eval_tail_max_bytes"], side="right"))))
+    if "eval_tail_max_docs" in sizing:
+        n = min(n, sizing["eval_tail_max_docs"])
+    return n
+
+
+TAIL_ADVICE = ("lower data.shard.eval_tail_bytes, or size the tail from the corpus: data.shard.eval_tail_fraction "
+               "(e.g. 0.05) with eval_tail_min_bytes / eval_tail_max_bytes / eval_tail_max_docs")
+
+
+def shard_documents(parts: list[Path], n_shards: int, eval_target: int, art, part_pattern: str | None = None,
+                    sizing: dict | None = None) -> None:
     """The stage's work: route the documents of `parts` into `art` (anything with path(name),
-    counters and extra, as an ArtifactWriter); the benchmark calls this same function."""
+    counters and extra, as an ArtifactWriter); the benchmark calls this same function. `sizing`: the
+    eval_tail_* keys of data.shard (tail_size); eval_tail_warn_below (default 100) warns on a small tail."""
+    sizing = dict(sizing or {})
+    warn_below = sizing.pop("eval_tail_warn_below", 100)
     pattern = re.compile(part_pattern) if part_pattern else None
     # Pass 1: decode every document once into a scratch byte file; id and group hashes and size per document.
     scratch = Path(tempfile.mkdtemp(prefix="dormouse-shard-"))
@@ -83,19 +112,31 @@ def shard_documents(parts: list[Path], n_shards: int, eval_target: int, art, par
         order = np.argsort(h, kind="stable")  # the write order
         by_group = np.argsort(gh, kind="stable")  # a group's documents share a hash: they are taken together
         cum = np.cumsum(sz[by_group])
-        n_eval = int(np.searchsorted(cum, eval_target) + 1) if len(cum) else 0
+        n_eval = tail_size(cum, eval_target, sizing)
+        n_groups = len(np.unique(gh))
+        corpus = f"the corpus has {int(sz.sum())} bytes in {len(h)} documents, {n_groups} groups"
         if n_eval >= len(h):
-            raise SystemExit(f"shard: eval_tail_bytes={eval_target} takes the whole corpus ({int(sz.sum())} bytes)")
+            raise SystemExit(f"shard: the eval tail (eval_tail_bytes={eval_target}, sizing {sizing or 'none'}) takes the "
+                             f"whole corpus: {corpus}; {TAIL_ADVICE}")
         cutoff = int(gh[by_group[n_eval - 1]])
         is_eval = gh <= np.uint64(cutoff)
-        if is_eval.all():  # ids that tie at the cutoff (e.g. one constant id for every document)
-            raise SystemExit(f"shard: every document hashed into the eval tail ({int((gh == gh[by_group[0]]).sum())} share "
-                             f"the smallest group hash); are the document ids unique (data.reader.id_field), and does "
-                             f"data.shard.part_pattern={part_pattern!r} leave them distinct?")
+        if is_eval.all():
+            if n_groups == 1:  # ids that tie (e.g. one constant id for every document)
+                raise SystemExit(f"shard: every document hashed into the eval tail ({corpus}: they share one group "
+                                 f"hash); are the document ids unique (data.reader.id_field), and does "
+                                 f"data.shard.part_pattern={part_pattern!r} leave them distinct?")
+            raise SystemExit(f"shard: every document went to the eval tail: its last group completes the corpus "
+                             f"({corpus}; the tail needed {n_eval} documents to reach its target); {TAIL_ADVICE}")
         groups, group_sizes = np.unique(gh, return_counts=True)
         art.counters["groups"] = len(groups)
         art.counters["groups_of_several_parts"] = int((group_sizes > 1).sum())
         art.counters["eval_groups"] = int((groups <= np.uint64(cutoff)).sum())
+        n_eval_docs = int(is_eval.sum())
+        if warn_below and (n_eval_docs < warn_below or art.counters["eval_groups"] < warn_below):
+            warning = (f"the eval tail holds {n_eval_docs} documents in {art.counters['eval_groups']} groups "
+                       f"(< eval_tail_warn_below={warn_below}): every eval BPB rests on them; {TAIL_ADVICE}")
+            art.extra.setdefault("warnings", []).append(warning)
+            print(f"[shard] WARNING: {warning}", flush=True)
         buf = np.memmap(scratch / "texts.bin", dtype=np.uint8, mode="r") if off[-1] else np.zeros(0, np.uint8)
         text_of = lambda i: buf[off[i] : off[i + 1]].tobytes()
         # Copies of eval texts can only hide among train documents of the same length.
@@ -154,7 +195,8 @@ def main(argv=None) -> int:
     filtered = input_artifact(job, "filter")
     parts = [filtered.file(n) for n in filtered.files("docs-")]
     with writer(job) as art:
+        sizing = {k: v for k, v in job["params"].items() if k.startswith("eval_tail_") and k != "eval_tail_bytes"}
         shard_documents(parts, job["params"]["num_shards"], job["params"]["eval_tail_bytes"], art,
-                        job["params"]["part_pattern"])
+                        job["params"]["part_pattern"], sizing)
         summary("shard", art.counters)
     return 0

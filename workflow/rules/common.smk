@@ -14,7 +14,10 @@ wildcard_constraints:
 
 
 def stage_inputs(stage):
-    return lambda w: PLAN.input_files(stage, w.d)
+    # ancient(): a content-addressed input reruns nothing by its modification time. Its path holds its digest
+    # (raw files: their size and mtime are in the digest), so a changed input is a new path; an artifact
+    # re-created with the same digest (after a kill, or a manifest put back) must not cascade downstream.
+    return lambda w: {k: ancient(v) for k, v in PLAN.input_files(stage, w.d).items()}
 
 
 def stage_job(stage):
@@ -23,7 +26,7 @@ def stage_job(stage):
 
 
 def view_input(stage):
-    return lambda w: PLAN.manifest_path(stage, PLAN.chain[w.preset][stage])
+    return lambda w: ancient(PLAN.manifest_path(stage, PLAN.chain[w.preset][stage]))
 
 
 def slurm(gpu=False):

@@ -16,7 +16,7 @@ rule demo_corpus:
     conda:
         "../../envs/dormouse.yaml"
     shell:
-        "dormouse demo-corpus --out corpus/demo > {log} 2>&1"
+        "dormouse demo-corpus --out corpus/demo > {log:q} 2>&1"
 
 
 rule scale_corpus:
@@ -38,4 +38,4 @@ rule scale_corpus:
     conda:
         "../../envs/dormouse.yaml"
     shell:
-        "dormouse scale-corpus --out corpus/scale > {log} 2>&1"
+        "dormouse scale-corpus --out corpus/scale > {log:q} 2>&1"

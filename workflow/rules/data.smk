@@ -18,7 +18,7 @@ rule filter:
     conda:
         "../../envs/dormouse.yaml"
     shell:
-        "dormouse filter --job {params.job:q} > {log} 2>&1"
+        "dormouse filter --job {params.job:q} > {log:q} 2>&1"
 
 
 rule shard:
@@ -41,7 +41,7 @@ rule shard:
     conda:
         "../../envs/dormouse.yaml"
     shell:
-        "dormouse shard --job {params.job:q} > {log} 2>&1"
+        "dormouse shard --job {params.job:q} > {log:q} 2>&1"
 
 
 rule anchors:
@@ -64,7 +64,7 @@ rule anchors:
     conda:
         "../../envs/dormouse.yaml"
     shell:
-        "dormouse anchors --job {params.job:q} > {log} 2>&1"
+        "dormouse anchors --job {params.job:q} > {log:q} 2>&1"
 
 
 rule anchors_view:
@@ -87,4 +87,4 @@ rule anchors_view:
     conda:
         "../../envs/dormouse.yaml"
     shell:
-        "dormouse view anchors --preset {wildcards.preset} --artifact {input.anchors} --store {params.store} --out {output} > {log} 2>&1"
+        "dormouse view anchors --preset {wildcards.preset} --artifact {input.anchors:q} --store {params.store:q} --out {output:q} > {log:q} 2>&1"

@@ -10,8 +10,8 @@ rule pretrain:
         "results/benchmarks/pretrain/{d}.tsv"
     params:
         job=stage_job("pretrain"),
-        # N > 1 GPUs: one process per GPU under torchrun (DDP). A function of resources, so no rerun
-        # trigger: the GPU count does not change the artifact (preset `resources:`, not digested).
+        # N > 1 GPUs: one process per GPU under torchrun (DDP). A command line made here (unquoted in the shell).
+        # A function of resources, so no rerun trigger: the GPU count does not change the artifact (preset `resources:`, not digested).
         launch=lambda w, resources: (
             f"torchrun --standalone --nproc-per-node {resources.gpu} -m dormouse.cli"
             if resources.gpu > 1
@@ -29,7 +29,7 @@ rule pretrain:
     conda:
         "../../envs/dormouse.yaml"
     shell:
-        "dormouse gpu-run --gpus {resources.gpu} -- {params.launch} pretrain --job {params.job:q} --presets {params.presets:q} > {log} 2>&1"
+        "dormouse gpu-run --gpus {resources.gpu} -- {params.launch} pretrain --job {params.job:q} --presets {params.presets:q} > {log:q} 2>&1"
 
 
 rule pretrain_view:
@@ -53,8 +53,8 @@ rule pretrain_view:
     conda:
         "../../envs/dormouse.yaml"
     shell:
-        "dormouse view pretrain --preset {wildcards.preset} --artifact {input.pretrain} --store {params.store} "
-        "--history {params.history} --out {output} > {log} 2>&1"
+        "dormouse view pretrain --preset {wildcards.preset} --artifact {input.pretrain:q} --store {params.store:q} "
+        "--history {params.history:q} --out {output:q} > {log:q} 2>&1"
 
 
 rule sft:
@@ -78,7 +78,7 @@ rule sft:
     conda:
         "../../envs/dormouse.yaml"
     shell:
-        "dormouse gpu-run --gpus {resources.gpu} -- dormouse sft --job {params.job:q} > {log} 2>&1"
+        "dormouse gpu-run --gpus {resources.gpu} -- dormouse sft --job {params.job:q} > {log:q} 2>&1"
 
 
 rule rl:
@@ -102,7 +102,7 @@ rule rl:
     conda:
         "../../envs/dormouse.yaml"
     shell:
-        "dormouse gpu-run --gpus {resources.gpu} -- dormouse rl --job {params.job:q} > {log} 2>&1"
+        "dormouse gpu-run --gpus {resources.gpu} -- dormouse rl --job {params.job:q} > {log:q} 2>&1"
 
 
 rule export:
@@ -126,7 +126,7 @@ rule export:
     conda:
         "../../envs/dormouse.yaml"
     shell:
-        "dormouse gpu-run --gpus {resources.gpu} -- dormouse export --job {params.job:q} > {log} 2>&1"
+        "dormouse gpu-run --gpus {resources.gpu} -- dormouse export --job {params.job:q} > {log:q} 2>&1"
 
 
 rule bench:
@@ -150,7 +150,7 @@ rule bench:
     conda:
         "../../envs/dormouse.yaml"
     shell:
-        "dormouse gpu-run --gpus {resources.gpu} -- dormouse bench --job {params.job:q} > {log} 2>&1"
+        "dormouse gpu-run --gpus {resources.gpu} -- dormouse bench --job {params.job:q} > {log:q} 2>&1"
 
 
 rule bench_view:
@@ -173,7 +173,7 @@ rule bench_view:
     conda:
         "../../envs/dormouse.yaml"
     shell:
-        "dormouse view bench --preset {wildcards.preset} --artifact {input.bench} --store {params.store} --out {output} > {log} 2>&1"
+        "dormouse view bench --preset {wildcards.preset} --artifact {input.bench:q} --store {params.store:q} --out {output:q} > {log:q} 2>&1"
 
 
 rule plots:
@@ -188,6 +188,7 @@ rule plots:
         "results/logs/view/{preset}.plots.log",
     params:
         store=STORE,
+        out_dir="results/{preset}/plots",
     threads: 1
     resources:
         mem_mb=2000,
@@ -196,7 +197,7 @@ rule plots:
     conda:
         "../../envs/dormouse.yaml"
     shell:
-        "dormouse plots --bench {input.bench} --store {params.store} --out-dir results/{wildcards.preset}/plots > {log} 2>&1"
+        "dormouse plots --bench {input.bench:q} --store {params.store:q} --out-dir {params.out_dir:q} > {log:q} 2>&1"
 
 
 rule verdict:
@@ -219,4 +220,4 @@ rule verdict:
     conda:
         "../../envs/dormouse.yaml"
     shell:
-        "dormouse verdict --experiment {params.experiment:q} --store {params.store} --out {output.verdict} --plot {output.curves} > {log} 2>&1"
+        "dormouse verdict --experiment {params.experiment:q} --store {params.store:q} --out {output.verdict:q} --plot {output.curves:q} > {log:q} 2>&1"

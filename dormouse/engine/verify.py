@@ -1,0 +1,81 @@
+"""`dormouse verify`: re-hash finished artifacts against their manifests; exit 1 naming every altered file.
+
+    dormouse verify                       # every artifact in the store
+    dormouse verify --stage shard         # one stage's artifacts
+    dormouse verify --preset tiny         # the artifacts of one preset's chain (those built)
+
+A consumer stage checks only the files it reads, when it runs; this checks every file any manifest lists
+(`*.ids.jsonl` included), whether or not a stage will read it again, and files on disk that no manifest lists.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from dormouse.engine.config import load_yaml
+from dormouse.engine.store import MANIFEST, MANIFEST_KEEP, sha256_file
+
+
+def artifact_problems(path: Path) -> list[str]:
+    """What is wrong with one artifact directory ([] when every file matches its manifest)."""
+    manifest_path = path / MANIFEST if (path / MANIFEST).exists() else path / MANIFEST_KEEP
+    if not manifest_path.exists():
+        return [f"{path}: no {MANIFEST}; not a finished artifact"]
+    problems = []
+    if manifest_path.name == MANIFEST_KEEP:
+        problems.append(f"{path / MANIFEST}: missing ({MANIFEST_KEEP} holds it; running its job puts it back without "
+                        f"recomputing: snakemake '{path / MANIFEST}')")
+    manifest = json.loads(manifest_path.read_text())
+    if manifest.get("digest") != path.name:
+        problems.append(f"{manifest_path}: digest {manifest.get('digest')!r} does not match its directory")
+    for name, meta in sorted(manifest.get("files", {}).items()):
+        p = path / name
+        if not p.is_file():
+            problems.append(f"{p}: missing")
+        elif p.stat().st_size != meta["size"]:
+            problems.append(f"{p}: altered (size {p.stat().st_size} != manifest {meta['size']})")
+        elif sha256_file(p) != meta["sha256"]:
+            problems.append(f"{p}: altered (sha256 differs from the manifest's)")
+    listed = {*manifest.get("files", {}), MANIFEST, MANIFEST_KEEP}
+    for p in sorted(path.rglob("*")):
+        if p.is_file() and p.relative_to(path).as_posix() not in listed:
+            problems.append(f"{p}: not in the manifest")
+    return problems
+
+
+def artifact_dirs(store: Path, stage: str | None = None, digests: dict[str, str] | None = None) -> list[Path]:
+    if digests is not None:
+        dirs = [store / s / d for s, d in digests.items() if stage in (None, s)]
+        return [d for d in dirs if (d / MANIFEST).exists() or (d / MANIFEST_KEEP).exists()]
+    stages = [store / stage] if stage else sorted(p for p in store.iterdir() if p.is_dir()) if store.is_dir() else []
+    return sorted(d for s in stages for d in s.iterdir() if d.is_dir() and not d.name.startswith("."))
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="dormouse verify", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--stage", help="only this stage's artifacts")
+    ap.add_argument("--preset", help="only the artifacts of this preset's digest chain")
+    ap.add_argument("--config", default="config/config.yaml")
+    ap.add_argument("--store", help="the store (default: the config's `store`)")
+    args = ap.parse_args(argv)
+    config = load_yaml(Path(args.config)) if Path(args.config).exists() else {}
+    store = Path(args.store or config.get("store", "results/store"))
+    digests = None
+    if args.preset:
+        from dormouse.engine.plan import build_plan
+
+        plan = build_plan({**config, "store": str(store)})
+        if args.preset not in plan.chain:
+            raise SystemExit(f"dormouse verify: no preset {args.preset!r} in the plan ({', '.join(plan.chain)})")
+        digests = plan.chain[args.preset]
+    dirs = artifact_dirs(store, args.stage, digests)
+    bad = 0
+    for d in dirs:
+        problems = artifact_problems(d)
+        bad += bool(problems)
+        for line in problems:
+            print(line, flush=True)
+    print(f"dormouse verify: {len(dirs)} artifact(s) in {store}, {bad} with problems", flush=True)
+    return 1 if bad else 0
