@@ -97,7 +97,11 @@ def scan_raw(spec: str, root: Path = Path(".")) -> RawScan:
 
 
 def expand_raw(spec: str, root: Path = Path(".")) -> list[Path]:
-    """The raw files a spec names (scan_raw, with a reader for their suffix): each real file once, sorted."""
+    """The raw files a spec names (scan_raw, with a reader for their suffix): each real file once, sorted. A spec
+    that names one file is that file whatever its suffix (a fastText model, say)."""
+    p = Path(spec) if os.path.isabs(spec) else root / spec
+    if p.is_file():
+        return [p]
     return [f for f in scan_raw(spec, root).files if is_raw_file(f)]
 
 
