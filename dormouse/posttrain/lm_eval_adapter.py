@@ -38,6 +38,7 @@ import logging
 from collections import Counter
 from pathlib import Path
 
+import lm_eval.models  # noqa: E402,F401  (the harness's own models register first: local-completions, hf, ... stay known)
 import torch
 import torch.nn.functional as F
 from lm_eval.api.model import LM
