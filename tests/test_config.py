@@ -63,3 +63,20 @@ def test_the_balancing_term_is_added_for_an_moe_and_refused_without_its_coeffici
     assert with_moe_aux(loss, Model(), ModelConfig(moe=True), 0.01).item() == pytest.approx(1.02)
     with pytest.raises(SystemExit, match="moe_aux_coef"):
         with_moe_aux(loss, Model(), ModelConfig(moe=True), None)
+
+
+def test_set_overrides_preset_keys_from_the_command_line(workdir):
+    """config `set` (snakemake --config set='...'): dotted keys, YAML values, validated like a preset edit; they
+    move the digests of exactly the stages whose params they touch."""
+    base = {"preset": "tiny", "presets": ["tiny"], "corpus": "corpus/demo/data"}
+    plain = build_plan(base, workdir).chain["tiny"]
+    steps = build_plan({**base, "set": "train.steps=7, tasks.families=[add, sort]"}, workdir)
+    assert steps.presets["tiny"]["train"]["steps"] == 7 and steps.presets["tiny"]["tasks"]["families"] == ["add", "sort"]
+    moved = steps.chain["tiny"]
+    assert [s for s in plain if plain[s] != moved[s]] == ["pretrain", "sft", "rl", "export", "bench"]
+    reader = build_plan({**base, "set": "data.reader.on_bad_record=skip"}, workdir).chain["tiny"]
+    assert reader["filter"] != plain["filter"]
+    for bad, needle in (("train.stepz=3", "stepz"), ("train.steps=many", "train.steps"), ("train", "key=value"),
+                        ("train.steps.x=1", "train.steps is a int")):
+        with pytest.raises(ConfigError, match=needle):
+            build_plan({**base, "set": bad}, workdir)

@@ -58,8 +58,21 @@ def test_parquet_missing_column_names_the_nested_candidates(tmp_path):
     path = tmp_path / "x.parquet"
     write_nested_parquet(path, rows())
     with pytest.raises(ReadError) as e:
-        read(path, parquet_text_column="text")
+        read(path, parquet_text_column="body")  # a column of the user's own: never replaced
     assert str(path) in str(e.value) and "document.text" in str(e.value)
+
+
+def test_parquet_conventional_text_columns_stand_in_for_each_other(tmp_path):
+    """The presets name document.text (dolma's layout); an ordinary parquet with a top-level text column is read
+    through it too, and the other way round, counted per file."""
+    flat, nested = tmp_path / "flat.parquet", tmp_path / "nested.parquet"
+    pq.write_table(pa.table({"id": [r["id"] for r in rows()], "text": TEXTS}), flat)
+    write_nested_parquet(nested, rows())
+    recs, c = read(flat, parquet_text_column="document.text")
+    assert [r.text for r in recs] == TEXTS and c["reader.parquet_text_column_fallback.text"] == 1
+    recs, c = read(nested, parquet_text_column="text")
+    assert [r.text for r in recs] == TEXTS and c["reader.parquet_text_column_fallback.document.text"] == 1
+    assert not any(k.startswith("reader.parquet_text_column_fallback") for k in read(nested, parquet_text_column="document.text")[1])
 
 
 def test_parquet_row_group_without_text(tmp_path):

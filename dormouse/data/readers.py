@@ -244,27 +244,39 @@ def _leaf_paths(schema: pa.Schema) -> list[str]:
     return out
 
 
+# Where parquet corpora keep their text by convention (dolma/datatrove's nested document.text, a flat text): when
+# data.reader.parquet_text_column names one of them and a file lacks it, the other is read (counted). A path of
+# your own is never replaced: a file without it is an error naming its columns.
+CONVENTIONAL_TEXT_COLUMNS = ("document.text", "text")
+
+
 def _read_parquet(path: Path, rel: str, cfg: ReaderConfig, counters: Counter) -> Iterator[Record]:
     try:
         pf = pq.ParquetFile(path)
     except (pa.ArrowInvalid, OSError) as e:
         raise ReadError(f"{path}: not a readable parquet file: {e}") from None
     schema = pf.schema_arrow
-    if not _has_path(schema, cfg.parquet_text_column):
+    text_column = cfg.parquet_text_column
+    if not _has_path(schema, text_column) and text_column in CONVENTIONAL_TEXT_COLUMNS:
+        # a conventional name that this file does not use: the other conventional one, counted per file
+        text_column = next((c for c in CONVENTIONAL_TEXT_COLUMNS if _has_path(schema, c)), text_column)
+        if text_column != cfg.parquet_text_column:
+            counters[f"reader.parquet_text_column_fallback.{text_column}"] += 1
+    if not _has_path(schema, text_column):
         # The lesson of the reader that only looked at top-level string columns: say where text could be.
         raise ReadError(
             f"{path}: no column {cfg.parquet_text_column!r}; leaf columns are: {', '.join(_leaf_paths(schema))}. "
             f"Set data.reader.parquet_text_column to the dotted path of the text."
         )
     has_id = _has_path(schema, cfg.parquet_id_column)
-    columns = [cfg.parquet_text_column] + ([cfg.parquet_id_column] if has_id else [])
+    columns = [text_column] + ([cfg.parquet_id_column] if has_id else [])
     row = 0
     for rg in range(pf.num_row_groups):
         texts_in_group = 0
         try:
             batches = pf.iter_batches(batch_size=cfg.batch_rows, row_groups=[rg], columns=columns)
             for batch in batches:
-                texts = _column(batch, cfg.parquet_text_column)
+                texts = _column(batch, text_column)
                 is_binary = pa.types.is_binary(texts.type) or pa.types.is_large_binary(texts.type)
                 ids = _column(batch, cfg.parquet_id_column).to_pylist() if has_id else [None] * len(texts)
                 for text, doc_id in zip(texts.to_pylist(), ids):
@@ -284,13 +296,13 @@ def _read_parquet(path: Path, rel: str, cfg: ReaderConfig, counters: Counter) ->
                             yield Record(str(doc_id), "", rel, len(text), "bad_record_invalid_utf8")
                             continue
                     elif not isinstance(text, str):
-                        raise ReadError(f"{where}: column {cfg.parquet_text_column!r} holds {texts.type}, not text")
+                        raise ReadError(f"{where}: column {text_column!r} holds {texts.type}, not text")
                     texts_in_group += bool(text)
                     yield from _text_record(str(doc_id), text, rel, where, cfg, counters, len(text))
         except (pa.ArrowInvalid, OSError) as e:
             raise ReadError(f"{path}: row group {rg} unreadable: {e}") from None
         if texts_in_group == 0 and pf.metadata.row_group(rg).num_rows > 0:
-            _bad(cfg.on_bad_file, "row_group_no_text", f"{path}: row group {rg} yields no text in {cfg.parquet_text_column!r}",
+            _bad(cfg.on_bad_file, "row_group_no_text", f"{path}: row group {rg} yields no text in {text_column!r}",
                  counters, "reader.row_groups_skipped")
 
 

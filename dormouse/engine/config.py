@@ -65,12 +65,52 @@ def validate(instance, schema_name: str, source: str, root: Path = Path(".")):
     return instance
 
 
-def load_preset(name: str, root: Path = Path(".")) -> dict:
+def load_preset(name: str, root: Path = Path("."), overrides: str = "") -> dict:
+    """config/presets/<name>.yaml, with `overrides` (config `set`) applied, validated and default-filled."""
     path = root / "config" / "presets" / f"{name}.yaml"
     if not path.exists():
         known = sorted(p.stem for p in (root / "config" / "presets").glob("*.yaml"))
         raise ConfigError(f"{path}: no such preset {name!r} (known: {', '.join(known)})")
-    return validate(load_yaml(path), "preset.schema.yaml", str(path), root)
+    preset = apply_overrides(load_yaml(path), overrides)
+    source = f"{path}" + (f" with set={overrides!r}" if overrides else "")
+    return validate(preset, "preset.schema.yaml", source, root)
+
+
+def split_overrides(spec: str) -> list[tuple[str, str]]:
+    """'a.b=1,c=[x, y]' -> [("a.b", "1"), ("c", "[x, y]")]: commas inside brackets or braces stay in the value."""
+    items, depth, cur = [], 0, ""
+    for ch in spec:
+        depth += ch in "[{"
+        depth -= ch in "]}"
+        if ch == "," and depth == 0:
+            items.append(cur)
+            cur = ""
+        else:
+            cur += ch
+    items.append(cur)
+    out = []
+    for item in (i.strip() for i in items):
+        if not item:
+            continue
+        key, eq, value = item.partition("=")
+        if not eq or not key.strip() or any(not part for part in key.strip().split(".")):
+            raise ConfigError(f"set: {item!r} is not key=value (e.g. set='train.steps=500,data.reader.on_bad_record=skip')")
+        out.append((key.strip(), value.strip()))
+    return out
+
+
+def apply_overrides(preset: dict, spec: str) -> dict:
+    """Each dotted key set to its value read as YAML (so 500 is an int, null is None, [a, b] a list); a key's
+    parents must be mappings. The schema then rejects an unknown key or a wrong type, naming it."""
+    for key, value in split_overrides(spec):
+        node, parts = preset, key.split(".")
+        for i, part in enumerate(parts[:-1]):
+            child = node.setdefault(part, {})
+            if not isinstance(child, dict):
+                raise ConfigError(f"set: {'.'.join(parts[: i + 1])} is a {type(child).__name__}, not a section, in {key!r}")
+            node = child
+        node[parts[-1]] = yaml.safe_load(value) if value else ""
+    return preset
 
 
 def load_retractions(path: Path, root: Path = Path(".")) -> list[dict]:

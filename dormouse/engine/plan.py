@@ -139,7 +139,7 @@ class Plan:
 
 
 def resolve_presets(config: dict, root: Path = Path(".")) -> dict[str, dict]:
-    return {name: load_preset(name, root) for name in config["presets"]}
+    return {name: load_preset(name, root, config.get("set", "")) for name in config["presets"]}
 
 
 def build_plan(config: dict, root: Path = Path(".")) -> Plan:
