@@ -106,3 +106,11 @@ def test_every_registered_stage_has_its_rule():
         assert re.search(rf"(dormouse|{{params.launch}}) {name} --job", body), f"rule {name} does not run its stage"
     runs = {rule: re.findall(r"(?:dormouse|{params.launch}) (\w+) --job", body) for rule, body in rules.items()}
     assert all(cmd == [rule] for rule, cmd in runs.items() if cmd), runs
+
+
+def test_a_configuration_mistake_is_one_message_not_a_traceback(fixture_workflow):
+    for config, needle in (("corpus=/nonexistent", "raw input '/nonexistent' matched no files"),
+                           ("set=train.stepz=3", "'stepz' was unexpected")):
+        r = snakemake(fixture_workflow, "-n", "--config", config, check=False)
+        assert r.returncode != 0 and needle in r.stderr, r.stderr[-2000:]
+        assert 'File "' not in r.stderr and "Traceback" not in r.stderr, r.stderr[-2000:]

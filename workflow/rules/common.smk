@@ -1,9 +1,16 @@
 # The plan: validated config, resolved presets and every job's digest, computed at parse time
 # (dormouse.engine.plan; cheap: config files and file stats only).
+import sys
+
 from dormouse.data import demo_corpus, scale_corpus
+from dormouse.engine.config import ConfigError
 from dormouse.engine.plan import build_plan
 
-PLAN = build_plan(config)
+try:
+    PLAN = build_plan(config)
+except ConfigError as e:  # a configuration mistake: the message names what to fix; no traceback
+    print(f"dormouse: {e}", file=sys.stderr)
+    sys.exit(1)
 STORE = PLAN.store
 
 
