@@ -1,6 +1,8 @@
 # The plan: validated config, resolved presets and every job's digest, computed at parse time
 # (dormouse.engine.plan; cheap: config files and file stats only).
+import os
 import sys
+from pathlib import Path
 
 from dormouse.data import demo_corpus, scale_corpus
 from dormouse.engine.config import ConfigError
@@ -30,6 +32,23 @@ def stage_inputs(stage):
 def stage_job(stage):
     # Canonical JSON string: Snakemake's params trigger compares repr, so keep it stable.
     return lambda w: PLAN.job_json(stage, w.d)
+
+
+def stage_job_file(stage):
+    """The job JSON written to results/jobs/<stage>/<digest>.json (when it differs), for the shell to pass as
+    --job @file: the printed command stays one short line. The params trigger still reads `job` above."""
+
+    def path(w):
+        out = Path("results/jobs") / stage / f"{w.d}.json"
+        text = PLAN.job_json(stage, w.d)
+        if not out.exists() or out.read_text() != text:
+            out.parent.mkdir(parents=True, exist_ok=True)
+            tmp = out.with_suffix(f".tmp-{os.getpid()}")
+            tmp.write_text(text)
+            tmp.replace(out)
+        return str(out)
+
+    return path
 
 
 def view_input(stage):

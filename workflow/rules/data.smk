@@ -10,6 +10,7 @@ rule filter:
         "results/benchmarks/filter/{d}.tsv"
     params:
         job=stage_job("filter"),
+        jobfile=stage_job_file("filter"),
     threads: 8  # heuristics over this many processes (capped at --cores; the stage reads the grant from OMP_NUM_THREADS)
     resources:
         mem_mb=8000,
@@ -18,7 +19,7 @@ rule filter:
     conda:
         "../../envs/dormouse.yaml"
     shell:
-        "dormouse filter --job {params.job:q} > {log:q} 2>&1"
+        "dormouse filter --job @{params.jobfile:q} > {log:q} 2>&1 || {{ tail -n 25 {log:q} >&2; exit 1; }}"
 
 
 rule shard:
@@ -33,6 +34,7 @@ rule shard:
         "results/benchmarks/shard/{d}.tsv"
     params:
         job=stage_job("shard"),
+        jobfile=stage_job_file("shard"),
     threads: 1
     resources:
         mem_mb=8000,
@@ -41,7 +43,7 @@ rule shard:
     conda:
         "../../envs/dormouse.yaml"
     shell:
-        "dormouse shard --job {params.job:q} > {log:q} 2>&1"
+        "dormouse shard --job @{params.jobfile:q} > {log:q} 2>&1 || {{ tail -n 25 {log:q} >&2; exit 1; }}"
 
 
 rule anchors:
@@ -56,6 +58,7 @@ rule anchors:
         "results/benchmarks/anchors/{d}.tsv"
     params:
         job=stage_job("anchors"),
+        jobfile=stage_job_file("anchors"),
     threads: 1
     resources:
         mem_mb=16000,
@@ -64,7 +67,7 @@ rule anchors:
     conda:
         "../../envs/dormouse.yaml"
     shell:
-        "dormouse anchors --job {params.job:q} > {log:q} 2>&1"
+        "dormouse anchors --job @{params.jobfile:q} > {log:q} 2>&1 || {{ tail -n 25 {log:q} >&2; exit 1; }}"
 
 
 rule anchors_view:

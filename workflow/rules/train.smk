@@ -10,6 +10,7 @@ rule pretrain:
         "results/benchmarks/pretrain/{d}.tsv"
     params:
         job=stage_job("pretrain"),
+        jobfile=stage_job_file("pretrain"),
         # N > 1 GPUs: one process per GPU under torchrun (DDP). A command line made here (unquoted in the shell).
         # A function of resources, so no rerun trigger: the GPU count does not change the artifact (preset `resources:`, not digested).
         launch=lambda w, resources: (
@@ -29,7 +30,7 @@ rule pretrain:
     conda:
         "../../envs/dormouse.yaml"
     shell:
-        "dormouse gpu-run --gpus {resources.gpu} -- {params.launch} pretrain --job {params.job:q} --presets {params.presets:q} > {log:q} 2>&1"
+        "dormouse gpu-run --gpus {resources.gpu} -- {params.launch} pretrain --job @{params.jobfile:q} --presets {params.presets:q} > {log:q} 2>&1 || {{ tail -n 25 {log:q} >&2; exit 1; }}"
 
 
 rule pretrain_view:
@@ -69,6 +70,7 @@ rule sft:
         "results/benchmarks/sft/{d}.tsv"
     params:
         job=stage_job("sft"),
+        jobfile=stage_job_file("sft"),
     threads: 2
     resources:
         mem_mb=16000,
@@ -78,7 +80,7 @@ rule sft:
     conda:
         "../../envs/dormouse.yaml"
     shell:
-        "dormouse gpu-run --gpus {resources.gpu} -- dormouse sft --job {params.job:q} > {log:q} 2>&1"
+        "dormouse gpu-run --gpus {resources.gpu} -- dormouse sft --job @{params.jobfile:q} > {log:q} 2>&1 || {{ tail -n 25 {log:q} >&2; exit 1; }}"
 
 
 rule rl:
@@ -93,6 +95,7 @@ rule rl:
         "results/benchmarks/rl/{d}.tsv"
     params:
         job=stage_job("rl"),
+        jobfile=stage_job_file("rl"),
     threads: 2
     resources:
         mem_mb=16000,
@@ -102,7 +105,7 @@ rule rl:
     conda:
         "../../envs/dormouse.yaml"
     shell:
-        "dormouse gpu-run --gpus {resources.gpu} -- dormouse rl --job {params.job:q} > {log:q} 2>&1"
+        "dormouse gpu-run --gpus {resources.gpu} -- dormouse rl --job @{params.jobfile:q} > {log:q} 2>&1 || {{ tail -n 25 {log:q} >&2; exit 1; }}"
 
 
 rule export:
@@ -117,6 +120,7 @@ rule export:
         "results/benchmarks/export/{d}.tsv"
     params:
         job=stage_job("export"),
+        jobfile=stage_job_file("export"),
     threads: 2
     resources:
         mem_mb=16000,
@@ -126,7 +130,7 @@ rule export:
     conda:
         "../../envs/dormouse.yaml"
     shell:
-        "dormouse gpu-run --gpus {resources.gpu} -- dormouse export --job {params.job:q} > {log:q} 2>&1"
+        "dormouse gpu-run --gpus {resources.gpu} -- dormouse export --job @{params.jobfile:q} > {log:q} 2>&1 || {{ tail -n 25 {log:q} >&2; exit 1; }}"
 
 
 rule bench:
@@ -141,6 +145,7 @@ rule bench:
         "results/benchmarks/bench/{d}.tsv"
     params:
         job=stage_job("bench"),
+        jobfile=stage_job_file("bench"),
     threads: 2
     resources:
         mem_mb=16000,
@@ -150,7 +155,7 @@ rule bench:
     conda:
         "../../envs/dormouse.yaml"
     shell:
-        "dormouse gpu-run --gpus {resources.gpu} -- dormouse bench --job {params.job:q} > {log:q} 2>&1"
+        "dormouse gpu-run --gpus {resources.gpu} -- dormouse bench --job @{params.jobfile:q} > {log:q} 2>&1 || {{ tail -n 25 {log:q} >&2; exit 1; }}"
 
 
 rule bench_view:
