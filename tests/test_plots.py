@@ -147,3 +147,16 @@ def test_malformed_metrics_line_is_named(tmp_path):
 def test_best_anchors_keeps_unigram_and_highest_orders():
     picked = [(a["name"], a["order"]) for a in plots.best_anchors(ladder())]
     assert picked == [("unigram", 1), ("backoff", 5), ("kneser_ney", 5)]
+
+
+def test_the_anchors_just_above_and_below_the_model_are_found():
+    from dormouse.engine.plots import best_anchors, neighbour_anchors
+
+    ladder = [{"name": "uniform", "order": 0, "bpb": 8.0}, {"name": "unigram", "order": 1, "bpb": 4.9},
+              {"name": "kneser_ney", "order": 2, "bpb": 4.04}, {"name": "kneser_ney", "order": 3, "bpb": 3.17},
+              {"name": "backoff", "order": 3, "bpb": 3.19}, {"name": "kneser_ney", "order": 5, "bpb": 2.14}]
+    picked = neighbour_anchors(ladder, 3.24, best_anchors(ladder))
+    # backoff-3 is already drawn (the best backoff): the neighbours come from the rest of the ladder
+    assert [(a["name"], a["order"]) for a in picked] == [("kneser_ney", 2), ("kneser_ney", 3)]
+    assert neighbour_anchors(ladder, 1.0, best_anchors(ladder)) == [ladder[3]]  # below every rung: none under it
+    assert neighbour_anchors(ladder, None, []) == []

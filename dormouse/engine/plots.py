@@ -3,11 +3,12 @@
     python -m dormouse.engine.plots --bench results/tiny/bench.json --store results/store --out-dir results/tiny/plots
 
 Writes exactly three PNGs into --out-dir (matplotlib's Agg canvas, no pyplot, no display):
-- curves.png: pretrain train BPB per logged step and eval BPB against the best n-gram anchors;
-  below it the sft train BPB and the rl mean reward, one post-training step axis;
+- curves.png: pretrain train BPB per logged step and eval BPB, sft's and rl's eval BPB on the same window,
+  against the best n-gram anchors and the ladder's rungs just above and below the model (the legend sits
+  outside the axes); below it the sft train BPB and the rl mean reward, one post-training step axis;
 - rungs.png: each export rung's bytes on disk (log x) against its ΔBPB vs bf16 (BPB when bf16 is absent);
-- tasks.png: grouped bars of task scores per model (pretrain, sft, rl, rl@<rung>); a null score is
-  drawn as missing ("n/a"), never as zero.
+- tasks.png: grouped bars of task scores per model (pretrain, sft, rl, rl@<rung>) against chance (1/choices, read
+  from the bench artifact's params) and the best constant reply; a null score is written "n/a", a true zero "0".
 The curves come from each stage's metrics.jsonl in the store, found through bench.json's
 `upstream.<stage>.digest`; the rest is bench.json alone (workflow/schemas/bench.schema.yaml).
 """
@@ -74,7 +75,11 @@ def load_inputs(bench_path: str | Path, store: str | Path) -> dict:
         if not up or "digest" not in up:
             raise ValueError(f"{bench_path}: no upstream.{stage}.digest")
         metrics[stage] = stage_metrics(Path(store), stage, up["digest"])
-    return {"bench": bench, "metrics": metrics}
+    link = next((c for c in bench.get("digest_chain", []) if c.get("stage") == "bench"), None)
+    bench_params = {}
+    if link is not None and (Path(store) / "bench" / link["digest"]).is_dir():  # the choices behind the chance lines
+        bench_params = open_artifact(Path(store) / "bench" / link["digest"], stage="bench").manifest["params"]["bench"]
+    return {"bench": bench, "metrics": metrics, "bench_params": bench_params}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -110,6 +115,16 @@ def best_anchors(ladder: list[dict]) -> list[dict]:
     return sorted(picked, key=lambda a: -a["bpb"])
 
 
+def neighbour_anchors(ladder: list[dict], bpb: float | None, already: list[dict]) -> list[dict]:
+    """The ladder's rungs just above and just below `bpb` (uniform aside), unless already drawn."""
+    if bpb is None:
+        return []
+    rungs = [a for a in ladder if a["name"] != "uniform" and a not in already]
+    above = [a for a in rungs if a["bpb"] > bpb]
+    below = [a for a in rungs if a["bpb"] <= bpb]
+    return ([min(above, key=lambda a: a["bpb"])] if above else []) + ([max(below, key=lambda a: a["bpb"])] if below else [])
+
+
 def ordered_rungs(rungs: dict) -> list[str]:
     return [r for r in RUNG_ORDER if r in rungs] + sorted(r for r in rungs if r not in RUNG_ORDER)
 
@@ -131,17 +146,35 @@ def plot_curves(data: dict, path: Path) -> None:
     steps, bpb = series(metrics["pretrain"], "bpb")
     top.plot(steps, bpb, lw=1, alpha=0.8, label="train BPB")
     steps, eval_bpb = series(metrics["pretrain"], "eval_bpb")
-    top.plot(steps, eval_bpb, "o-", ms=4, label="eval BPB")
+    top.plot(steps, eval_bpb, "o-", ms=4, label="pretrain eval BPB")
+    last = max(steps, default=0)
+    shown = list(eval_bpb)
+    for stage, marker in (("sft", "s"), ("rl", "^")):  # the post-trained models on the same window, at the right edge
+        v = (bench.get("stages", {}).get(stage) or {}).get("bpb")
+        if isinstance(v, (int, float)):
+            top.plot([last], [v], marker, ms=7, label=f"{stage} eval BPB {v:.3f}")
+            shown.append(v)
     # labelled in the legend: the best two rungs often sit under 0.1 BPB apart, too close for inline text
-    for a, color in zip(best_anchors(bench.get("anchors", {}).get("ladder", [])), ANCHOR_COLORS):
+    ladder = bench.get("anchors", {}).get("ladder", [])
+    for a, color in zip(best_anchors(ladder), ANCHOR_COLORS):
         top.axhline(a["bpb"], ls="--", lw=1.2, color=color, label=f"{a['name']}-{a['order']} {a['bpb']:.2f}")
+        shown.append(a["bpb"])
+    final = eval_bpb[-1] if eval_bpb else None
+    for a in neighbour_anchors(ladder, final, best_anchors(ladder)):  # where the model falls on the ladder
+        top.axhline(a["bpb"], ls=":", lw=1.4, color="tab:olive" if a["bpb"] > final else "tab:cyan",
+                    label=f"{a['name']}-{a['order']} {a['bpb']:.2f} ({'above' if a['bpb'] > final else 'below'} the model)")
+        shown.append(a["bpb"])
+    if shown:  # every anchor and eval point inside the axes, none on an edge; the train curve may start off scale
+        lo, hi = min(shown), max(shown + [min(bpb[len(bpb) // 10:] or [0])])
+        pad = 0.08 * max(hi - lo, 0.1)
+        top.set_ylim(lo - pad, hi + pad)
     window = bench.get("eval_window", {}).get("bytes")
     top.set_title(f"{bench.get('preset', '?')}: pretrain BPB against n-gram anchors (dashed)\n"
                   f"both on the eval window's bytes{f' ({window:,} B)' if window else ''}; the anchors' context "
                   f"is the document, the model's its row", fontsize=10)
     top.set_xlabel("pretrain step")
     top.set_ylabel("bits per byte")
-    top.legend(loc="upper right", fontsize=9)
+    top.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8)  # outside: it never covers a line
     top.grid(alpha=0.3)
 
     sft_steps, sft_bpb = series(metrics["sft"], "bpb")
@@ -193,7 +226,7 @@ def plot_rungs(bench: dict, path: Path) -> None:
     save(fig, path)
 
 
-def plot_tasks(bench: dict, path: Path) -> None:
+def plot_tasks(bench: dict, path: Path, bench_params: dict | None = None) -> None:
     models = {s: bench["stages"][s] for s in CURVE_STAGES if s in bench["stages"]}
     models.update({f"{bench.get('rungs_of', 'rl')}@{r}": bench["rungs"][r] for r in ordered_rungs(bench["rungs"])})
     names = list(models)
@@ -203,16 +236,30 @@ def plot_tasks(bench: dict, path: Path) -> None:
         xs = [i + (j - (len(TASK_SCORES) - 1) / 2) * width for i in range(len(names))]
         vals = [score(models[m], key, field) for m in names]
         ax.bar(xs, vals, width, label=label, color=f"C{j}")
-        for x, v in zip(xs, vals):
-            if math.isnan(v):
-                ax.text(x, 0.01, "n/a", ha="center", va="bottom", rotation=90, fontsize=7, color=f"C{j}")
+        for x, v in zip(xs, vals):  # a missing score and a true zero look alike as bars: say which
+            if math.isnan(v) or v == 0:
+                ax.text(x, 0.01, "n/a" if math.isnan(v) else "0", ha="center", va="bottom",
+                        rotation=90 if math.isnan(v) else 0, fontsize=8,
+                        color=f"C{j}")
+    # what a score must beat: chance among the choices, and the best constant reply on the generation items
+    params = bench_params or {}
+    if params.get("mc_choices"):
+        ax.axhline(1 / params["mc_choices"], color="C1", ls="--", lw=1, label=f"tasks_mc chance (1/{params['mc_choices']})")
+    if (params.get("cloze") or {}).get("choices"):
+        k = params["cloze"]["choices"]
+        ax.axhline(1 / k, color="C3", ls=":", lw=1.2, label=f"cloze chance (1/{k})")
+    const = next((m["tasks_gen"]["constant_baseline"] for m in models.values()
+                  if isinstance((m.get("tasks_gen") or {}).get("constant_baseline"), (int, float))), None)
+    if const is not None:
+        ax.axhline(const, color="C0", ls="-.", lw=1, label=f"tasks_gen constant reply {const:.3f}")
     ax.set_xticks(range(len(names)), names, rotation=30, ha="right")
     ax.set_xlim(-0.5, len(names) - 0.5)
     ax.set_ylim(0, 1.05)
     ax.set_ylabel("score")
-    ax.set_title(f"{bench.get('preset', '?')}: task scores per model (n/a = null: no item fit the window)",
+    ax.set_title(f"{bench.get('preset', '?')}: task scores per model against chance (n/a = null: no item fit the "
+                 "window; 0 = none right)",
                  fontsize=10)
-    ax.legend(fontsize=8, ncols=2, loc="upper left")
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     ax.grid(alpha=0.3, axis="y")
     save(fig, path)
 
@@ -230,7 +277,7 @@ def main(argv=None) -> int:
     out = Path(args.out_dir)
     plot_curves(data, out / "curves.png")
     plot_rungs(data["bench"], out / "rungs.png")
-    plot_tasks(data["bench"], out / "tasks.png")
+    plot_tasks(data["bench"], out / "tasks.png", data.get("bench_params"))
     print(f"[plots] wrote curves.png, rungs.png, tasks.png to {out}", flush=True)
     return 0
 
