@@ -302,13 +302,10 @@ def load(args) -> tuple:
         label = f"{args.preset}-{path.name[:8]}"
     model, cfg = load_model(art, device)
     if args.rung:
-        from dormouse.engine.config import load_yaml
-        from dormouse.engine.plan import build_plan
         from dormouse.posttrain import quant
 
         if not args.preset:
             raise SystemExit("dormouse serve: --rung needs --preset (the rungs are the preset's export artifact)")
-        plan = build_plan(load_yaml(Path(args.config)))
         export = open_artifact(Path(plan.artifact_dir("export", plan.chain[args.preset]["export"])))
         rung_file = f"rungs/{args.rung}.safetensors"
         if rung_file not in export.manifest["files"]:

@@ -63,7 +63,6 @@ class Stream:
     _cancelled: threading.Event = field(default_factory=threading.Event)
     _decoder: codecs.IncrementalDecoder = field(default_factory=lambda: codecs.getincrementaldecoder("utf-8")("replace"))
     _held: str = ""  # decoded text not yet emitted: it may be the start of a stop sequence
-    _text_len: int = 0
     generator: torch.Generator | None = None
     t_submit: float = field(default_factory=time.perf_counter)
     t_first: float | None = None
@@ -106,7 +105,6 @@ class Stream:
         if text:
             if self.t_first is None:
                 self.t_first = time.perf_counter()
-            self._text_len += len(text)
             self.emit(text)
 
 
