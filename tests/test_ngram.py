@@ -102,7 +102,7 @@ def test_counts_match_reference_and_chunking(small):
         }
         assert got == {g: v for g, v in ref.c.items() if len(g) == n}
     # tiny chunks force many binary-counter merges; result must be identical
-    chunked = ngram.count_ngrams(iter(SMALL_TRAIN), 5, progress=True, chunk_bytes=300)
+    chunked = ngram.count_ngrams(iter(SMALL_TRAIN), 5, chunk_bytes=300)
     for a, b in zip(counts.keys + counts.counts, chunked.keys + chunked.counts):
         np.testing.assert_array_equal(a, b)
     assert (chunked.n_docs, chunked.n_bytes) == (len(SMALL_TRAIN), sum(map(len, SMALL_TRAIN)))

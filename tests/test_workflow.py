@@ -62,7 +62,14 @@ def job_counts(out: str) -> dict:
 
 
 def test_snakemake_builds_anchors_and_reruns_nothing(fixture_workflow):
-    snakemake(fixture_workflow, "results/tiny/anchors.json")
+    run = snakemake(fixture_workflow, "results/tiny/anchors.json")
+    # What a person sees: each stage's progress lines, not its log (dormouse/engine/progress.py)
+    seen = run.stdout + run.stderr
+    for line in ("[filter] doc ", "[shard] pass 2: doc ", "[anchors] n-gram counts: doc ", "[anchors] kneser_ney"):
+        assert line in seen, f"{line!r} not shown by snakemake:\n{seen[-3000:]}"
+    assert "[filter] params" not in seen  # the full record stays in the log
+    filter_log = next((fixture_workflow / "results" / "logs" / "filter").glob("*.log")).read_text()
+    assert "[filter] params" in filter_log and "[filter] doc " not in filter_log
     view = json.loads((fixture_workflow / "results" / "tiny" / "anchors.json").read_text())
     assert [link["stage"] for link in view["digest_chain"]] == ["anchors", "shard", "filter"]
     assert view["ladder"][0] == {**view["ladder"][0], "name": "uniform", "bpb": 8.0}

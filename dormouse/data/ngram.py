@@ -124,7 +124,7 @@ class ByteNgramCounts:
 
 
 def count_ngrams(
-    docs: Iterable[bytes], max_order: int, progress: bool = False, chunk_bytes: int = _CHUNK_BYTES
+    docs: Iterable[bytes], max_order: int, chunk_bytes: int = _CHUNK_BYTES
 ) -> ByteNgramCounts:
     """Count n-grams (orders 1..max_order) within documents, streaming over ``docs``.
 
@@ -132,11 +132,6 @@ def count_ngrams(
     (equal-sized runs merge), so total merge work is O(N log(#chunks)), not quadratic.
     """
     _check_order(max_order)
-    bar = None
-    if progress:
-        from tqdm import tqdm  # only needed when asked for
-
-        bar = tqdm(unit="B", unit_scale=True, desc="count_ngrams")
     stack: list[tuple[int, list[tuple[np.ndarray, np.ndarray]]]] = []  # (weight, per-order runs)
     n_docs = n_bytes = 0
 
@@ -149,8 +144,6 @@ def count_ngrams(
         while len(stack) > 1 and stack[-1][0] >= stack[-2][0]:
             (wb, b), (wa, a) = stack.pop(), stack.pop()
             stack.append((wa + wb, [_merge(x, y) for x, y in zip(a, b)]))
-        if bar is not None:
-            bar.update(len(data))
 
     batch: list[bytes] = []
     size = 0
@@ -167,8 +160,6 @@ def count_ngrams(
     while len(stack) > 1:
         (_, b), (wa, a) = stack.pop(), stack.pop()
         stack.append((wa, [_merge(x, y) for x, y in zip(a, b)]))
-    if bar is not None:
-        bar.close()
     run = stack[0][1]
     return ByteNgramCounts(
         max_order, tuple(k for k, _ in run), tuple(c for _, c in run), n_docs, n_bytes
@@ -437,13 +428,12 @@ def anchor_ladder(
     eval_docs: Iterable[bytes] | EvalSet,
     max_order: int,
     alpha: float = DEFAULT_ALPHA,
-    progress: bool = False,
 ) -> list[dict]:
     """All rungs: uniform, unigram, then backoff and kneser_ney for k = 2..max_order."""
     counts = (
         train_docs
         if isinstance(train_docs, ByteNgramCounts)
-        else count_ngrams(train_docs, max_order, progress=progress)
+        else count_ngrams(train_docs, max_order)
     )
     es = _as_eval(eval_docs, max_order)
     rows = [uniform_bits(es), unigram_bits(counts, es, alpha=alpha)]

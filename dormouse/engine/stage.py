@@ -7,6 +7,7 @@ import json
 import sys
 from pathlib import Path
 
+from dormouse.engine import progress
 from dormouse.engine.raw import raw_input
 from dormouse.engine.store import Artifact, ArtifactError, ArtifactWriter, open_artifact, published
 
@@ -15,7 +16,11 @@ def parse_job(argv: list[str] | None, stage: str, doc: str) -> dict:
     ap = argparse.ArgumentParser(prog=f"dormouse {stage}", description=doc)
     ap.add_argument("--job", required=True, help="job JSON (as printed by `dormouse plan`), or @file holding it")
     ap.add_argument("--presets", default="", help="the presets that plan this job, comma-separated (for messages; no param)")
+    ap.add_argument("--terminal-progress", action="store_true",
+                    help="stderr is what a person sees: keep it for progress lines, send the rest to stdout (the log)")
     args = ap.parse_args(argv)
+    if args.terminal_progress:
+        progress.to_terminal()
     job = read_job(args.job, stage)
     job["presets"] = [p for p in args.presets.split(",") if p]
     print(f"[{stage}] job {job['digest']}\n[{stage}] params {json.dumps(job['params'], sort_keys=True)}", flush=True)

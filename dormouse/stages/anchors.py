@@ -24,6 +24,7 @@ import numpy as np
 from dormouse.data import ngram
 from dormouse.data import shards as layout
 from dormouse.data.byte_stream import eval_targets
+from dormouse.engine import progress
 from dormouse.engine.stage import input_artifact, parse_job, summary, writer
 
 
@@ -49,7 +50,8 @@ def main(argv=None) -> int:
         t0 = time.time()
         cap = p["max_train_bytes"]
         c.update({"train_docs_beyond_cap": 0, "train_bytes_beyond_cap": 0})  # listed at 0 too
-        counts = ngram.count_ngrams(capped(layout.docs(shards, train_stems), cap, c), p["max_order"], progress=True)
+        counts = ngram.count_ngrams(progress.track(capped(layout.docs(shards, train_stems), cap, c), "anchors", "doc", label="n-gram counts"),
+                                      p["max_order"])
         c["train_bytes_counted"] = int(counts.n_bytes)
         t1 = time.time()
         eval_docs = list(layout.docs(shards, [layout.EVAL_STEM]))
@@ -92,7 +94,7 @@ def main(argv=None) -> int:
                              f"train bytes, shards.json says {result['train_bytes']}")
         art.path("anchors.json").write_text(json.dumps(result, indent=2) + "\n")
         for row, whole in zip(ladder, ladder_tail):
-            print(f"[anchors] {row['name']:10s} k={row['order']} bpb={row['bpb']:.4f} on the eval window "
-                  f"({whole['bpb']:.4f} on the whole tail)", flush=True)
+            progress.note(f"[anchors] {row['name']:10s} k={row['order']} bpb={row['bpb']:.4f} on the eval window "
+                          f"({whole['bpb']:.4f} on the whole tail)")
         summary("anchors", c)
     return 0

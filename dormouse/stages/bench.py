@@ -24,6 +24,7 @@ import numpy as np
 
 from dormouse.data import shards as layout
 from dormouse.data.byte_stream import eval_window
+from dormouse.engine import progress
 from dormouse.engine.raw import expand_raw
 from dormouse.engine.stage import check_raw_input, input_artifact, parse_job, summary, writer
 from dormouse.posttrain import chat, mc, quant, task_eval, tasks
@@ -89,7 +90,7 @@ def main(argv=None) -> int:
             models[stage] = {"bpb": round(bpb, 5), "eval_bytes": eval_bytes,
                              **score_model(model, suites, heldout, params, device, counters)}
             c.update({f"{stage}.{k}": v for k, v in counters.items()})
-            print(f"[bench] {stage}: bpb {bpb:.4f} tasks_gen {models[stage]['tasks_gen']['accuracy']}", flush=True)
+            progress.note(f"[bench] {stage}: bpb {bpb:.4f} tasks_gen {models[stage]['tasks_gen']['accuracy']}")
         export = arts["export"].manifest["final"]
         if export["eval_bytes"] != eval_bytes:
             raise SystemExit(f"bench: export scored {export['eval_bytes']} eval bytes, bench {eval_bytes}: not one window")
@@ -100,7 +101,7 @@ def main(argv=None) -> int:
             rungs[rung] = {"bytes": r["bytes"], "bpb": r["bpb"], "delta_bpb_vs_bf16": r["delta_bpb_vs_bf16"],
                            "eval_bytes": eval_bytes, **score_model(model, suites, heldout, params, device, counters)}
             c.update({f"rl@{rung}.{k}": v for k, v in counters.items()})
-            print(f"[bench] rl@{rung}: bpb {r['bpb']:.4f} tasks_gen {rungs[rung]['tasks_gen']['accuracy']}", flush=True)
+            progress.note(f"[bench] rl@{rung}: bpb {r['bpb']:.4f} tasks_gen {rungs[rung]['tasks_gen']['accuracy']}")
         anchors = json.loads(arts["anchors"].file("anchors.json").read_text())
         if anchors["eval_bytes"] != eval_bytes:
             raise SystemExit(f"bench: the anchors scored {anchors['eval_bytes']} eval bytes, bench {eval_bytes}: not one window")

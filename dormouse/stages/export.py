@@ -19,6 +19,7 @@ import torch
 
 from dormouse.data import shards as layout
 from dormouse.data.byte_stream import eval_window
+from dormouse.engine import progress
 from dormouse.engine.stage import input_artifact, parse_job, summary, writer
 from dormouse.posttrain import quant
 from dormouse.train.runtime import check_arms_active, deterministic_cpu, device_for, evaluate, load_model
@@ -78,7 +79,7 @@ def main(argv=None) -> int:
                            "rules": recipe["rules"]}
             c[f"rungs.{rung}.kept_bf16_narrower_than_block"] = len(narrow)
             c[f"rungs.{rung}.bytes"] = path.stat().st_size
-            print(f"[export] {rung}: {path.stat().st_size:,} bytes, bpb {bpb:.4f}", flush=True)
+            progress.note(f"[export] {rung}: {path.stat().st_size:,} bytes, bpb {bpb:.4f}")
         base = rungs.get("bf16", {}).get("bpb")
         for r in rungs.values():
             r["delta_bpb_vs_bf16"] = None if base is None else round(r["bpb"] - base, 5)

@@ -15,19 +15,18 @@ import hashlib
 import json
 import os
 import shutil
-import sys
 import tempfile
 from collections import Counter, defaultdict
 from pathlib import Path
 
 import numpy as np
-from tqdm import tqdm
 
 from dormouse.data import quality
 from dormouse.data.docs_io import PartWriter, read_parts
 from dormouse.data.fnv import fnv1a_64
 from dormouse.data.heuristics import heuristic_drop_reason
 from dormouse.data.readers import ReaderConfig, read_file
+from dormouse.engine import progress
 from dormouse.engine.raw import RAW_SUFFIXES, expand_raw, ignored_files, scan_raw
 from dormouse.engine.stage import check_raw_input, parse_job, summary, writer
 from dormouse.engine.store import sha256_file
@@ -248,7 +247,7 @@ def main(argv=None) -> int:
         corpus_files: list[dict] = []
         ignored: list[str] = []
         records = iter_records(corpus_specs, reader_cfg, c, corpus_files, ignored)
-        records = tqdm(records, unit="doc", mininterval=5, desc="filter", file=sys.stdout)
+        records = progress.track(records, "filter", "doc")
         workers = granted_workers()
         print(f"[filter] heuristics on {workers} worker process{'es' if workers > 1 else ''}", flush=True)
         art.extra["quality_cutoff"] = filter_documents(records, params, model, Path(model_path), c, art.path, per_file, workers)

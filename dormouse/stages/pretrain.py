@@ -33,6 +33,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from dormouse.data import shards as layout
 from dormouse.data.byte_stream import StreamState, TrainStream, eval_window, planned_epochs
+from dormouse.engine import progress
 from dormouse.engine.stage import input_artifact, parse_job, summary, writer
 from dormouse.engine.store import scratch_dir
 from dormouse.model.config import ModelConfig
@@ -40,14 +41,7 @@ from dormouse.model.gpt import ByteLM, count_params
 from dormouse.train import checkpoint, distributed
 from dormouse.train.firewall import BadStepsError, Firewall  # noqa: F401 (BadStepsError: the stage's abort)
 from dormouse.train.optim import build_optimizers, set_lr, wsd_multiplier
-from dormouse.train.runtime import (
-    LN2,
-    check_arms_active,
-    compile_for,
-    deterministic_cpu,
-    device_for,
-    evaluate,
-)
+from dormouse.train.runtime import LN2, check_arms_active, compile_for, deterministic_cpu, device_for, evaluate
 from dormouse.train.trainer import PretrainStep, resume
 
 
@@ -114,6 +108,7 @@ def run(job: dict, cfg: ModelConfig, train: dict, shards, world: distributed.Wor
             c[f"cuda_graphs.{step_fn.graphs}"] = 1
             say(f"[pretrain] train.cuda_graphs: {step_fn.graphs}; the step runs eagerly", flush=True)
         t_last, bytes_last = time.time(), 0
+        meter = progress.Meter("pretrain", "step", train["steps"], start)
         net.train()
         for step in range(start, train["steps"]):
             mult = wsd_multiplier(step, train["steps"], train["warmup_steps"], train["decay_frac"], train["min_lr_frac"])
@@ -145,6 +140,8 @@ def run(job: dict, cfg: ModelConfig, train: dict, shards, world: distributed.Wor
             if row:
                 metrics.append(row)
                 say(f"[pretrain] {json.dumps(row)}", flush=True)
+                meter.update(done, bpb=row.get("bpb"), eval_bpb=row.get("eval_bpb"),
+                             **({"bytes/s": progress.rate(row["tokens_per_s"])} if "tokens_per_s" in row else {}))
             if done % train["ckpt_every"] == 0 and done < train["steps"]:
                 read_firewall(firewall, train_counters, world, f"step {done}")
                 if world.is_main:

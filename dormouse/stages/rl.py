@@ -39,6 +39,7 @@ import torch.nn.functional as F
 
 from dormouse.data import shards as layout
 from dormouse.data.byte_stream import eval_window
+from dormouse.engine import progress
 from dormouse.engine.registry import RL_LATER_DEFAULTS
 from dormouse.engine.stage import input_artifact, parse_job, summary, writer
 from dormouse.posttrain import chat, task_eval
@@ -240,9 +241,10 @@ def main(argv=None) -> int:
         c = art.counters
         train_counters, eval_counters = Counter(), Counter()
         start = task_eval.held_out(model, heldout, params["tasks"], params["dtype"], params["eval"]["batch_size"], device, ex, ey, eval_counters)
-        print(f"[rl] start: {task_eval.held_out_line(start)}", flush=True)
+        progress.note(f"[rl] start: {task_eval.held_out_line(start)}")
         select = Selection(model, dev, task_params, device, params, rl["select"]["min_z"])
         metrics, t0 = [], time.time()
+        meter = progress.Meter("rl", "step", rl["steps"])
         for step in range(rl["steps"]):
             set_lr(opts, wsd_multiplier(step, rl["steps"], rl["warmup_steps"], 0.0, 1.0))
             items = [next(stream) for _ in range(rl["prompts_per_step"] * rl["oversample"])]
@@ -298,11 +300,12 @@ def main(argv=None) -> int:
                 row["dev_accuracy"] = select.check(step + 1)
             metrics.append(row)
             print(f"[rl] {json.dumps(row)}", flush=True)
+            meter.update(step + 1, reward=row["reward"], dev_accuracy=row.get("dev_accuracy"))
         select.restore()
         if dev:
-            print(f"[rl] selected step {select.best_step} of {rl['steps']} (dev greedy {select.best})", flush=True)
+            progress.note(f"[rl] selected step {select.best_step} of {rl['steps']} (dev greedy {select.best})")
         end = task_eval.held_out(model, heldout, params["tasks"], params["dtype"], params["eval"]["batch_size"], device, ex, ey, eval_counters)
-        print(f"[rl] end: {task_eval.held_out_line(end)}", flush=True)
+        progress.note(f"[rl] end: {task_eval.held_out_line(end)}")
         checked_counters(c, cfg, train_counters, eval_counters, "rl", trained=c["rl.updates"] > 0)
         c["rl.steps"] = rl["steps"]
         save_model_artifact(art, model, {"model": cfg.to_dict(), "rl": rl, "tasks": task_params}, metrics)

@@ -21,6 +21,7 @@ import torch
 
 from dormouse.data import shards as layout
 from dormouse.data.byte_stream import TrainStream, eval_window
+from dormouse.engine import progress
 from dormouse.engine.stage import input_artifact, parse_job, summary, writer
 from dormouse.posttrain import chat, task_eval
 from dormouse.train.optim import build_optimizers, set_lr, wsd_multiplier
@@ -77,8 +78,9 @@ def main(argv=None) -> int:
         c = art.counters
         train_counters, eval_counters = Counter(), Counter()
         start = task_eval.held_out(model, heldout, params["tasks"], params["dtype"], params["eval"]["batch_size"], device, ex, ey, eval_counters)
-        print(f"[sft] start: {task_eval.held_out_line(start)}", flush=True)
+        progress.note(f"[sft] start: {task_eval.held_out_line(start)}")
         metrics, t0 = [], time.time()
+        meter = progress.Meter("sft", "step", sft["steps"])
         model.train()
         for step in range(sft["steps"]):
             set_lr(opts, wsd_multiplier(step, sft["steps"], sft["warmup_steps"], sft["decay_frac"], sft["min_lr_frac"]))
@@ -104,8 +106,9 @@ def main(argv=None) -> int:
                        "lr": opts[-1].param_groups[0]["lr"], "elapsed_s": round(time.time() - t0, 2)}
                 metrics.append(row)
                 print(f"[sft] {json.dumps(row)}", flush=True)
+                meter.update(step + 1, bpb=row["bpb"], **({"replay_bpb": row["replay_bpb"]} if "replay_bpb" in row else {}))
         end = task_eval.held_out(model, heldout, params["tasks"], params["dtype"], params["eval"]["batch_size"], device, ex, ey, eval_counters)
-        print(f"[sft] end: {task_eval.held_out_line(end)}", flush=True)
+        progress.note(f"[sft] end: {task_eval.held_out_line(end)}")
         checked_counters(c, cfg, train_counters, eval_counters, "sft")
         c["train.steps"] = sft["steps"]
         save_model_artifact(art, model, {"model": cfg.to_dict(), "sft": sft, "tasks": task_params}, metrics)

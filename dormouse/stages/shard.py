@@ -22,16 +22,15 @@ import hashlib
 import json
 import re
 import shutil
-import sys
 import tempfile
 from pathlib import Path
 
 import numpy as np
-from tqdm import tqdm
 
 from dormouse.data.docs_io import read_parts
 from dormouse.data.fnv import doc_hash
 from dormouse.data.shards import EVAL_STEM, ShardWriter, train_stem
+from dormouse.engine import progress
 from dormouse.engine.stage import input_artifact, parse_job, summary, writer
 
 
@@ -98,7 +97,7 @@ def shard_documents(parts: list[Path], n_shards: int, eval_target: int, art, par
     try:
         ids, hashes, group_hashes, offsets = [], [], [], [0]
         with open(scratch / "texts.bin", "wb") as texts:
-            for doc in tqdm(read_parts(parts), unit="doc", mininterval=5, desc="shard pass 1", file=sys.stdout):
+            for doc in progress.track(read_parts(parts), "shard", "doc", label="pass 1"):
                 data = doc["text"].encode("utf-8")
                 texts.write(data)
                 ids.append(doc["id"])
@@ -151,7 +150,7 @@ def shard_documents(parts: list[Path], n_shards: int, eval_target: int, art, par
         seen_ids = set()
         # Documents are written in hash order, not corpus order: the input is grouped by source
         # file (one domain after another) and a trainer reads a shard front to back.
-        for i in tqdm(order, unit="doc", mininterval=5, desc="shard pass 2", file=sys.stdout):
+        for i in progress.track(order, "shard", "doc", total=len(order), label="pass 2"):
             data = text_of(i)
             c["docs_in"] += 1
             c["bytes_in"] += len(data)

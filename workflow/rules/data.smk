@@ -19,7 +19,7 @@ rule filter:
     conda:
         "../../envs/dormouse.yaml"
     shell:
-        "dormouse filter --job @{params.jobfile:q} > {log:q} 2>&1 || {{ tail -n 25 {log:q} >&2; exit 1; }}"
+        "dormouse filter --job @{params.jobfile:q} --terminal-progress 2>&1 > {log:q} || {{ tail -n 25 {log:q} >&2; exit 1; }}"
 
 
 rule shard:
@@ -43,7 +43,7 @@ rule shard:
     conda:
         "../../envs/dormouse.yaml"
     shell:
-        "dormouse shard --job @{params.jobfile:q} > {log:q} 2>&1 || {{ tail -n 25 {log:q} >&2; exit 1; }}"
+        "dormouse shard --job @{params.jobfile:q} --terminal-progress 2>&1 > {log:q} || {{ tail -n 25 {log:q} >&2; exit 1; }}"
 
 
 rule anchors:
@@ -67,7 +67,7 @@ rule anchors:
     conda:
         "../../envs/dormouse.yaml"
     shell:
-        "dormouse anchors --job @{params.jobfile:q} > {log:q} 2>&1 || {{ tail -n 25 {log:q} >&2; exit 1; }}"
+        "dormouse anchors --job @{params.jobfile:q} --terminal-progress 2>&1 > {log:q} || {{ tail -n 25 {log:q} >&2; exit 1; }}"
 
 
 rule anchors_view:

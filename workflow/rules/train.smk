@@ -30,7 +30,7 @@ rule pretrain:
     conda:
         "../../envs/dormouse.yaml"
     shell:
-        "dormouse gpu-run --gpus {resources.gpu} -- {params.launch} pretrain --job @{params.jobfile:q} --presets {params.presets:q} > {log:q} 2>&1 || {{ tail -n 25 {log:q} >&2; exit 1; }}"
+        "dormouse gpu-run --gpus {resources.gpu} -- {params.launch} pretrain --job @{params.jobfile:q} --presets {params.presets:q} --terminal-progress 2>&1 > {log:q} || {{ tail -n 25 {log:q} >&2; exit 1; }}"
 
 
 rule pretrain_view:
@@ -80,7 +80,7 @@ rule sft:
     conda:
         "../../envs/dormouse.yaml"
     shell:
-        "dormouse gpu-run --gpus {resources.gpu} -- dormouse sft --job @{params.jobfile:q} > {log:q} 2>&1 || {{ tail -n 25 {log:q} >&2; exit 1; }}"
+        "dormouse gpu-run --gpus {resources.gpu} -- dormouse sft --job @{params.jobfile:q} --terminal-progress 2>&1 > {log:q} || {{ tail -n 25 {log:q} >&2; exit 1; }}"
 
 
 rule rl:
@@ -105,7 +105,7 @@ rule rl:
     conda:
         "../../envs/dormouse.yaml"
     shell:
-        "dormouse gpu-run --gpus {resources.gpu} -- dormouse rl --job @{params.jobfile:q} > {log:q} 2>&1 || {{ tail -n 25 {log:q} >&2; exit 1; }}"
+        "dormouse gpu-run --gpus {resources.gpu} -- dormouse rl --job @{params.jobfile:q} --terminal-progress 2>&1 > {log:q} || {{ tail -n 25 {log:q} >&2; exit 1; }}"
 
 
 rule export:
@@ -130,7 +130,7 @@ rule export:
     conda:
         "../../envs/dormouse.yaml"
     shell:
-        "dormouse gpu-run --gpus {resources.gpu} -- dormouse export --job @{params.jobfile:q} > {log:q} 2>&1 || {{ tail -n 25 {log:q} >&2; exit 1; }}"
+        "dormouse gpu-run --gpus {resources.gpu} -- dormouse export --job @{params.jobfile:q} --terminal-progress 2>&1 > {log:q} || {{ tail -n 25 {log:q} >&2; exit 1; }}"
 
 
 rule bench:
@@ -155,7 +155,7 @@ rule bench:
     conda:
         "../../envs/dormouse.yaml"
     shell:
-        "dormouse gpu-run --gpus {resources.gpu} -- dormouse bench --job @{params.jobfile:q} > {log:q} 2>&1 || {{ tail -n 25 {log:q} >&2; exit 1; }}"
+        "dormouse gpu-run --gpus {resources.gpu} -- dormouse bench --job @{params.jobfile:q} --terminal-progress 2>&1 > {log:q} || {{ tail -n 25 {log:q} >&2; exit 1; }}"
 
 
 rule bench_view:
