@@ -121,3 +121,12 @@ def test_a_configuration_mistake_is_one_message_not_a_traceback(fixture_workflow
         r = snakemake(fixture_workflow, "-n", "--config", config, check=False)
         assert r.returncode != 0 and needle in r.stderr, r.stderr[-2000:]
         assert 'File "' not in r.stderr and "Traceback" not in r.stderr, r.stderr[-2000:]
+
+
+def test_a_target_no_rule_makes_is_one_message_naming_what_to_fix(fixture_workflow):
+    for target, needle in (("results/nosuch/bench.json", "no preset 'nosuch' in this run (presets: tiny, small, medium, b1)"),
+                           ("results/tiny/sft.json", "results/tiny/ holds anchors.json, pretrain.json, bench.json"),
+                           ("results/ab/nope/verdict.json", "no experiment 'nope'")):
+        r = snakemake(fixture_workflow, "-n", target, check=False)
+        assert r.returncode == 1 and f"dormouse: {target}: {needle}" in r.stderr, r.stderr[-2000:]
+        assert "MissingRuleException" not in r.stderr + r.stdout

@@ -64,6 +64,10 @@ def matching_retractions(entries: list[dict], stage: str, params: dict) -> list[
     return sorted(hits)
 
 
+# What `snakemake results/<preset>/<file>` can build (workflow/rules/*.smk)
+PRESET_TARGETS = ("anchors.json", "pretrain.json", "bench.json", "plots/curves.png", "plots/rungs.png", "plots/tasks.png")
+
+
 @dataclass
 class Plan:
     config: dict
@@ -116,6 +120,28 @@ class Plan:
     def experiment_json(self, name: str) -> str:
         exp = self.experiments[name]
         return canonical_json({"name": name, "spec": exp.spec, "runs": self.experiment_runs(name)})
+
+    def target_problem(self, target: str, root: Path = Path(".")) -> str | None:
+        """Why Snakemake would find no rule for a results/ target (a preset or experiment not in this run, or a
+        file a preset does not have), in one line; None for anything else (Snakemake's own messages stand)."""
+        parts = Path(target).parts
+        if len(parts) < 3 or parts[0] != "results" or parts[1] in ("logs", "jobs", "benchmarks", "store"):
+            return None
+        if parts[1] == "ab":
+            if parts[2] in self.experiments:
+                return None
+            known = ", ".join(self.experiments) or "none"
+            return (f"{target}: no experiment {parts[2]!r} (experiments: {known}); "
+                    "an experiment is config/experiments/<name>.yaml")
+        name, rest = parts[1], "/".join(parts[2:])
+        if name not in self.presets:
+            there = (root / "config" / "presets" / f"{name}.yaml").exists()
+            hint = (f"config/presets/{name}.yaml exists: add it to the run with --config 'presets=[{', '.join(self.presets)}, {name}]'"
+                    if there else f"a preset is config/presets/<name>.yaml, listed in config.yaml's presets")
+            return f"{target}: no preset {name!r} in this run (presets: {', '.join(self.presets)}); {hint}"
+        if rest not in PRESET_TARGETS:
+            return f"{target}: results/{name}/ holds {', '.join(PRESET_TARGETS)}"
+        return None
 
     def presets_of(self, stage: str, digest: str) -> list[str]:
         """The presets whose chain holds this job."""
