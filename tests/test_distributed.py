@@ -257,3 +257,31 @@ def test_gpu_count_is_a_preset_resource_outside_the_digest(workdir, small_corpus
         plan_with(workdir, small_corpus, quality_examples, three={"train": cuda, "resources": {"gpus": 3}})
     with pytest.raises(ConfigError, match="resources.gpus 2 needs train.device cuda"):
         plan_with(workdir, small_corpus, quality_examples, cpu={"resources": {"gpus": 2}})
+
+
+def test_memory_and_time_requests_come_from_the_preset_outside_the_digest(workdir, small_corpus, quality_examples):
+    plan = plan_with(workdir, small_corpus, quality_examples,
+                     short={"resources": {"mem_gb": {"pretrain": 2}, "runtime_min": {"pretrain": 10}}},
+                     long={"resources": {"mem_gb": {"pretrain": 6}, "runtime_min": {"pretrain": 600}}},
+                     plain={})
+    pretrain = plan.chain["short"]["pretrain"]
+    assert pretrain == plan.chain["long"]["pretrain"] == plan.chain["plain"]["pretrain"]  # not a param
+    assert (plan.mem_mb("pretrain", pretrain), plan.runtime_min("pretrain", pretrain)) == (6000, 600)  # the largest
+    alone = plan_with(workdir, small_corpus, quality_examples,
+                      short={"resources": {"mem_gb": {"pretrain": 2}, "runtime_min": {"pretrain": 10}}})
+    digest = alone.chain["short"]["pretrain"]
+    assert (alone.mem_mb("pretrain", digest), alone.runtime_min("pretrain", digest)) == (2000, 10)
+    assert alone.runtime_min("sft", alone.chain["short"]["sft"]) == 360  # a stage the preset leaves: the schema's
+
+
+def test_the_shipped_presets_size_their_jobs(workdir, small_corpus, quality_examples):
+    config = configure(workdir, small_corpus, *quality_examples, presets=("tiny", "b1"))
+    cwd = os.getcwd()
+    os.chdir(workdir)
+    try:
+        plan = build_plan(config)
+    finally:
+        os.chdir(cwd)
+    tiny, b1 = plan.chain["tiny"]["pretrain"], plan.chain["b1"]["pretrain"]
+    assert plan.runtime_min("pretrain", tiny) == 30 and plan.mem_mb("pretrain", tiny) == 4000
+    assert plan.runtime_min("pretrain", b1) == 720

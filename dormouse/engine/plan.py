@@ -26,6 +26,8 @@ class Job:
     retractions: list[str]
     presets: list[str] = field(default_factory=list)
     gpus: int = 1  # pretrain on cuda: the largest resources.gpus of its presets (not a param: not digested)
+    mem_gb: float = 0.0  # the largest resources.mem_gb.<stage> of its presets (not digested either)
+    runtime_min: int = 0  # the largest resources.runtime_min.<stage>
 
     @property
     def format_version(self) -> int:
@@ -104,6 +106,15 @@ class Plan:
         if device != "cuda":
             return 0
         return job.gpus if stage == "pretrain" else 1
+
+    def mem_mb(self, stage: str, digest: str) -> int:
+        """The job's memory request: its presets' resources.mem_gb (pretrain: per GPU process)."""
+        job = self.job(stage, digest)
+        per = int(job.mem_gb * 1000)
+        return per * max(1, self.gpus(stage, digest)) if stage == "pretrain" else per
+
+    def runtime_min(self, stage: str, digest: str) -> int:
+        return self.job(stage, digest).runtime_min
 
     def experiment_runs(self, name: str) -> dict[str, dict[str, str]]:
         """arm -> seed -> pretrain digest of an experiment."""
@@ -209,6 +220,8 @@ def build_plan(config: dict, root: Path = Path(".")) -> Plan:
             job.presets.append(name)
             if stage == "pretrain":
                 job.gpus = max(job.gpus, pretrain_gpus(preset, source))
+            job.mem_gb = max(job.mem_gb, preset["resources"]["mem_gb"][stage])
+            job.runtime_min = max(job.runtime_min, preset["resources"]["runtime_min"][stage])
             chain[name][stage] = digest
             if stage == last:
                 break

@@ -13,8 +13,8 @@ rule filter:
         jobfile=stage_job_file("filter"),
     threads: 8  # heuristics over this many processes (capped at --cores; the stage reads the grant from OMP_NUM_THREADS)
     resources:
-        mem_mb=8000,
-        runtime=240,
+        mem_mb=lambda w: PLAN.mem_mb("filter", w.d),
+        runtime=lambda w: PLAN.runtime_min("filter", w.d),
         **slurm(),
     conda:
         "../../envs/dormouse.yaml"
@@ -37,8 +37,8 @@ rule shard:
         jobfile=stage_job_file("shard"),
     threads: 1
     resources:
-        mem_mb=8000,
-        runtime=120,
+        mem_mb=lambda w: PLAN.mem_mb("shard", w.d),
+        runtime=lambda w: PLAN.runtime_min("shard", w.d),
         **slurm(),
     conda:
         "../../envs/dormouse.yaml"
@@ -61,8 +61,8 @@ rule anchors:
         jobfile=stage_job_file("anchors"),
     threads: 1
     resources:
-        mem_mb=16000,
-        runtime=120,
+        mem_mb=lambda w: PLAN.mem_mb("anchors", w.d),
+        runtime=lambda w: PLAN.runtime_min("anchors", w.d),
         **slurm(),
     conda:
         "../../envs/dormouse.yaml"

@@ -22,8 +22,8 @@ rule pretrain:
         presets=lambda w, resources: ",".join(PLAN.presets_of("pretrain", w.d)),
     threads: lambda w: 2 * max(1, PLAN.gpus("pretrain", w.d))
     resources:
-        mem_mb=lambda w: 16000 * max(1, PLAN.gpus("pretrain", w.d)),
-        runtime=24 * 60,
+        mem_mb=lambda w: PLAN.mem_mb("pretrain", w.d),
+        runtime=lambda w: PLAN.runtime_min("pretrain", w.d),
         gpu=lambda w: PLAN.gpus("pretrain", w.d),
         nodes=1,  # torchrun --standalone: every rank on one node (SLURM: --nodes=1 --gpus=N)
         **slurm(gpu=True),
@@ -73,8 +73,8 @@ rule sft:
         jobfile=stage_job_file("sft"),
     threads: 2
     resources:
-        mem_mb=16000,
-        runtime=6 * 60,
+        mem_mb=lambda w: PLAN.mem_mb("sft", w.d),
+        runtime=lambda w: PLAN.runtime_min("sft", w.d),
         gpu=lambda w: PLAN.gpus("sft", w.d),
         **slurm(gpu=True),
     conda:
@@ -98,8 +98,8 @@ rule rl:
         jobfile=stage_job_file("rl"),
     threads: 2
     resources:
-        mem_mb=16000,
-        runtime=6 * 60,
+        mem_mb=lambda w: PLAN.mem_mb("rl", w.d),
+        runtime=lambda w: PLAN.runtime_min("rl", w.d),
         gpu=lambda w: PLAN.gpus("rl", w.d),
         **slurm(gpu=True),
     conda:
@@ -123,8 +123,8 @@ rule export:
         jobfile=stage_job_file("export"),
     threads: 2
     resources:
-        mem_mb=16000,
-        runtime=2 * 60,
+        mem_mb=lambda w: PLAN.mem_mb("export", w.d),
+        runtime=lambda w: PLAN.runtime_min("export", w.d),
         gpu=lambda w: PLAN.gpus("export", w.d),
         **slurm(gpu=True),
     conda:
@@ -148,8 +148,8 @@ rule bench:
         jobfile=stage_job_file("bench"),
     threads: 2
     resources:
-        mem_mb=16000,
-        runtime=2 * 60,
+        mem_mb=lambda w: PLAN.mem_mb("bench", w.d),
+        runtime=lambda w: PLAN.runtime_min("bench", w.d),
         gpu=lambda w: PLAN.gpus("bench", w.d),
         **slurm(gpu=True),
     conda:
