@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import os
 import sys
 
 from dormouse.engine.registry import STAGES
@@ -57,6 +58,9 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as e:
         print(f"dormouse {argv[0]}: {e}", file=sys.stderr)
         return 2
+    except BrokenPipeError:  # `dormouse plan | head`: the reader left; stop quietly, as other tools do
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141
 
 
 if __name__ == "__main__":

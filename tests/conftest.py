@@ -82,7 +82,7 @@ def quality_examples(tmp_path_factory) -> tuple[Path, Path]:
 
 @pytest.fixture()
 def workdir(tmp_path) -> Path:
-    """A copy of the workflow (Snakefile, rules, schemas, config) to run Snakemake or plans in."""
+    """A copy of the workflow (Snakefile, rules, config) to run Snakemake or plans in (schemas: the package's)."""
     for name in ("Snakefile", "profiles", "workflow", "config", "envs", "requirements.txt"):
         src = REPO / name
         if src.is_symlink():  # profiles -> workflow/profiles (Snakemake's default-profile lookup)
@@ -106,10 +106,13 @@ def one_thread():
 
 def pytest_collection_modifyitems(config, items):
     """Slow tests (kills, SLURM submissions, multi-process DDP, experiments under Snakemake) keep the
-    default suite short; `make test-all` (DORMOUSE_SLOW_TESTS=1) runs them."""
-    if os.environ.get("DORMOUSE_SLOW_TESTS"):
-        return
-    skip = pytest.mark.skip(reason="slow; set DORMOUSE_SLOW_TESTS=1 (make test-all)")
-    for item in items:
-        if item.get_closest_marker("slow"):
-            item.add_marker(skip)
+    default suite short; `make test-all` (DORMOUSE_SLOW_TESTS=1) runs them. Network tests (downloads, the
+    package index) run with DORMOUSE_NETWORK_TESTS=1."""
+    skips = {"slow": ("DORMOUSE_SLOW_TESTS", "slow; set DORMOUSE_SLOW_TESTS=1 (make test-all)"),
+             "network": ("DORMOUSE_NETWORK_TESTS", "needs the package registries; set DORMOUSE_NETWORK_TESTS=1")}
+    for marker, (env, reason) in skips.items():
+        if os.environ.get(env):
+            continue
+        for item in items:
+            if item.get_closest_marker(marker):
+                item.add_marker(pytest.mark.skip(reason=reason))

@@ -6,7 +6,6 @@ import gzip
 import hashlib
 import io
 import json
-import os
 import re
 import struct
 import tarfile
@@ -415,9 +414,7 @@ def test_main_reports_checksum_error(offline_pins, monkeypatch, capsys):
 # ---------------------------------------------------------------------------------------------
 
 
-@pytest.mark.network
-@pytest.mark.skipif(not os.environ.get("DORMOUSE_NETWORK_TESTS"),
-                    reason="downloads the pinned sources; set DORMOUSE_NETWORK_TESTS=1")
+@pytest.mark.network  # downloads the pinned sources
 def test_full_build_from_registries(tmp_path):
     summary = dc.build_demo_corpus(tmp_path / "demo", progress=False)
     assert 20e6 <= summary["total"]["bytes"] <= 100e6

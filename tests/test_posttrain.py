@@ -130,7 +130,7 @@ def bench_view(chain) -> dict:
 def test_bench_json_matches_its_schema_and_names_the_chain(chain, bench_view):
     work, plan = chain
     view = bench_view
-    validate(view, "bench.schema.yaml", "results/tiny/bench.json", work)
+    validate(view, "bench.schema.yaml", "results/tiny/bench.json")
     assert {link["stage"] for link in view["digest_chain"]} == {"filter", "shard", "anchors", "pretrain", "sft", "rl", "export", "bench"}
     assert set(view["rungs"]) == {"bf16", "int8", "mxfp4", "ternary"}
     assert view["suites"]["file:capitals.jsonl"]["items"] == 1
@@ -147,7 +147,7 @@ def test_bench_schema_rejects_a_missing_stage(chain, bench_view):
     view = json.loads(json.dumps(bench_view))
     del view["stages"]["sft"]
     with pytest.raises(ConfigError, match="sft"):
-        validate(view, "bench.schema.yaml", "bench.json", work)
+        validate(view, "bench.schema.yaml", "bench.json")
 
 
 def test_group_advantages_are_relative_and_zero_without_variance():
@@ -344,7 +344,7 @@ def test_new_rl_keys_at_their_defaults_leave_the_digest_alone():
     from dormouse.engine.registry import RL_LATER_DEFAULTS, stage_params
 
     root = Path(__file__).resolve().parents[1]
-    schema = load_yaml(root / "workflow" / "schemas" / "preset.schema.yaml")["properties"]["rl"]["properties"]
+    schema = load_yaml(root / "dormouse" / "schemas" / "preset.schema.yaml")["properties"]["rl"]["properties"]
     assert {k: schema[k]["default"] for k in RL_LATER_DEFAULTS} == RL_LATER_DEFAULTS
     preset = load_preset("tiny", root)
     base = stage_params("rl", preset)["rl"]

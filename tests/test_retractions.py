@@ -95,5 +95,5 @@ def test_every_stage_can_be_retracted():
 
     from dormouse.engine.registry import STAGES
 
-    schema = yaml.safe_load((Path(__file__).resolve().parent.parent / "workflow/schemas/retractions.schema.yaml").read_text())
+    schema = yaml.safe_load((Path(__file__).resolve().parent.parent / "dormouse/schemas/retractions.schema.yaml").read_text())
     assert schema["items"]["properties"]["stage"]["enum"] == list(STAGES)

@@ -14,7 +14,7 @@ from pathlib import Path
 import jsonschema
 import yaml
 
-SCHEMA_DIR = Path("workflow/schemas")
+SCHEMA_DIR = Path(__file__).resolve().parent.parent / "schemas"  # package data: found wherever dormouse is installed
 
 
 class ConfigError(ValueError):
@@ -53,9 +53,9 @@ def _validator(schema_path: Path):
     return _Validator(load_yaml(schema_path))
 
 
-def validate(instance, schema_name: str, source: str, root: Path = Path(".")):
-    """Validate (and default-fill, in place) `instance` against workflow/schemas/<schema_name>."""
-    errors = sorted(_validator((root / SCHEMA_DIR / schema_name).resolve()).iter_errors(instance), key=lambda e: list(e.absolute_path))
+def validate(instance, schema_name: str, source: str):
+    """Validate (and default-fill, in place) `instance` against dormouse/schemas/<schema_name>."""
+    errors = sorted(_validator(SCHEMA_DIR / schema_name).iter_errors(instance), key=lambda e: list(e.absolute_path))
     if errors:
         lines = []
         for e in errors[:10]:
@@ -63,6 +63,24 @@ def validate(instance, schema_name: str, source: str, root: Path = Path(".")):
             lines.append(f"  {where}: {e.message}")
         raise ConfigError(f"{source}: invalid configuration\n" + "\n".join(lines))
     return instance
+
+
+def find_project(config: str | Path | None) -> tuple[Path, Path]:
+    """(project root, its config.yaml). --config PATH if given (its root: the folder above `config/`, else the
+    cwd); otherwise config/config.yaml in the cwd or the nearest parent that has one, as git finds .git, so
+    the CLI works from any folder of a clone. Presets, experiments, the corpus and the store are relative
+    to the root."""
+    if config is not None:
+        path = Path(config).resolve()
+        if not path.is_file():
+            raise ConfigError(f"--config {config}: file not found")
+        return (path.parent.parent if path.parent.name == "config" else Path.cwd()), path
+    here = Path.cwd()
+    for root in (here, *here.parents):
+        if (root / "config" / "config.yaml").is_file():
+            return root, root / "config" / "config.yaml"
+    raise ConfigError(f"no config/config.yaml in {here} or any folder above it: run it inside a dormouse "
+                      "clone (where `snakemake` runs), or pass --config PATH")
 
 
 def load_preset(name: str, root: Path = Path("."), overrides: str = "") -> dict:
@@ -73,7 +91,7 @@ def load_preset(name: str, root: Path = Path("."), overrides: str = "") -> dict:
         raise ConfigError(f"{path}: no such preset {name!r} (known: {', '.join(known)})")
     preset = apply_overrides(load_yaml(path), overrides)
     source = f"{path}" + (f" with set={overrides!r}" if overrides else "")
-    return validate(preset, "preset.schema.yaml", source, root)
+    return validate(preset, "preset.schema.yaml", source)
 
 
 def split_overrides(spec: str) -> list[tuple[str, str]]:
@@ -119,7 +137,7 @@ def load_retractions(path: Path, root: Path = Path(".")) -> list[dict]:
     for e in entries if isinstance(entries, list) else []:
         if isinstance(e, dict) and isinstance(e.get("date"), datetime.date):  # YAML reads 2026-12-02 as a date
             e["date"] = e["date"].isoformat()
-    validate(entries, "retractions.schema.yaml", str(path), root)
+    validate(entries, "retractions.schema.yaml", str(path))
     ids = [e["id"] for e in entries]
     dupes = sorted({i for i in ids if ids.count(i) > 1})
     if dupes:

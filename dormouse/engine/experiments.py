@@ -60,7 +60,7 @@ class Experiment:
         for arm, over in self.arms.items():
             for seed in self.spec["seeds"]:
                 merged = deep_merge(deep_merge(base, over), {"train": {"seed": seed, "steps": self.spec["steps"]}})
-                preset = validate(merged, "preset.schema.yaml", f"{self.path} arm {arm}", root)
+                preset = validate(merged, "preset.schema.yaml", f"{self.path} arm {arm}")
                 out[self.run_name(arm, seed)] = (arm, seed, preset)
         return out
 
@@ -69,7 +69,7 @@ def load_experiments(root: Path = Path(".")) -> list[Experiment]:
     out = []
     for path in sorted((root / EXPERIMENTS_DIR).glob("*.yaml")):
         rel = str(path.relative_to(root))
-        spec = validate(load_yaml(path) or {}, "experiment.schema.yaml", rel, root)
+        spec = validate(load_yaml(path) or {}, "experiment.schema.yaml", rel)
         if "control" in spec["arms"]:
             raise ConfigError(f"{rel}: 'control' is the control arm's name; rename that arm")
         out.append(Experiment(path.stem, rel, spec))

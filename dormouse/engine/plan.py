@@ -10,7 +10,7 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from dormouse.engine.config import ConfigError, flatten, load_preset, load_retractions, validate
+from dormouse.engine.config import ConfigError, find_project, flatten, load_preset, load_retractions, load_yaml, validate
 from dormouse.engine.experiments import load_experiments
 from dormouse.engine.raw import DEMO_BUILT, expand_raw, is_demo, raw_input
 from dormouse.engine.registry import STAGES, stage_params
@@ -148,7 +148,7 @@ class Plan:
         if name not in self.presets:
             there = (root / "config" / "presets" / f"{name}.yaml").exists()
             hint = (f"config/presets/{name}.yaml exists: add it to the run with --config 'presets=[{', '.join(self.presets)}, {name}]'"
-                    if there else f"a preset is config/presets/<name>.yaml, listed in config.yaml's presets")
+                    if there else "a preset is config/presets/<name>.yaml, listed in config.yaml's presets")
             return f"{target}: no preset {name!r} in this run (presets: {', '.join(self.presets)}); {hint}"
         if rest not in PRESET_TARGETS:
             return f"{target}: results/{name}/ holds {', '.join(PRESET_TARGETS)}"
@@ -179,8 +179,24 @@ def resolve_presets(config: dict, root: Path = Path(".")) -> dict[str, dict]:
     return {name: load_preset(name, root, config.get("set", "")) for name in config["presets"]}
 
 
+def load_plan(config_arg: str | None, **paths: str) -> Plan:
+    """The plan of the project around the cwd (config.find_project), for a CLI command run from any folder.
+    `paths`: config keys set to paths the user gave relative to the cwd (corpus, store), rebased on the root
+    as Snakemake would see them (a raw path is part of its fingerprint); the store is made absolute when the
+    root is not the cwd."""
+    root, path = find_project(config_arg)
+    rebased = {}
+    for key, value in paths.items():
+        absolute = Path(value).resolve()
+        rebased[key] = str(absolute.relative_to(root.resolve()) if absolute.is_relative_to(root.resolve()) else absolute)
+    plan = build_plan({**load_yaml(path), **rebased}, root)
+    if root.resolve() != Path.cwd().resolve() and not Path(plan.config["store"]).is_absolute():
+        plan.config["store"] = str(root / plan.config["store"])
+    return plan
+
+
 def build_plan(config: dict, root: Path = Path(".")) -> Plan:
-    config = validate(json.loads(json.dumps(config)), "config.schema.yaml", "config", root)
+    config = validate(json.loads(json.dumps(config)), "config.schema.yaml", "config")
     if config["preset"] not in config["presets"]:
         raise ConfigError(f"config: preset {config['preset']!r} is not in presets {config['presets']}")
     retractions = load_retractions(Path(config["retractions"]), root)

@@ -10,21 +10,18 @@ import argparse
 import json
 from pathlib import Path
 
-from dormouse.engine.config import load_yaml
-from dormouse.engine.plan import build_plan
+from dormouse.engine.plan import load_plan
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="dormouse plan", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--config", default="config/config.yaml")
+    ap.add_argument("--config", help="config.yaml (default: config/config.yaml of the clone around the cwd)")
     ap.add_argument("--corpus", help="override config corpus (as snakemake --config corpus=...)")
     ap.add_argument("--preset")
     ap.add_argument("--stage")
     args = ap.parse_args(argv)
-    config = load_yaml(Path(args.config))
-    if args.corpus:
-        config["corpus"] = args.corpus
-    plan = build_plan(config)
+    plan = load_plan(args.config, **({"corpus": args.corpus} if args.corpus else {}))
+    config = plan.config
     if args.preset and args.preset not in plan.chain:
         raise SystemExit(f"dormouse plan: no preset {args.preset!r} in the plan (presets: {', '.join(plan.presets)}; "
                          f"a new one goes in config/presets/ and config.yaml's presets)")

@@ -10,7 +10,7 @@ Writes exactly three PNGs into --out-dir (matplotlib's Agg canvas, no pyplot, no
 - tasks.png: grouped bars of task scores per model (pretrain, sft, rl, rl@<rung>) against chance (1/choices, read
   from the bench artifact's params) and the best constant reply; a null score is written "n/a", a true zero "0".
 The curves come from each stage's metrics.jsonl in the store, found through bench.json's
-`upstream.<stage>.digest`; the rest is bench.json alone (workflow/schemas/bench.schema.yaml).
+`upstream.<stage>.digest`; the rest is bench.json alone (dormouse/schemas/bench.schema.yaml).
 """
 
 from __future__ import annotations

@@ -16,8 +16,7 @@ import argparse
 import json
 from pathlib import Path
 
-from dormouse.engine.config import load_yaml
-from dormouse.engine.plan import build_plan, matching_retractions
+from dormouse.engine.plan import load_plan, matching_retractions
 from dormouse.engine.registry import STAGES
 from dormouse.engine.store import artifact_digest
 
@@ -53,11 +52,11 @@ def superseded(entry: dict, manifests: dict[tuple[str, str], dict]) -> list[dict
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="dormouse retractions", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--config", default="config/config.yaml")
+    ap.add_argument("--config", help="config.yaml (default: config/config.yaml of the clone around the cwd)")
     ap.add_argument("--preset", help="only this preset's hits")
     ap.add_argument("--json", action="store_true", help="machine-readable output")
     args = ap.parse_args(argv)
-    plan = build_plan(load_yaml(Path(args.config)))
+    plan = load_plan(args.config)
     manifests = load_store(Path(plan.store))
     report = []
     for entry in plan.retractions:

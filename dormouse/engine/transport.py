@@ -164,7 +164,7 @@ def pack_main(argv=None) -> int:
     which.add_argument("--artifact", type=Path, help="an artifact directory (results/store/<stage>/<digest>)")
     which.add_argument("--preset", help="the preset's artifact of --stage, as the plan names it")
     ap.add_argument("--stage", default="shard")
-    ap.add_argument("--config", default="config/config.yaml")
+    ap.add_argument("--config", help="config.yaml (default: config/config.yaml of the clone around the cwd)")
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--part-mib", type=int, default=PART_MIB,
                     help=f"largest part (default {PART_MIB}); a device call carries 64 MiB with the working tree, so "
@@ -174,10 +174,9 @@ def pack_main(argv=None) -> int:
     args = ap.parse_args(argv)
     artifact = args.artifact
     if args.preset:
-        from dormouse.engine.config import load_yaml
-        from dormouse.engine.plan import build_plan
+        from dormouse.engine.plan import load_plan
 
-        plan = build_plan(load_yaml(Path(args.config)))
+        plan = load_plan(args.config)
         if args.preset not in plan.chain:
             raise SystemExit(f"dormouse pack: no preset {args.preset!r} in the plan (known: {', '.join(plan.chain)})")
         artifact = Path(plan.artifact_dir(args.stage, plan.chain[args.preset][args.stage]))

@@ -14,7 +14,6 @@ import argparse
 import json
 from pathlib import Path
 
-from dormouse.engine.config import load_yaml
 from dormouse.engine.store import MANIFEST, MANIFEST_KEEP, sha256_file
 
 
@@ -57,16 +56,17 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="dormouse verify", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--stage", help="only this stage's artifacts")
     ap.add_argument("--preset", help="only the artifacts of this preset's digest chain")
-    ap.add_argument("--config", default="config/config.yaml")
+    ap.add_argument("--config", help="config.yaml (default: config/config.yaml of the clone around the cwd)")
     ap.add_argument("--store", help="the store (default: the config's `store`)")
     args = ap.parse_args(argv)
-    config = load_yaml(Path(args.config)) if Path(args.config).exists() else {}
-    store = Path(args.store or config.get("store", "results/store"))
+    store = Path(args.store) if args.store else None
     digests = None
-    if args.preset:
-        from dormouse.engine.plan import build_plan
+    if args.preset or store is None:
+        from dormouse.engine.plan import load_plan
 
-        plan = build_plan({**config, "store": str(store)})
+        plan = load_plan(args.config, **({"store": args.store} if store else {}))
+        store = Path(plan.store)
+    if args.preset:
         if args.preset not in plan.chain:
             raise SystemExit(f"dormouse verify: no preset {args.preset!r} in the plan ({', '.join(plan.chain)})")
         digests = plan.chain[args.preset]

@@ -209,7 +209,7 @@ def _optional(module: str, attr: str | None = None):
     return getattr(m, attr) if attr else m
 
 
-def _fla_op(name: str):
+def fla_op(name: str):
     """FLA's Triton op `fla.ops.kda.<name>`, or None."""
     return _optional("fla.ops.kda", name)
 
@@ -231,7 +231,7 @@ def kda(
     CUDA + fla importable -> `fla.ops.kda.chunk_kda` (FLA picks its own chunking); otherwise the torch path.
     Counts `kda_path.fla` / `kda_path.torch` in `counters` (a Counter or dict) once per call.
     """
-    fla_op = _fla_op("chunk_kda") if q.is_cuda else None
+    fla_op = fla_op("chunk_kda") if q.is_cuda else None
     path = "kda_path.fla" if fla_op is not None else "kda_path.torch"
     if counters is not None:
         counters[path] = counters.get(path, 0) + 1
@@ -253,7 +253,7 @@ def kda(
 def fused_gates_available(q: torch.Tensor) -> bool:
     """Whether FLA's `chunk_kda` will apply the layer's activations itself (`kda_fused_gates`): CUDA, fla
     importable, and a chunk of tokens (a decode step, T == 1, runs the recurrent kernel instead)."""
-    return q.is_cuda and q.shape[1] > 1 and _fla_op("chunk_kda") is not None
+    return q.is_cuda and q.shape[1] > 1 and fla_op("chunk_kda") is not None
 
 
 def kda_fused_gates(q, k, v, f, b, A_log, dt_bias, *, initial_state=None, counters=None):
@@ -265,7 +265,7 @@ def kda_fused_gates(q, k, v, f, b, A_log, dt_bias, *, initial_state=None, counte
     Counts `kda_path.fla` once per call. Returns (o [B, T, H, V], final state fp32)."""
     if counters is not None:
         counters["kda_path.fla"] = counters.get("kda_path.fla", 0) + 1
-    return _fla_op("chunk_kda")(
+    return fla_op("chunk_kda")(
         q, k, v, f, b, A_log=A_log, dt_bias=dt_bias,
         initial_state=None if initial_state is None else initial_state.float(),
         output_final_state=True,
@@ -374,7 +374,7 @@ def kda_recurrent(
     otherwise `recurrent_kda_torch`. Counts `kda_path.fla_recurrent` / `kda_path.torch_recurrent` once per call.
     """
     wants_grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v, g, beta))
-    fla_op = _fla_op("fused_recurrent_kda") if q.is_cuda and not wants_grad else None
+    fla_op = fla_op("fused_recurrent_kda") if q.is_cuda and not wants_grad else None
     path = "kda_path.fla_recurrent" if fla_op is not None else "kda_path.torch_recurrent"
     if counters is not None:
         counters[path] = counters.get(path, 0) + 1

@@ -287,10 +287,9 @@ def load(args) -> tuple:
         art = open_artifact(args.model)
         label = f"{art.manifest['stage']}-{art.path.name[:8]}"
     else:
-        from dormouse.engine.config import load_yaml
-        from dormouse.engine.plan import build_plan
+        from dormouse.engine.plan import load_plan
 
-        plan = build_plan(load_yaml(Path(args.config)))
+        plan = load_plan(args.config)
         if args.preset not in plan.chain:
             raise SystemExit(f"dormouse serve: no preset {args.preset!r} (known: {', '.join(p for p in plan.presets)})")
         stage = "rl"
@@ -325,7 +324,7 @@ def main(argv=None) -> int:
     which.add_argument("--preset", help="serve this preset's finished rl model")
     which.add_argument("--model", type=Path, help="serve this model artifact (pretrain, sft or rl) instead")
     ap.add_argument("--rung", help="one of the preset's export rungs (bf16, int8, fp8, mxfp4, nvfp4, ternary)")
-    ap.add_argument("--config", default="config/config.yaml")
+    ap.add_argument("--config", help="config.yaml (default: config/config.yaml of the clone around the cwd)")
     ap.add_argument("--host", default="127.0.0.1")
     ap.add_argument("--port", type=int, default=8000)
     ap.add_argument("--device", default=None, help="cpu or cuda (default: cuda when visible)")

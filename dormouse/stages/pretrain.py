@@ -38,6 +38,7 @@ from dormouse.engine.stage import input_artifact, parse_job, summary, writer
 from dormouse.engine.store import scratch_dir
 from dormouse.model.config import ModelConfig
 from dormouse.model.gpt import ByteLM, count_params
+from dormouse.model.kda import fla_op
 from dormouse.train import checkpoint, distributed
 from dormouse.train.firewall import BadStepsError, Firewall  # noqa: F401 (BadStepsError: the stage's abort)
 from dormouse.train.optim import build_optimizers, set_lr, wsd_multiplier
@@ -77,6 +78,9 @@ def run(job: dict, cfg: ModelConfig, train: dict, shards, world: distributed.Wor
     opts = build_optimizers(model, train)
     compiled = compile_for(model, device, train)
     say(f"[pretrain] torch.compile regions: {len(compiled)} ({train.get('compile', 'cuda')})", flush=True)
+    if device.type == "cuda" and fla_op("chunk_kda") is None and world.is_main:  # counted as kda_path.torch too
+        progress.note("[pretrain] WARNING: fla-core is not importable, so KDA runs its torch path on the GPU "
+                      "(several times slower): pip install '.[cuda]' (fla-core, triton and torch at the tested pins)")
 
     with (writer(job) if world.is_main else nullcontext()) as art:
         c = art.counters if world.is_main else Counter()  # the manifest's own counters (rank 0)
