@@ -138,6 +138,8 @@ class Plan:
         parts = Path(target).parts
         if len(parts) < 3 or parts[0] != "results" or parts[1] in ("logs", "jobs", "benchmarks", "store"):
             return None
+        if Path(target).resolve().is_relative_to(Path(self.store).resolve()):  # a store inside results/
+            return None
         if parts[1] == "ab":
             if parts[2] in self.experiments:
                 return None
