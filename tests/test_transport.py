@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import subprocess
 import sys
 from pathlib import Path
@@ -14,12 +15,13 @@ from dormouse.engine import transport
 from dormouse.engine.store import ArtifactError, ArtifactWriter, artifact_digest, open_artifact
 
 
-def make_artifact(store: Path) -> Path:
-    """A shard-like artifact: 2.5 MiB of incompressible train bytes (several 1-MiB parts) and a small eval file."""
+def make_artifact(store: Path, first: bytes | None = None) -> Path:
+    """A shard-like artifact: 2.5 MiB of incompressible train bytes (several 1-MiB parts; `first`: the first
+    shard's bytes instead) and a small eval file."""
     params = {"num_shards": 2}
     digest = artifact_digest("shard", 4, params, {}, [])
     with ArtifactWriter(store / "shard" / digest, "shard", 4, params, {}, []) as art:
-        art.path("train/00000.bin").write_bytes(os.urandom(1_500_000))
+        art.path("train/00000.bin").write_bytes(os.urandom(1_500_000) if first is None else first)
         art.path("train/00001.bin").write_bytes(os.urandom(1_100_000))
         art.path("eval/tail.bin").write_bytes(b"an eval tail of real-looking text\n" * 500)
     return store / "shard" / digest
@@ -77,7 +79,9 @@ def test_the_commands(tmp_path):
 
 def test_a_higher_level_packs_smaller_and_round_trips(tmp_path):
     """--level trades pack time for fewer carries; the list records it and unpack needs no flag."""
-    src = make_artifact(tmp_path / "here")
+    rng = random.Random(0)  # text-like bytes (random words): they compress, and more at a higher level
+    words = [bytes(rng.choices(range(97, 123), k=rng.randint(2, 9))) for _ in range(3000)]
+    src = make_artifact(tmp_path / "here", b" ".join(rng.choices(words, k=300_000)))
     fast = json.loads(transport.pack(src, tmp_path / "l1", part_mib=8, level=1).read_text())
     small = json.loads((listing := transport.pack(src, tmp_path / "l19", part_mib=8, level=19)).read_text())
     assert (fast["zstd_level"], small["zstd_level"]) == (1, 19)

@@ -7,6 +7,7 @@ Snakemake (workflow/rules/common.smk) and `dormouse plan` both build it with `bu
 from __future__ import annotations
 
 import json
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -131,6 +132,19 @@ class Plan:
     def experiment_json(self, name: str) -> str:
         exp = self.experiments[name]
         return canonical_json({"name": name, "spec": exp.spec, "runs": self.experiment_runs(name)})
+
+    def cli_target_problem(self) -> str | None:
+        """target_problem of the first bad target on snakemake's command line: Snakemake reads the Snakefile
+        before it hands over its targets, so they are read from sys.argv with Snakemake's own parser."""
+        if Path(sys.argv[0]).name != "snakemake":
+            return None
+        try:
+            from snakemake.cli import parse_args
+
+            targets = parse_args(sys.argv[1:])[1].targets or []
+        except (Exception, SystemExit):  # not ours to judge: Snakemake reports its own argument errors
+            return None
+        return next((p for p in map(self.target_problem, targets) if p), None)
 
     def target_problem(self, target: str, root: Path = Path(".")) -> str | None:
         """Why Snakemake would find no rule for a results/ target (a preset or experiment not in this run, or a

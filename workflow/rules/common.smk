@@ -14,24 +14,11 @@ except ConfigError as e:  # a configuration mistake: the message names what to f
     print(f"dormouse: {e}", file=sys.stderr)
     sys.exit(1)
 STORE = PLAN.store
-# A target no rule can make (a preset not in this run, a misspelt file): say why, not MissingRuleException.
-# Snakemake reads the Snakefile before it hands over the targets, so they are read from its command line.
-def cli_targets():
-    if Path(sys.argv[0]).name != "snakemake":
-        return []
-    try:
-        from snakemake.cli import parse_args
-
-        return list(parse_args(sys.argv[1:])[1].targets or [])
-    except (Exception, SystemExit):  # not ours to judge: Snakemake reports its own argument errors
-        return []
-
-
-for target in cli_targets():
-    problem = PLAN.target_problem(target)
-    if problem:
-        print(f"dormouse: {problem}", file=sys.stderr)
-        sys.exit(1)
+# A target nothing makes (a preset not in this run, a misspelt file) is named with the fix, not MissingRuleException
+problem = PLAN.cli_target_problem()
+if problem:
+    print(f"dormouse: {problem}", file=sys.stderr)
+    sys.exit(1)
 
 
 wildcard_constraints:
