@@ -23,24 +23,6 @@ from dormouse.engine.stage import input_artifact, parse_job, summary, writer
 from dormouse.posttrain import quant
 from dormouse.train.runtime import check_arms_active, deterministic_cpu, device_for, evaluate, load_model
 
-BLOCK = {"mxfp4": quant.MX_BLOCK, "nvfp4": quant.NV_BLOCK}
-
-
-def eligible_for(rung: str, quantize_tables: bool, narrow: list[str]):
-    """quant's default rule, plus the Engram tables on request; a matrix narrower than the rung's
-    block stays bf16 (zero padding to the block would make it larger than bf16) and is listed."""
-    def eligible(name: str, tensor: torch.Tensor) -> bool:
-        if quantize_tables and name.endswith("engram.table.weight"):
-            ok = tensor.dim() == 2 and tensor.is_floating_point()
-        else:
-            ok = quant.default_eligible(name, tensor)
-        if ok and tensor.shape[-1] < BLOCK.get(rung, 1):
-            narrow.append(name)
-            return False
-        return ok
-    return eligible
-
-
 def rung_source_state(model) -> dict[str, torch.Tensor]:
     """The state dict the rungs quantize: floating tensors in fp32 on CPU; integer buffers (the Engram hash
     multipliers reach 2^31, past float32's 24-bit mantissa) unchanged."""
@@ -68,7 +50,7 @@ def main(argv=None) -> int:
             path = art.path(f"rungs/{rung}.safetensors")
             path.parent.mkdir(parents=True, exist_ok=True)
             narrow: list[str] = []
-            recipe = quant.save_rung(path, state, rung, eligible=eligible_for(rung, params["export"]["quantize_tables"], narrow))
+            recipe = quant.save_rung(path, state, rung, eligible=quant.eligible_for(rung, params["export"]["quantize_tables"], narrow))
             rung_counters = Counter()
             bpb = evaluate(quant.load_rung_model(path, cfg, device), ex, ey, batch, device, params["dtype"], rung_counters)
             check_arms_active(cfg, rung_counters, f"rung {rung}", "export")
