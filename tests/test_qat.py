@@ -82,3 +82,25 @@ def test_only_export_eligible_matrices_see_the_rung_and_narrow_ones_stay_bf16():
 
 def test_finish_start():
     assert finish_start(200, 0.2) == 160 and finish_start(200, 0.0) == 200 and finish_start(10, 1.0) == 0
+
+
+def test_qat_keys_at_their_default_stay_out_of_the_digest():
+    """train.qat, sft.qat and rl.qat came after the digests were pinned: null (off) leaves every params slice as it
+    was; a rung enters its stage's slice."""
+    from pathlib import Path
+
+    from dormouse.engine.config import load_preset, load_yaml
+    from dormouse.engine.registry import POSTTRAIN_LATER_DEFAULTS, TRAIN_LATER_DEFAULTS, stage_params
+
+    root = Path(__file__).resolve().parents[1]
+    schema = load_yaml(root / "workflow" / "schemas" / "preset.schema.yaml")["properties"]
+    assert {k: schema["train"]["properties"][k]["default"] for k in TRAIN_LATER_DEFAULTS} == TRAIN_LATER_DEFAULTS
+    for stage in ("sft", "rl"):
+        assert {k: schema[stage]["properties"][k]["default"] for k in POSTTRAIN_LATER_DEFAULTS} == POSTTRAIN_LATER_DEFAULTS
+    preset = load_preset("tiny", root)
+    assert preset["train"]["qat"] is None and preset["sft"]["qat"] is None
+    assert "qat" not in stage_params("pretrain", preset)["train"]
+    assert all("qat" not in stage_params(s, preset)[s] for s in ("sft", "rl"))
+    preset = load_preset("tiny", root, "train.qat={rung: ternary, fraction: 0.2},sft.qat=ternary,rl.qat=nvfp4")
+    assert stage_params("pretrain", preset)["train"]["qat"] == {"rung": "ternary", "fraction": 0.2}
+    assert stage_params("sft", preset)["sft"]["qat"] == "ternary" and stage_params("rl", preset)["rl"]["qat"] == "nvfp4"
