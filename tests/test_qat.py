@@ -3,6 +3,8 @@ gradients reach the fp32 master weights through the straight-through estimator, 
 
 from __future__ import annotations
 
+from collections import Counter
+
 import pytest
 import torch
 from model_util import live_model, rand_bytes
@@ -104,3 +106,82 @@ def test_qat_keys_at_their_default_stay_out_of_the_digest():
     preset = load_preset("tiny", root, "train.qat={rung: ternary, fraction: 0.2},sft.qat=ternary,rl.qat=nvfp4")
     assert stage_params("pretrain", preset)["train"]["qat"] == {"rung": "ternary", "fraction": 0.2}
     assert stage_params("sft", preset)["sft"]["qat"] == "ternary" and stage_params("rl", preset)["rl"]["qat"] == "nvfp4"
+
+
+# --------------------------------------------------------------------------------------------------
+# The stages: a pretrain with a QAT finish, and export of its rung
+# --------------------------------------------------------------------------------------------------
+QAT_MODEL = {"d_model": 64, "n_heads": 2, "head_dim": 32, "ffn_hidden": 128, "n_core": 1, "kda_chunk_size": 16}
+QAT_TRAIN = {"device": "cpu", "steps": 16, "batch_size": 4, "seq_len": 32, "eval_every": 8, "eval_bytes": 2048,
+             "ckpt_every": 8, "log_every": 4, "warmup_steps": 4, "qat": {"rung": "ternary", "fraction": 0.25}}
+
+
+def run_job(work, stage: str, spec: dict) -> dict:
+    import json
+    import os
+
+    from dormouse.cli import main as dormouse_main
+
+    cwd = os.getcwd()
+    os.chdir(work)
+    try:
+        assert dormouse_main([stage, "--job", json.dumps(spec)]) == 0
+    finally:
+        os.chdir(cwd)
+    return json.loads((work / spec["out"] / "manifest.json").read_text())
+
+
+def test_a_pretrain_finish_runs_through_the_rung_and_export_reproduces_its_bpb(workdir, small_corpus, quality_examples):
+    """The acceptance of issue #28 item 2 on CPU: pretrain with a ternary finish over its last 4 of 16 steps; the
+    export stage's ternary file (export run on that artifact) scores the pretrain's final eval BPB on the same window."""
+    import json
+
+    import yaml
+    from pipeline_util import configure, run_chain
+
+    from dormouse.data import shards as layout
+    from dormouse.data.byte_stream import eval_window
+    from dormouse.engine.store import artifact_digest, open_artifact
+    from dormouse.train.runtime import evaluate, load_model
+
+    config = configure(workdir, small_corpus, *quality_examples)
+    path = workdir / "config" / "presets" / "tiny.yaml"
+    preset = yaml.safe_load(path.read_text())
+    preset["model"], preset["train"] = QAT_MODEL, QAT_TRAIN
+    preset["export"] = {"rungs": ["bf16", "ternary", "nvfp4"]}
+    path.write_text(yaml.safe_dump(preset, sort_keys=False))
+    plan = run_chain(workdir, config, stages=("filter", "shard", "pretrain"))
+    pre_digest = plan.chain["tiny"]["pretrain"]
+    m = json.loads((workdir / plan.manifest_path("pretrain", pre_digest)).read_text())
+    c, final = m["counters"], m["final"]
+    assert m["params"]["train"]["qat"] == QAT_TRAIN["qat"]
+    assert c["train.qat.steps"] == 4 and c["eval.qat.evals"] == 1
+    assert c["qat.tensors.ternary"] == c["qat.tensors_moved"] == len(final["qat"]["tensors"]) > 0
+    assert final["qat"]["from_step"] == 12 and final["qat"]["steps"] == 4
+    rows = [json.loads(line) for line in (workdir / plan.artifact_dir("pretrain", pre_digest) / "metrics.jsonl").open()]
+    evals = [r for r in rows if "eval_bpb" in r]
+    assert [r.get("eval_rung") for r in evals] == [None, "ternary"]  # step 8 plain, step 16 through the rung
+    assert final["eval_bpb"] == evals[-1]["eval_bpb"] != final["eval_bpb_master"]
+
+    # export, run on the pretrain artifact as its source model
+    spec = plan.job("export", plan.chain["tiny"]["export"]).spec(plan.store)
+    spec["inputs"]["rl"] = {"kind": "artifact", "stage": "pretrain", "digest": pre_digest}
+    spec["digest"] = artifact_digest("export", spec["format_version"], spec["params"],
+                                     {k: v["digest"] for k, v in spec["inputs"].items()}, spec["retractions"])
+    spec["out"] = f"{plan.store}/export/{spec['digest']}"
+    rungs = run_job(workdir, "export", spec)["final"]
+    assert rungs["qat"] == [{"stage": "pretrain", "rung": "ternary", "steps": 4, "tensors": c["qat.tensors.ternary"]}]
+    rungs = rungs["rungs"]
+    assert {r: v["method"] for r, v in rungs.items()} == {"bf16": "ptq", "ternary": "qat", "nvfp4": "ptq"}
+    assert rungs["ternary"]["quantized_tensors"] == c["qat.tensors.ternary"]
+    assert rungs["ternary"]["bpb"] == final["eval_bpb"]  # both rounded to 5 decimals
+    # unrounded: the exported file's BPB and the QAT forward's on the same window
+    art = open_artifact(workdir / plan.artifact_dir("pretrain", pre_digest), stage="pretrain")
+    shards = open_artifact(workdir / plan.artifact_dir("shard", plan.chain["tiny"]["shard"]), stage="shard")
+    ex, ey, _ = eval_window(layout.eval_bin(shards), QAT_TRAIN["eval_bytes"], QAT_TRAIN["seq_len"])
+    model, _ = load_model(art, torch.device("cpu"))
+    with FakeQuant(model, "ternary").applied():
+        qat_bpb = evaluate(model, ex, ey, 4, torch.device("cpu"), "bfloat16", Counter())
+    rung_model = quant.load_rung_model(workdir / spec["out"] / "rungs" / "ternary.safetensors", model.cfg, torch.device("cpu"))
+    assert evaluate(rung_model, ex, ey, 4, torch.device("cpu"), "bfloat16", Counter()) == pytest.approx(qat_bpb, abs=1e-6)
+    assert evaluate(model, ex, ey, 4, torch.device("cpu"), "bfloat16", Counter()) == pytest.approx(final["eval_bpb_master"], abs=1e-5)

@@ -42,6 +42,9 @@ class FakeQuant:
         eligible = quant.eligible_for(rung, narrow=self.narrow)
         self.params = dict(model.named_parameters())
         self.rules = {name: quant.tensor_rule(rung, name, p, eligible) for name, p in self.params.items()}
+        if not self.quantized:
+            raise ValueError(f"qat: the model has no matrix {rung} quantizes (quant.default_eligible: 2-D, at least "
+                             f"{quant.MIN_QUANT_NUMEL} weights, not an embedding, head, table or router)")
         rule_of = {id(p): self.rules[name] for name, p in self.params.items()}
         # every attribute a parameter is read through (a tied weight is two), with its rule
         self.slots = [(module, leaf, p, rule_of[id(p)])
@@ -77,3 +80,23 @@ class FakeQuant:
     def report(self) -> dict:
         return {"rung": self.rung, "tensors": self.quantized, "tensors_bf16": sum(r == "bf16" for r in self.rules.values()),
                 "kept_bf16_narrower_than_block": list(self.narrow)}
+
+
+def file_counters(c, fq: FakeQuant, stage: str, steps: int) -> dict:
+    """The manifest's proof that a stage trained through the rung, beside the loop's own train.qat.steps (`steps`):
+    qat.tensors.<rung>, .bf16, qat.tensors_moved, qat.tensors_narrower_than_block, qat.contexts; and its `final.qat`
+    entry. A rung that moved no tensor while steps ran is refused: the stage would have trained a plain forward."""
+    moved = fq.moved()
+    if steps and not moved:
+        raise SystemExit(f"{stage}: {fq.rung} leaves every quantized tensor as it is: it trained a plain forward")
+    c[f"qat.tensors.{fq.rung}"] = len(fq.quantized)
+    c["qat.tensors.bf16"] = sum(r == "bf16" for r in fq.rules.values())
+    c["qat.tensors_moved"] = moved
+    c["qat.tensors_narrower_than_block"] = len(fq.narrow)
+    c["qat.contexts"] = fq.applications
+    return {**fq.report(), "steps": steps}
+
+
+def lineage_entry(stage: str, summary: dict) -> dict:
+    """One line of config.json's `qat`: a stage that trained through a rung (export labels its rungs from it)."""
+    return {"stage": stage, "rung": summary["rung"], "steps": summary["steps"], "tensors": len(summary["tensors"])}
