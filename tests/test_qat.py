@@ -185,3 +185,32 @@ def test_a_pretrain_finish_runs_through_the_rung_and_export_reproduces_its_bpb(w
     rung_model = quant.load_rung_model(workdir / spec["out"] / "rungs" / "ternary.safetensors", model.cfg, torch.device("cpu"))
     assert evaluate(rung_model, ex, ey, 4, torch.device("cpu"), "bfloat16", Counter()) == pytest.approx(qat_bpb, abs=1e-6)
     assert evaluate(model, ex, ey, 4, torch.device("cpu"), "bfloat16", Counter()) == pytest.approx(final["eval_bpb_master"], abs=1e-5)
+
+
+@pytest.mark.slow
+def test_compiled_regions_train_and_evaluate_through_the_rung(one_thread):
+    """train.compile on (CPU inductor here): the regions read the shadowed weights, so their forward and gradients
+    through the rung are the eager ones (~30 s of compiling)."""
+    import copy
+
+    from dormouse.model.regions import compile_regions
+
+    cfg = ModelConfig(d_model=64, n_heads=2, head_dim=32, ffn_hidden=96, n_core=2, kda_chunk_size=16)
+    eager = live_model(cfg).train()
+    compiled = copy.deepcopy(eager)
+    assert compile_regions(compiled)
+    x, y = rand_bytes(2, 32), rand_bytes(2, 32, seed=2)
+    out = {}
+    for name, m in (("eager", eager), ("compiled", compiled)):
+        fq = FakeQuant(m, "ternary")
+        for _ in range(2):  # a second step: the regions' guards hold across contexts
+            with fq.applied():
+                m(x, y, counters=Counter())[1].backward()
+        with torch.no_grad(), fq.applied():
+            out[name] = m.eval()(x)[0]
+        with torch.no_grad():
+            out[name + "_plain"] = m(x)[0]
+    torch.testing.assert_close(out["compiled"], out["eager"], rtol=1e-5, atol=1e-5)
+    assert (out["compiled"] - out["compiled_plain"]).abs().max() > 1e-4
+    for (n, p), (_, q) in zip(eager.named_parameters(), compiled.named_parameters()):
+        torch.testing.assert_close(q.grad, p.grad, rtol=1e-4, atol=1e-5, msg=n)
