@@ -64,6 +64,15 @@ def _anchors(preset: dict) -> dict:  # the ladder scores the model's eval window
 # holds the same, tested).
 TRAIN_LATER_DEFAULTS = {"qat": None}  # quantization-aware finish (issue #28)
 POSTTRAIN_LATER_DEFAULTS = {"qat": None}  # sft and rl
+QAT_SECTIONS = ("train", "sft", "rl")
+
+
+def ptq_twin(preset: dict) -> dict | None:
+    """The preset with every qat key off: the chain whose rungs are quantized after training, which bench scores
+    beside a QAT chain's; None when no qat key is on."""
+    if not any(preset[s].get("qat") for s in QAT_SECTIONS):
+        return None
+    return {**preset, **{s: {**preset[s], "qat": None} for s in QAT_SECTIONS}}
 
 
 def _pretrain(preset: dict) -> dict:
@@ -105,7 +114,7 @@ def _export(preset: dict) -> dict:
     return {"export": dict(preset["export"]), **_run(preset)}
 
 
-def _bench(preset: dict) -> dict:
+def _bench(preset: dict) -> dict:  # a QAT chain's bench also reads its ptq_twin's export (dormouse/engine/plan.py)
     return {"tasks": dict(preset["tasks"]), "bench": dict(preset["bench"]), **_run(preset)}
 
 

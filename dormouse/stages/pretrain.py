@@ -153,12 +153,12 @@ def run(job: dict, cfg: ModelConfig, train: dict, shards, world: distributed.Wor
                 t_last, bytes_last = now, 0
             if done % train["eval_every"] == 0 or done == train["steps"]:
                 row = row or {"step": done}
-                through = fq if fq is not None and (done > qat_from or done == train["steps"]) else None
-                with through.applied() if through is not None else nullcontext():
+                rung_eval = fq if fq is not None and (done > qat_from or done == train["steps"]) else None
+                with qat.through(rung_eval):
                     row["eval_bpb"] = round(eval_bpb(model, ex, ey, train, device, eval_counters, world), 5)
                 row["eval_bytes"] = eval_bytes
-                if through is not None:
-                    row["eval_rung"] = through.rung
+                if rung_eval is not None:
+                    row["eval_rung"] = rung_eval.rung
                     if world.is_main:
                         eval_counters["qat.evals"] += 1
                 say(f"[pretrain] step:{done} eval_bpb:{row['eval_bpb']:.4f} eval_bytes:{eval_bytes}", flush=True)

@@ -18,7 +18,7 @@ weights. Export's `quantize_tables` is not followed: QAT keeps the Engram tables
 
 from __future__ import annotations
 
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 
 import torch
 from torch import nn
@@ -31,6 +31,11 @@ QAT_RUNGS = tuple(r for r in quant.RUNGS if r != "bf16")  # a bf16 "finish" woul
 def finish_start(steps: int, fraction: float) -> int:
     """The first step of a finish over the last `fraction` of `steps` (steps from it on see the rung)."""
     return steps - round(fraction * steps)
+
+
+def through(fq: FakeQuant | None):
+    """`fq.applied()`, or nothing when the stage has no QAT."""
+    return fq.applied() if fq is not None else nullcontext()
 
 
 class FakeQuant:
@@ -100,3 +105,10 @@ def file_counters(c, fq: FakeQuant, stage: str, steps: int) -> dict:
 def lineage_entry(stage: str, summary: dict) -> dict:
     """One line of config.json's `qat`: a stage that trained through a rung (export labels its rungs from it)."""
     return {"stage": stage, "rung": summary["rung"], "steps": summary["steps"], "tensors": len(summary["tensors"])}
+
+
+def upstream_lineage(art) -> list[dict]:
+    """The `qat` lineage in an upstream model artifact's config.json ([] when no stage trained through a rung)."""
+    import json
+
+    return json.loads(art.file("config.json").read_text()).get("qat", [])

@@ -14,15 +14,13 @@ runs eagerly instead, counted in `eager_steps_qat` (the caller files it in the m
 from __future__ import annotations
 
 from collections import Counter
-from contextlib import nullcontext
 from pathlib import Path
 
 import torch
 
 from dormouse.model.config import ModelConfig
-from dormouse.train import checkpoint, cuda_graphs, distributed
+from dormouse.train import checkpoint, cuda_graphs, distributed, qat
 from dormouse.train.firewall import Firewall
-from dormouse.train.qat import FakeQuant
 from dormouse.train.runtime import autocast, with_moe_aux
 
 
@@ -37,7 +35,7 @@ class PretrainStep:
         self.firewall = Firewall(opts, model.parameters(), train["grad_clip"], train["max_bad_steps"], world,
                                  on_device=on_device)
         self.graphed: cuda_graphs.GraphedLoss | None = None
-        self.qat: FakeQuant | None = None  # set for the steps of a quantization-aware finish
+        self.qat: qat.FakeQuant | None = None  # set for the steps of a quantization-aware finish
         self.eager_steps_qat = 0  # graphed steps run eagerly because the finish was on
 
     def capture(self, x: torch.Tensor, y: torch.Tensor) -> None:
@@ -56,7 +54,7 @@ class PretrainStep:
             return self.graphed(x, y, counters)
         if self.graphs == "graphed":
             self.eager_steps_qat += 1
-        with self.qat.applied() if self.qat is not None else nullcontext(), autocast(self.device, self.train["dtype"]):
+        with qat.through(self.qat), autocast(self.device, self.train["dtype"]):
             _, loss = self.net(x, y, counters=counters)
             return loss, self.total_of(loss)
 
