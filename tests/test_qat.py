@@ -4,6 +4,7 @@ gradients reach the fp32 master weights through the straight-through estimator, 
 from __future__ import annotations
 
 from collections import Counter
+from pathlib import Path
 
 import pytest
 import torch
@@ -214,3 +215,66 @@ def test_compiled_regions_train_and_evaluate_through_the_rung(one_thread):
     assert (out["compiled"] - out["compiled_plain"]).abs().max() > 1e-4
     for (n, p), (_, q) in zip(eager.named_parameters(), compiled.named_parameters()):
         torch.testing.assert_close(q.grad, p.grad, rtol=1e-4, atol=1e-5, msg=n)
+
+
+@pytest.mark.slow
+def test_a_qat_chain_to_bench_scores_its_rungs_beside_its_ptq_twin(tmp_path, small_corpus, quality_examples):
+    """train.qat, sft.qat and rl.qat on ternary through bench: every stage counts its steps through the rung, export
+    marks ternary qat, and bench.json (schema-valid) holds rungs_ptq from the twin chain with qat off."""
+    import json
+    import os
+    import shutil
+
+    import yaml
+    from pipeline_util import configure, run_chain
+
+    from dormouse.engine.config import validate
+    from dormouse.engine.views import main as view_main
+
+    root = Path(__file__).resolve().parents[1]
+    for d in ("config", "workflow"):
+        shutil.copytree(root / d, tmp_path / d)
+    config = configure(tmp_path, small_corpus, *quality_examples)
+    path = tmp_path / "config" / "presets" / "tiny.yaml"
+    preset = yaml.safe_load(path.read_text())
+    preset.update({
+        "model": QAT_MODEL, "train": {**QAT_TRAIN, "steps": 12, "eval_every": 12, "ckpt_every": 12},
+        "tasks": {"families": ["add", "reverse"], "difficulties": [1], "heldout_items": 2, "max_new_bytes": 8,
+                  "sampled_eval": {"samples": 1}},
+        "sft": {"steps": 3, "batch_size": 4, "log_every": 1, "replay_rows": 2, "replay_seq_len": 32, "qat": "ternary"},
+        "rl": {"steps": 2, "prompts_per_step": 2, "group_size": 2, "select": {"every": 1, "items_per_cell": 2},
+               "qat": "ternary"},
+        "export": {"rungs": ["bf16", "ternary"]},
+        "bench": {"cloze": {"items": 2, "context_bytes": 16, "span_bytes": 4}},
+    })
+    path.write_text(yaml.safe_dump(preset, sort_keys=False))
+    plan = run_chain(tmp_path, config, stages=("filter", "shard", "anchors", "pretrain", "sft", "rl", "export"))
+    twin = plan.chain["tiny/ptq"]
+    assert set(twin) == {"filter", "shard", "anchors", "pretrain", "sft", "rl", "export"}
+    assert twin["shard"] == plan.chain["tiny"]["shard"] and twin["pretrain"] != plan.chain["tiny"]["pretrain"]
+    assert plan.job("bench", plan.chain["tiny"]["bench"]).inputs["export_ptq"]["digest"] == twin["export"]
+    run_chain(tmp_path, config, "tiny/ptq", stages=("pretrain", "sft", "rl", "export"))
+    run_chain(tmp_path, config, stages=("bench",))
+    manifests = {s: json.loads((tmp_path / plan.manifest_path(s, plan.chain["tiny"][s])).read_text())
+                 for s in ("pretrain", "sft", "rl", "export")}
+    assert manifests["pretrain"]["counters"]["train.qat.steps"] == 3
+    assert manifests["sft"]["counters"]["train.qat.steps"] == 3 and manifests["rl"]["counters"]["train.qat.steps"] == 2
+    for s in ("sft", "rl"):
+        assert manifests[s]["counters"]["qat.tensors_moved"] == manifests[s]["counters"]["qat.tensors.ternary"] > 0
+    assert [q["stage"] for q in manifests["export"]["final"]["qat"]] == ["pretrain", "sft", "rl"]
+    ptq = json.loads((tmp_path / plan.manifest_path("export", twin["export"])).read_text())["final"]
+    assert "qat" not in ptq and all("method" not in r for r in ptq["rungs"].values())
+
+    cwd = os.getcwd()
+    os.chdir(tmp_path)
+    try:
+        art = plan.artifact_dir("bench", plan.chain["tiny"]["bench"])
+        assert view_main(["bench", "--preset", "tiny", "--artifact", art, "--out", "results/tiny/bench.json"]) == 0
+        bench = json.loads(Path("results/tiny/bench.json").read_text())
+    finally:
+        os.chdir(cwd)
+    validate(bench, "bench.schema.yaml", "bench.json", root)
+    assert {r: v["method"] for r, v in bench["rungs"].items()} == {"bf16": "ptq", "ternary": "qat"}
+    assert set(bench["rungs_ptq"]) == {"bf16", "ternary"} and bench["rungs_ptq"]["ternary"]["bpb"] == ptq["rungs"]["ternary"]["bpb"]
+    assert bench["rungs"]["ternary"]["bpb"] == manifests["export"]["final"]["rungs"]["ternary"]["bpb"]
+    assert twin["export"] in {link["digest"] for link in bench["digest_chain"]}  # the twin is in the chain it rests on
