@@ -3,18 +3,35 @@ gradients reach the fp32 master weights through the straight-through estimator, 
 
 from __future__ import annotations
 
+import copy
+import json
+import os
+import shutil
 from collections import Counter
 from pathlib import Path
 
 import pytest
 import torch
+import yaml
 from model_util import live_model, rand_bytes
+from pipeline_util import configure, run_chain
 
+from dormouse.cli import main as dormouse_main
+from dormouse.data import shards as layout
+from dormouse.data.byte_stream import eval_window
+from dormouse.engine.config import load_preset, load_yaml, validate
+from dormouse.engine.registry import POSTTRAIN_LATER_DEFAULTS, TRAIN_LATER_DEFAULTS, stage_params
+from dormouse.engine.store import artifact_digest, open_artifact
+from dormouse.engine.views import main as view_main
 from dormouse.model.config import ModelConfig
+from dormouse.model.regions import compile_regions
 from dormouse.posttrain import quant
 from dormouse.stages.export import rung_source_state
 from dormouse.train.optim import build_optimizers
 from dormouse.train.qat import QAT_RUNGS, FakeQuant, finish_start
+from dormouse.train.runtime import evaluate, load_model
+
+ROOT = Path(__file__).resolve().parents[1]
 
 CFG = ModelConfig(d_model=64, n_heads=2, head_dim=32, ffn_hidden=96, n_core=2, kda_chunk_size=16,
                   engram=True, engram_rows=97, engram_dim=8)
@@ -90,21 +107,15 @@ def test_finish_start():
 def test_qat_keys_at_their_default_stay_out_of_the_digest():
     """train.qat, sft.qat and rl.qat came after the digests were pinned: null (off) leaves every params slice as it
     was; a rung enters its stage's slice."""
-    from pathlib import Path
-
-    from dormouse.engine.config import load_preset, load_yaml
-    from dormouse.engine.registry import POSTTRAIN_LATER_DEFAULTS, TRAIN_LATER_DEFAULTS, stage_params
-
-    root = Path(__file__).resolve().parents[1]
-    schema = load_yaml(root / "workflow" / "schemas" / "preset.schema.yaml")["properties"]
+    schema = load_yaml(ROOT / "workflow" / "schemas" / "preset.schema.yaml")["properties"]
     assert {k: schema["train"]["properties"][k]["default"] for k in TRAIN_LATER_DEFAULTS} == TRAIN_LATER_DEFAULTS
     for stage in ("sft", "rl"):
         assert {k: schema[stage]["properties"][k]["default"] for k in POSTTRAIN_LATER_DEFAULTS} == POSTTRAIN_LATER_DEFAULTS
-    preset = load_preset("tiny", root)
+    preset = load_preset("tiny", ROOT)
     assert preset["train"]["qat"] is None and preset["sft"]["qat"] is None
     assert "qat" not in stage_params("pretrain", preset)["train"]
     assert all("qat" not in stage_params(s, preset)[s] for s in ("sft", "rl"))
-    preset = load_preset("tiny", root, "train.qat={rung: ternary, fraction: 0.2},sft.qat=ternary,rl.qat=nvfp4")
+    preset = load_preset("tiny", ROOT, "train.qat={rung: ternary, fraction: 0.2},sft.qat=ternary,rl.qat=nvfp4")
     assert stage_params("pretrain", preset)["train"]["qat"] == {"rung": "ternary", "fraction": 0.2}
     assert stage_params("sft", preset)["sft"]["qat"] == "ternary" and stage_params("rl", preset)["rl"]["qat"] == "nvfp4"
 
@@ -118,11 +129,6 @@ QAT_TRAIN = {"device": "cpu", "steps": 16, "batch_size": 4, "seq_len": 32, "eval
 
 
 def run_job(work, stage: str, spec: dict) -> dict:
-    import json
-    import os
-
-    from dormouse.cli import main as dormouse_main
-
     cwd = os.getcwd()
     os.chdir(work)
     try:
@@ -135,16 +141,6 @@ def run_job(work, stage: str, spec: dict) -> dict:
 def test_a_pretrain_finish_runs_through_the_rung_and_export_reproduces_its_bpb(workdir, small_corpus, quality_examples):
     """The acceptance of issue #28 item 2 on CPU: pretrain with a ternary finish over its last 4 of 16 steps; the
     export stage's ternary file (export run on that artifact) scores the pretrain's final eval BPB on the same window."""
-    import json
-
-    import yaml
-    from pipeline_util import configure, run_chain
-
-    from dormouse.data import shards as layout
-    from dormouse.data.byte_stream import eval_window
-    from dormouse.engine.store import artifact_digest, open_artifact
-    from dormouse.train.runtime import evaluate, load_model
-
     config = configure(workdir, small_corpus, *quality_examples)
     path = workdir / "config" / "presets" / "tiny.yaml"
     preset = yaml.safe_load(path.read_text())
@@ -192,10 +188,6 @@ def test_a_pretrain_finish_runs_through_the_rung_and_export_reproduces_its_bpb(w
 def test_compiled_regions_train_and_evaluate_through_the_rung(one_thread):
     """train.compile on (CPU inductor here): the regions read the shadowed weights, so their forward and gradients
     through the rung are the eager ones (~30 s of compiling)."""
-    import copy
-
-    from dormouse.model.regions import compile_regions
-
     cfg = ModelConfig(d_model=64, n_heads=2, head_dim=32, ffn_hidden=96, n_core=2, kda_chunk_size=16)
     eager = live_model(cfg).train()
     compiled = copy.deepcopy(eager)
@@ -221,19 +213,8 @@ def test_compiled_regions_train_and_evaluate_through_the_rung(one_thread):
 def test_a_qat_chain_to_bench_scores_its_rungs_beside_its_ptq_twin(tmp_path, small_corpus, quality_examples):
     """train.qat, sft.qat and rl.qat on ternary through bench: every stage counts its steps through the rung, export
     marks ternary qat, and bench.json (schema-valid) holds rungs_ptq from the twin chain with qat off."""
-    import json
-    import os
-    import shutil
-
-    import yaml
-    from pipeline_util import configure, run_chain
-
-    from dormouse.engine.config import validate
-    from dormouse.engine.views import main as view_main
-
-    root = Path(__file__).resolve().parents[1]
     for d in ("config", "workflow"):
-        shutil.copytree(root / d, tmp_path / d)
+        shutil.copytree(ROOT / d, tmp_path / d)
     config = configure(tmp_path, small_corpus, *quality_examples)
     path = tmp_path / "config" / "presets" / "tiny.yaml"
     preset = yaml.safe_load(path.read_text())
@@ -273,7 +254,7 @@ def test_a_qat_chain_to_bench_scores_its_rungs_beside_its_ptq_twin(tmp_path, sma
         bench = json.loads(Path("results/tiny/bench.json").read_text())
     finally:
         os.chdir(cwd)
-    validate(bench, "bench.schema.yaml", "bench.json", root)
+    validate(bench, "bench.schema.yaml", "bench.json", ROOT)
     assert {r: v["method"] for r, v in bench["rungs"].items()} == {"bf16": "ptq", "ternary": "qat"}
     assert set(bench["rungs_ptq"]) == {"bf16", "ternary"} and bench["rungs_ptq"]["ternary"]["bpb"] == ptq["rungs"]["ternary"]["bpb"]
     assert bench["rungs"]["ternary"]["bpb"] == manifests["export"]["final"]["rungs"]["ternary"]["bpb"]
