@@ -19,7 +19,7 @@ Comparability key (`KEY_FIELDS`), built from the manifest, never from the preset
   cuda_graphs  True when the steps replayed CUDA graphs (train.cuda_graphs; the manifest's
                cuda_graphs.captures), else None: their private pools leave the allocated peak incomparable
   qat          "<rung>@<fraction>" of train.qat (a quantization-aware finish runs eagerly and quantizes every
-               step, dormouse/train/qat.py), else None
+               step, dormouse/train/qat.py); absent (None) without one
 Two entries are compared only when every key field is equal.
 
 Throughput: median `tokens_per_s` (bytes/s: the model is byte-level) over the logged rows of
@@ -110,7 +110,8 @@ def entry_from_artifact(art_dir: Path) -> dict:
             "cpu_threads": cpu_threads,
             "world_size": int(final.get("world_size") or 1),  # tokens/s sums the ranks; memory is rank 0's
             "cuda_graphs": True if counters.get("cuda_graphs.captures") else None,  # None: entries before it compare
-            "qat": f"{train['qat']['rung']}@{train['qat']['fraction']}" if train.get("qat") else None,
+            # only when on: entries without it (every run before it, every run without a finish) read as None
+            **({"qat": f"{train['qat']['rung']}@{train['qat']['fraction']}"} if train.get("qat") else {}),
         },
         "tokens_per_s": tokens_per_s,
         "tokens_per_s_rows": n_rows,
