@@ -184,6 +184,42 @@ def test_a_pretrain_finish_runs_through_the_rung_and_export_reproduces_its_bpb(w
     assert evaluate(model, ex, ey, 4, torch.device("cpu"), "bfloat16", Counter()) == pytest.approx(final["eval_bpb_master"], abs=1e-5)
 
 
+def test_a_run_killed_inside_the_finish_resumes_to_the_same_weights_and_counts(workdir, small_corpus, quality_examples,
+                                                                                 monkeypatch):
+    """A checkpoint taken inside the finish (step 14 of 16; the finish is 12..15) resumes through the rung: the same
+    weights, metrics and qat counts as an uninterrupted run (CPU: bit for bit)."""
+    from dormouse.stages import pretrain
+
+    config = configure(workdir, small_corpus, *quality_examples)
+    path = workdir / "config" / "presets" / "tiny.yaml"
+    preset = yaml.safe_load(path.read_text())
+    preset["model"], preset["train"] = QAT_MODEL, {**QAT_TRAIN, "ckpt_every": 7}
+    path.write_text(yaml.safe_dump(preset, sort_keys=False))
+    plan = run_chain(workdir, config, stages=("filter", "shard", "pretrain"))
+    out = workdir / plan.artifact_dir("pretrain", plan.chain["tiny"]["pretrain"])
+    reference = {f: (out / f).read_bytes() for f in ("model.safetensors", "metrics.jsonl")}
+    ref_counters = json.loads((out / "manifest.json").read_text())["counters"]
+    shutil.rmtree(out)
+
+    save = pretrain.checkpoint.save
+
+    def save_then_die(root, step, *args):
+        save(root, step, *args)
+        if step == 14:
+            raise RuntimeError("killed after the checkpoint at step 14")
+
+    monkeypatch.setattr(pretrain.checkpoint, "save", save_then_die)
+    with pytest.raises(RuntimeError, match="step 14"):
+        run_chain(workdir, config, stages=("pretrain",))
+    monkeypatch.setattr(pretrain.checkpoint, "save", save)
+    run_chain(workdir, config, stages=("pretrain",))
+    counters = json.loads((out / "manifest.json").read_text())["counters"]
+    assert counters["resumed_from_step"] == 14 and counters["train.qat.steps"] == ref_counters["train.qat.steps"] == 4
+    strip = lambda rows: [{k: v for k, v in json.loads(r).items() if k != "tokens_per_s"} for r in rows.splitlines()]
+    assert strip((out / "metrics.jsonl").read_text()) == strip(reference["metrics.jsonl"].decode())
+    assert (out / "model.safetensors").read_bytes() == reference["model.safetensors"]
+
+
 @pytest.mark.slow
 def test_compiled_regions_train_and_evaluate_through_the_rung(one_thread):
     """train.compile on (CPU inductor here): the regions read the shadowed weights, so their forward and gradients
