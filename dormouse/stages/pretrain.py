@@ -205,7 +205,8 @@ def run(job: dict, cfg: ModelConfig, train: dict, shards, world: distributed.Wor
             lineage = []
             if fq is not None:
                 final["eval_bpb_master"] = round(master_bpb, 5)
-                final["qat"] = qat_summary(c, fq, train, qat_from, train_total, step_fn)
+                here = train_counters["qat.steps"] + eval_counters["qat.evals"]  # this process's, rank 0's
+                final["qat"] = qat_summary(c, fq, train, qat_from, train_total, step_fn, here)
                 lineage.append(qat.lineage_entry("pretrain", final["qat"]))
             write_artifact(art, model, cfg, train, formula, metrics, final, device, lineage)
             summary("pretrain", c)
@@ -227,11 +228,15 @@ def qat_finish(model, train: dict, say) -> tuple[FakeQuant | None, int]:
     return fq, start
 
 
-def qat_summary(c, fq: FakeQuant, train: dict, start: int, train_total, step_fn: PretrainStep) -> dict:
-    """Counters and the manifest's final.qat; a finish that did not run is a defect, as an inert arm is."""
+def qat_summary(c, fq: FakeQuant, train: dict, start: int, train_total, step_fn: PretrainStep, here: int) -> dict:
+    """Counters and the manifest's final.qat; a finish that did not run is a defect, as an inert arm is: every step
+    and eval counted through the rung in this process must have entered the rung's forward (fq.applications)."""
     planned, ran = train["steps"] - start, train_total.get("qat.steps", 0)
     if ran != planned:
         raise SystemExit(f"pretrain: the quantization-aware finish planned {planned} steps through {fq.rung}, ran {ran}")
+    if fq.applications != here:
+        raise SystemExit(f"pretrain: {here} steps and evals through {fq.rung} in this process entered its forward "
+                         f"{fq.applications} times")
     summary = qat.file_counters(c, fq, "pretrain", ran)
     if step_fn.graphs == "graphed":
         c["cuda_graphs.eager_steps_qat"] = step_fn.eager_steps_qat
