@@ -45,10 +45,9 @@ from dormouse.engine.stage import input_artifact, parse_job, summary, writer
 from dormouse.engine.store import scratch_dir
 from dormouse.model.config import ModelConfig
 from dormouse.model.gpt import ByteLM, count_params
-from dormouse.train import checkpoint, distributed
+from dormouse.train import checkpoint, distributed, qat
 from dormouse.train.firewall import BadStepsError, Firewall  # noqa: F401 (BadStepsError: the stage's abort)
 from dormouse.train.optim import build_optimizers, set_lr, wsd_multiplier
-from dormouse.train import qat
 from dormouse.train.qat import FakeQuant, finish_start
 from dormouse.train.runtime import (
     LN2,

@@ -18,6 +18,7 @@ weights. Export's `quantize_tables` is not followed: QAT keeps the Engram tables
 
 from __future__ import annotations
 
+import json
 from contextlib import contextmanager, nullcontext
 
 import torch
@@ -78,7 +79,8 @@ class FakeQuant:
                 module.__dict__.pop(leaf, None)
 
     def moved(self) -> int:
-        """How many rung tensors the quantizer changes now (0 would mean the finish trained a plain forward)."""
+        """How many rung tensors the quantizer changes now (0: the rung is the identity on these weights, so a forward
+        through it is the plain one)."""
         return sum(not torch.equal(quant.fake_quant(self.rung, self.params[n]), self.params[n].detach())
                    for n in self.quantized)
 
@@ -94,12 +96,13 @@ def file_counters(c, fq: FakeQuant, stage: str, steps: int) -> dict:
     moved = fq.moved()
     if steps and not moved:
         raise SystemExit(f"{stage}: {fq.rung} leaves every quantized tensor as it is: it trained a plain forward")
-    c[f"qat.tensors.{fq.rung}"] = len(fq.quantized)
-    c["qat.tensors.bf16"] = sum(r == "bf16" for r in fq.rules.values())
+    report = fq.report()
+    c[f"qat.tensors.{fq.rung}"] = len(report["tensors"])
+    c["qat.tensors.bf16"] = report["tensors_bf16"]
     c["qat.tensors_moved"] = moved
-    c["qat.tensors_narrower_than_block"] = len(fq.narrow)
-    c["qat.contexts"] = fq.applications
-    return {**fq.report(), "steps": steps}
+    c["qat.tensors_narrower_than_block"] = len(report["kept_bf16_narrower_than_block"])
+    c["qat.contexts"] = fq.applications  # in this process (a resumed pretrain: since the resume)
+    return {**report, "steps": steps}
 
 
 def lineage_entry(stage: str, summary: dict) -> dict:
@@ -109,6 +112,4 @@ def lineage_entry(stage: str, summary: dict) -> dict:
 
 def upstream_lineage(art) -> list[dict]:
     """The `qat` lineage in an upstream model artifact's config.json ([] when no stage trained through a rung)."""
-    import json
-
     return json.loads(art.file("config.json").read_text()).get("qat", [])
