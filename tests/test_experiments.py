@@ -10,12 +10,16 @@ from test_workflow import job_counts, snakemake
 from dormouse.engine.experiments import judge, verdict
 
 
-def run(bpb: float, engram_rows: int = 10, engram: bool = True, window: int = 1000, shard: str = "s" * 20) -> dict:
+def run(bpb: float, engram_rows: int = 10, engram: bool = True, window: int = 1000, shard: str = "s" * 20,
+        qat: dict | None = None, qat_steps: int = 0, qat_evals: int = 0) -> dict:
     counters = {"train.kda_path.torch": 4, "eval.kda_path.torch": 2, "train.loop.iterations": 4,
                 "eval.loop.iterations": 2, "train.engram.rows_read": engram_rows, "eval.engram.rows_read": engram_rows}
+    if qat:
+        counters.update({"train.qat.steps": qat_steps, "eval.qat.evals": qat_evals})
+    train = {"steps": 100, **({"qat": qat} if qat else {})}
     return {"digest": f"{int(bpb * 1e4):020d}", "curve": [],
-            "manifest": {"params": {"model": {"engram": engram}}, "counters": counters, "inputs": {"shard": shard},
-                         "final": {"eval_bpb": bpb, "eval_bytes": window}}}
+            "manifest": {"params": {"model": {"engram": engram}, "train": train}, "counters": counters,
+                         "inputs": {"shard": shard}, "final": {"eval_bpb": bpb, "eval_bytes": window}}}
 
 
 SPEC = {"base": "tiny", "seeds": [0, 1, 2], "steps": 100, "control": {}, "arms": {"a": {"model": {"engram": False}}}}
@@ -43,6 +47,20 @@ def test_an_inert_arm_is_invalid_never_a_verdict():
     out = verdict(spec, runs)
     assert out["arms"]["a"]["verdict"] == "INVALID" and out["arms"]["a"]["delta_bpb"] is None
     assert any("engram enabled but no rows read" in p for p in out["arms"]["a"]["invalid_because"])
+
+
+def test_a_qat_finish_that_left_no_trace_is_invalid():
+    """train.qat's finish must show steps and evals through its rung; a PTQ control (fraction 0) needs only the eval."""
+    ptq, finish = {"rung": "ternary", "fraction": 0}, {"rung": "ternary", "fraction": 0.2}
+    runs = {"control": {str(s): run(3.0 + s / 100, qat=ptq, qat_evals=1) for s in range(3)},
+            "a": {"0": run(2.0, qat=finish, qat_steps=20, qat_evals=2), "1": run(2.0, qat=finish, qat_evals=2),
+                  "2": run(2.0, qat=finish, qat_steps=20)}}
+    out = verdict({**SPEC, "arms": {"a": {}}}, runs)
+    assert "control" not in out["invalid"] and out["arms"]["a"]["verdict"] == "INVALID"
+    assert out["arms"]["a"]["invalid_because"] == ["seed 1: train.qat on but no step trained through ternary",
+                                                   "seed 2: train.qat on but no eval ran through ternary"]
+    runs["a"] = {str(s): run(2.0 + s / 100, qat=finish, qat_steps=20, qat_evals=2) for s in range(3)}
+    assert verdict({**SPEC, "arms": {"a": {}}}, runs)["arms"]["a"]["verdict"] == "WIN"
 
 
 def test_verdict_names_window_budget_seeds_and_digests():

@@ -160,3 +160,37 @@ def test_the_anchors_just_above_and_below_the_model_are_found():
     assert [(a["name"], a["order"]) for a in picked] == [("kneser_ney", 2), ("kneser_ney", 3)]
     assert neighbour_anchors(ladder, 1.0, best_anchors(ladder)) == [ladder[3]]  # below every rung: none under it
     assert neighbour_anchors(ladder, None, []) == []
+
+
+def test_a_qat_chain_plots_its_rungs_beside_its_ptq_twin(tmp_path):
+    """bench.json of a QAT chain (rungs with their method, rungs_ptq, the qat lineage) and a pretrain whose last evals
+    ran through the rung: both rung series as BPB, the trained rung marked, and the three figures drawn."""
+    path = make_bench(tmp_path)
+    bench = json.loads(path.read_text())
+    twin = json.loads(json.dumps(bench["rungs"]))
+    for r, v in bench["rungs"].items():
+        v["method"] = "qat" if r == "ternary" else "ptq"
+    bench["rungs"]["ternary"]["bpb"] = 2.41
+    bench["rungs_ptq"], bench["qat"] = twin, [{"stage": "pretrain", "rung": "ternary", "steps": 40, "tensors": 12}]
+    path.write_text(json.dumps(bench))
+    key, chains = plots.rung_series(bench)
+    assert key == "bpb" and [label for label, _ in chains] == ["QAT chain (pretrain ternary)", "PTQ twin (the preset with qat off)"]
+    assert [(r, y, trained) for r, _, y, trained in chains[0][1]][-1] == ("ternary", 2.41, True)
+    assert [(r, y, trained) for r, _, y, trained in chains[1][1]][-1] == ("ternary", 3.1022, False)
+    assert plots.rung_series(make_bench_dict(tmp_path))[0] == "delta_bpb_vs_bf16"  # no twin: as before
+    rows = pretrain_rows()
+    for row in rows[-5:]:
+        if "eval_bpb" in row:
+            row["eval_rung"] = "ternary"
+    pre = tmp_path / "store" / "pretrain" / DIGESTS["pretrain"]
+    for f in pre.iterdir():
+        f.unlink()
+    pre.rmdir()
+    write_artifact(tmp_path / "store", "pretrain", rows)
+    assert_three_pngs(run_main(tmp_path, path))
+
+
+def make_bench_dict(tmp_path: Path) -> dict:
+    sub = tmp_path / "plain"
+    sub.mkdir()
+    return json.loads(make_bench(sub).read_text())

@@ -76,6 +76,28 @@ def test_e2m1_matches_brute_force_reference():
     np.testing.assert_array_equal(Q.e2m1_values(Q.e2m1_codes(W)).numpy(), ref_e2m1(x))
 
 
+def test_e2m1_codes_are_ml_dtypes_bit_patterns():
+    """The torch E2M1 encoder (no numpy: it runs on the weights' device for QAT) against ml_dtypes' cast, bit for
+    bit: random values, every quarter step (all ties), signed zeros, tiny and saturating values."""
+    x = np.random.default_rng(1).uniform(-8, 8, 20000)
+    x = np.concatenate([x, np.arange(-36, 37) / 4, [0.0, -0.0, 1e-30, -1e-30, -0.2, 0.2, 7.9, -100.0, 6.0, -6.0]]).astype(F32)
+    want = np.clip(x, -6, 6).astype(E2M1).view(np.uint8)
+    np.testing.assert_array_equal(Q.e2m1_codes(torch.from_numpy(x)).numpy(), want)
+    np.testing.assert_array_equal(Q.e2m1_values(torch.from_numpy(want)).numpy(), want.view(E2M1).astype(F32))
+
+
+@pytest.mark.parametrize("rung", Q.RUNGS)
+def test_fake_quant_is_what_the_rung_file_holds(rung):
+    """fake_quant (QAT's forward) and quantize -> dequantize (export's file) are one computation."""
+    g = torch.Generator().manual_seed(0)
+    for W in (torch.randn(9, 70, generator=g), torch.randn(3, 40, 48, generator=g) * torch.tensor([0.01, 1, 30])[:, None, None]):
+        W.requires_grad_(True)
+        fq = Q.fake_quant(rung, W)
+        assert not fq.requires_grad and fq.dtype == torch.float32
+        assert torch.equal(fq, Q.dequantize(rung, Q.quantize(rung, W), W.shape))
+        assert not torch.equal(fq, W.detach())  # every rung moves some weight of a random matrix
+
+
 def test_nibble_and_crumb_packing():
     codes = torch.randint(0, 16, (3, 64), dtype=torch.uint8, generator=torch.Generator().manual_seed(0))
     assert torch.equal(Q.unpack_nibbles(Q.pack_nibbles(codes)), codes)

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from dormouse.engine.config import ConfigError, load_preset, load_yaml, validate
-from dormouse.train.arms import inert_arms
+from dormouse.train.arms import inert_arms, inert_qat
 
 EXPERIMENTS_DIR = Path("config/experiments")
 
@@ -109,6 +109,7 @@ def verdict(spec: dict, runs: dict[str, dict[str, dict]]) -> dict:
             m = r["manifest"]
             for where in ("train.", "eval."):
                 problems += [f"seed {seed} {where[:-1]}: {p}" for p in inert_arms(m["params"]["model"], m["counters"], where)]
+            problems += [f"seed {seed}: {p}" for p in inert_qat(m["params"]["train"], m["counters"])]
         bpb = [seeds[s]["manifest"]["final"]["eval_bpb"] for s in sorted(seeds, key=int)]
         arms[arm] = {"mean_bpb": round(statistics.fmean(bpb), 5), "spread_bpb": round(spread(bpb), 5),
                      "seeds": {s: {"eval_bpb": seeds[s]["manifest"]["final"]["eval_bpb"], "digest": seeds[s]["digest"]}

@@ -18,6 +18,8 @@ Comparability key (`KEY_FIELDS`), built from the manifest, never from the preset
                (runtime.deterministic_cpu, since 790c929)
   cuda_graphs  True when the steps replayed CUDA graphs (train.cuda_graphs; the manifest's
                cuda_graphs.captures), else None: their private pools leave the allocated peak incomparable
+  qat          "<rung>@<fraction>" of train.qat (a quantization-aware finish runs eagerly and quantizes every
+               step, dormouse/train/qat.py); absent (None) without one
 Two entries are compared only when every key field is equal.
 
 Throughput: median `tokens_per_s` (bytes/s: the model is byte-level) over the logged rows of
@@ -54,7 +56,7 @@ DEFAULT_HISTORY = Path("results/history.jsonl")
 DEFAULT_TOLERANCE = 0.10
 WARMUP_FRAC = 0.10  # rows at step <= this fraction of train.steps are warm-up
 KEY_FIELDS = ("device", "model", "batch_size", "seq_len", "dtype", "optimizer", "torch", "cpu_threads", "world_size",
-              "cuda_graphs")
+              "cuda_graphs", "qat")
 
 
 # -----------------------------------------------------------------------------
@@ -108,6 +110,8 @@ def entry_from_artifact(art_dir: Path) -> dict:
             "cpu_threads": cpu_threads,
             "world_size": int(final.get("world_size") or 1),  # tokens/s sums the ranks; memory is rank 0's
             "cuda_graphs": True if counters.get("cuda_graphs.captures") else None,  # None: entries before it compare
+            # only when on: entries without it (every run before it, every run without a finish) read as None
+            **({"qat": f"{train['qat']['rung']}@{train['qat']['fraction']}"} if train.get("qat") else {}),
         },
         "tokens_per_s": tokens_per_s,
         "tokens_per_s_rows": n_rows,

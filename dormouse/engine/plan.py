@@ -14,7 +14,7 @@ from pathlib import Path
 from dormouse.engine.config import ConfigError, find_project, flatten, load_preset, load_retractions, load_yaml, validate
 from dormouse.engine.experiments import load_experiments
 from dormouse.engine.raw import DEMO_BUILT, expand_raw, is_demo, raw_input
-from dormouse.engine.registry import STAGES, stage_params
+from dormouse.engine.registry import STAGES, ptq_twin, stage_params
 from dormouse.engine.store import artifact_digest, canonical_json
 
 
@@ -76,7 +76,8 @@ class Plan:
     config: dict
     presets: dict[str, dict]  # name -> resolved preset
     jobs: dict[tuple[str, str], Job]  # (stage, digest) -> job
-    chain: dict[str, dict[str, str]]  # preset (or experiment run, "ab/<exp>/<arm>/s<seed>") -> stage -> digest
+    chain: dict[str, dict[str, str]]  # preset (or experiment run, "ab/<exp>/<arm>/s<seed>"; "<either>/ptq": a QAT
+    # chain's twin with every qat key off, up to export, whose rungs its bench scores too) -> stage -> digest
     retractions: list[dict]
     experiments: dict = field(default_factory=dict)  # name -> dormouse.engine.experiments.Experiment
 
@@ -246,6 +247,10 @@ def build_plan(config: dict, root: Path = Path(".")) -> Plan:
                     inputs["quality_model"] = raw("quality_model", [quality["model"]])
             if stage == "bench" and expand_raw(config["bench_tasks"], root):
                 inputs["bench_tasks"] = raw("bench_tasks", [config["bench_tasks"]])
+            twin = ptq_twin(preset) if stage == "bench" else None
+            if twin is not None:  # a QAT chain's rungs beside the same preset's quantized after training
+                plan_chain(f"{name}/ptq", twin, f"{source} with every qat off", "export")
+                inputs["export_ptq"] = {"kind": "artifact", "stage": "export", "digest": chain[f"{name}/ptq"]["export"]}
             ids = matching_retractions(retractions, stage, params)
             digest = artifact_digest(stage, spec.format_version, params, {k: v["digest"] for k, v in inputs.items()}, ids)
             job = jobs.setdefault((stage, digest), Job(stage, digest, params, inputs, ids))

@@ -5,10 +5,14 @@
 Writes exactly three PNGs into --out-dir (matplotlib's Agg canvas, no pyplot, no display):
 - curves.png: pretrain train BPB per logged step and eval BPB, sft's and rl's eval BPB on the same window,
   against the best n-gram anchors and the ladder's rungs just above and below the model (the legend sits
-  outside the axes); below it the sft train BPB and the rl mean reward, one post-training step axis;
-- rungs.png: each export rung's bytes on disk (log x) against its ΔBPB vs bf16 (BPB when bf16 is absent);
-- tasks.png: grouped bars of task scores per model (pretrain, sft, rl, rl@<rung>) against chance (1/choices, read
-  from the bench artifact's params) and the best constant reply; a null score is written "n/a", a true zero "0".
+  outside the axes; a QAT finish's evals, through its rung, are drawn apart); below it the sft train BPB and the
+  rl mean reward, one post-training step axis;
+- rungs.png: each export rung's bytes on disk (log x) against its ΔBPB vs bf16 (BPB when bf16 is absent); a QAT
+  chain's rungs (the one rl trained through marked "qat") beside its PTQ twin's (`rungs_ptq`: the same preset
+  with every qat key off), both as BPB, since each series has its own bf16;
+- tasks.png: grouped bars of task scores per model (pretrain, sft, rl, rl@<rung>, and a QAT chain's ptq@<rung>)
+  against chance (1/choices, read from the bench artifact's params) and the best constant reply; a null score is
+  written "n/a", a true zero "0".
 The curves come from each stage's metrics.jsonl in the store, found through bench.json's
 `upstream.<stage>.digest`; the rest is bench.json alone (dormouse/schemas/bench.schema.yaml).
 """
@@ -145,8 +149,14 @@ def plot_curves(data: dict, path: Path) -> None:
 
     steps, bpb = series(metrics["pretrain"], "bpb")
     top.plot(steps, bpb, lw=1, alpha=0.8, label="train BPB")
-    steps, eval_bpb = series(metrics["pretrain"], "eval_bpb")
+    plain = [r for r in metrics["pretrain"] if "eval_rung" not in r]
+    steps, eval_bpb = series(plain, "eval_bpb")
     top.plot(steps, eval_bpb, "o-", ms=4, label="pretrain eval BPB")
+    finish = [r for r in metrics["pretrain"] if "eval_rung" in r]  # a QAT finish: the forward through its rung
+    q_steps, q_bpb = series(finish, "eval_bpb")
+    if q_steps:
+        top.plot(q_steps, q_bpb, "D-", ms=5, color="C3", label=f"pretrain eval BPB through {finish[-1]['eval_rung']} (QAT finish)")
+        eval_bpb, steps = eval_bpb + q_bpb, steps + q_steps
     last = max(steps, default=0)
     shown = list(eval_bpb)
     for stage, marker in (("sft", "s"), ("rl", "^")):  # the post-trained models on the same window, at the right edge
@@ -197,28 +207,43 @@ def plot_curves(data: dict, path: Path) -> None:
     save(fig, path)
 
 
-def plot_rungs(bench: dict, path: Path) -> None:
-    rungs = bench["rungs"]
-    names = ordered_rungs(rungs)
-    use_delta = any(rungs[r].get("delta_bpb_vs_bf16") is not None for r in names)
+def rung_series(bench: dict) -> tuple[str, list[tuple[str, list[tuple[str, int, float, bool]]]]]:
+    """(y key, [(series label, [(rung, bytes, y, trained through it)])]) for rungs.png: one series of this chain's
+    rungs as ΔBPB vs bf16 (BPB without a bf16 rung), or, with a PTQ twin, this chain's and the twin's as BPB."""
+    chains = [(f"export rungs of {bench.get('rungs_of', 'rl')}", bench["rungs"])]
+    if bench.get("rungs_ptq"):
+        lineage = ", ".join(f"{q['stage']} {q['rung']}" for q in bench.get("qat", [])) or "none trained through"
+        chains = [(f"QAT chain ({lineage})", bench["rungs"]), ("PTQ twin (the preset with qat off)", bench["rungs_ptq"])]
+    use_delta = len(chains) == 1 and any(r.get("delta_bpb_vs_bf16") is not None for r in bench["rungs"].values())
     key = "delta_bpb_vs_bf16" if use_delta else "bpb"
-    shown = [r for r in names if rungs[r].get(key) is not None]
+    return key, [(label, [(r, rungs[r]["bytes"], rungs[r][key], rungs[r].get("method") == "qat")
+                          for r in ordered_rungs(rungs) if rungs[r].get(key) is not None]) for label, rungs in chains]
+
+
+def plot_rungs(bench: dict, path: Path) -> None:
+    key, chains = rung_series(bench)
+    use_delta = key == "delta_bpb_vs_bf16"
     fig, (ax,) = new_figure(7, 5)
-    xs, ys = [rungs[r]["bytes"] for r in shown], [rungs[r][key] for r in shown]
-    ax.plot(xs, ys, "o")
-    for i, (r, x, y) in enumerate(zip(shown, xs, ys)):  # int8 and fp8 share a size: labels above, below in turn
-        ax.annotate(f"{r} {y:+.4f}" if use_delta else f"{r} {y:.4f}", (x, y), textcoords="offset points",
-                    xytext=(6, 5 if i % 2 == 0 else -13), fontsize=9)
+    for j, (label, points) in enumerate(chains):
+        ax.plot([p[1] for p in points], [p[2] for p in points], "os"[j % 2], color=f"C{j}", label=label)
+        for i, (r, x, y, trained) in enumerate(points):  # int8 and fp8 share a size: labels above, below in turn
+            name = f"{r} (qat)" if trained else r
+            ax.annotate(f"{name} {y:+.4f}" if use_delta else f"{name} {y:.4f}", (x, y), textcoords="offset points",
+                        xytext=(6, 5 if (i + j) % 2 == 0 else -13), fontsize=9, color=f"C{j}")
     ax.set_xscale("log")
     ax.set_xlabel("bytes on disk (log)")
     if use_delta:
         ax.axhline(0, color="gray", lw=1, ls="--")
         ax.set_ylabel("ΔBPB vs bf16")
         title = f"export rungs of {bench.get('rungs_of', 'rl')}: size against ΔBPB vs bf16"
+    elif len(chains) > 1:
+        ax.set_ylabel("BPB")
+        title = "export rungs: the QAT chain's against its PTQ twin's, size against BPB"
+        ax.legend(fontsize=8)
     else:
         ax.set_ylabel("BPB")
         title = f"export rungs of {bench.get('rungs_of', 'rl')}: size against BPB (no bf16 rung, so no ΔBPB)"
-    missing = [r for r in names if r not in shown]
+    missing = [r for r in ordered_rungs(bench["rungs"]) if bench["rungs"][r].get(key) is None]
     if missing:
         title += f"\nnot shown (null {key}): {', '.join(missing)}"
     ax.set_title(title, fontsize=10)
@@ -228,7 +253,9 @@ def plot_rungs(bench: dict, path: Path) -> None:
 
 def plot_tasks(bench: dict, path: Path, bench_params: dict | None = None) -> None:
     models = {s: bench["stages"][s] for s in CURVE_STAGES if s in bench["stages"]}
-    models.update({f"{bench.get('rungs_of', 'rl')}@{r}": bench["rungs"][r] for r in ordered_rungs(bench["rungs"])})
+    models.update({f"{bench.get('rungs_of', 'rl')}@{r}" + (" (qat)" if bench["rungs"][r].get("method") == "qat" else ""):
+                   bench["rungs"][r] for r in ordered_rungs(bench["rungs"])})
+    models.update({f"ptq@{r}": bench["rungs_ptq"][r] for r in ordered_rungs(bench.get("rungs_ptq") or {})})
     names = list(models)
     width = 0.8 / len(TASK_SCORES)
     fig, (ax,) = new_figure(max(7, 1.1 * len(names) + 2), 5)

@@ -40,6 +40,11 @@ def _filter(preset: dict) -> dict:
     return {"reader": data["reader"], **{k: v for k, v in data["filter"].items() if k != "quality"}, "quality": quality}
 
 
+def omit_defaults(section: dict, defaults: dict) -> dict:
+    """A section without the keys that sit at their `defaults` (keys added after digests were pinned)."""
+    return {k: v for k, v in section.items() if not (k in defaults and v == defaults[k])}
+
+
 # Keys added to data.shard after digests were pinned: left out of the params at their default, so every preset
 # that does not set them keeps its digest (the shard stage applies the same defaults when a key is absent).
 SHARD_DEFAULTS_NOT_DIGESTED = {"eval_tail_fraction": None, "eval_tail_min_bytes": None, "eval_tail_max_bytes": None,
@@ -47,12 +52,27 @@ SHARD_DEFAULTS_NOT_DIGESTED = {"eval_tail_fraction": None, "eval_tail_min_bytes"
 
 
 def _shard(preset: dict) -> dict:
-    return {k: v for k, v in preset["data"]["shard"].items()
-            if not (k in SHARD_DEFAULTS_NOT_DIGESTED and v == SHARD_DEFAULTS_NOT_DIGESTED[k])}
+    return omit_defaults(preset["data"]["shard"], SHARD_DEFAULTS_NOT_DIGESTED)
 
 
 def _anchors(preset: dict) -> dict:  # the ladder scores the model's eval window: its size is a param
     return {**preset["anchors"], "eval": {k: preset["train"][k] for k in ("eval_bytes", "seq_len")}}
+
+
+# Keys added to a section after digests were pinned, with the default that runs the code as it was: at that value
+# they stay out of the params, so adding them rebuilt nothing (the stage reads them with these defaults; the schema
+# holds the same, tested).
+TRAIN_LATER_DEFAULTS = {"qat": None}  # quantization-aware finish (issue #28)
+POSTTRAIN_LATER_DEFAULTS = {"qat": None}  # sft and rl
+QAT_SECTIONS = ("train", "sft", "rl")
+
+
+def ptq_twin(preset: dict) -> dict | None:
+    """The preset with every qat key off: the chain whose rungs are quantized after training, which bench scores
+    beside a QAT chain's; None when no qat key is on."""
+    if not any(preset[s].get("qat") for s in QAT_SECTIONS):
+        return None
+    return {**preset, **{s: {**preset[s], "qat": None} for s in QAT_SECTIONS}}
 
 
 def _pretrain(preset: dict) -> dict:
@@ -62,7 +82,7 @@ def _pretrain(preset: dict) -> dict:
         model = ModelConfig.from_dict(preset["model"]).to_dict()
     except (TypeError, ValueError) as e:
         raise ConfigError(f"model: {e}") from None
-    return {"model": model, "train": dict(preset["train"])}
+    return {"model": model, "train": omit_defaults(preset["train"], TRAIN_LATER_DEFAULTS)}
 
 
 def _run(preset: dict) -> dict:
@@ -81,11 +101,9 @@ def _posttrain(stage: str) -> Callable[[dict], dict]:
     def params(preset: dict) -> dict:
         # an MoE keeps pretrain's balancing loss while it trains on (a param only then: other digests stay)
         moe = {"moe_aux_coef": preset["train"]["moe_aux_coef"]} if preset["model"].get("moe") else {}
-        section = dict(preset[stage])
+        section = omit_defaults(preset[stage], POSTTRAIN_LATER_DEFAULTS)
         if stage == "rl":
-            for key, default in RL_LATER_DEFAULTS.items():
-                if section.get(key) == default:
-                    del section[key]
+            section = omit_defaults(section, RL_LATER_DEFAULTS)
             if "prompts" not in section:  # pass_rate settings only matter when rl.prompts is pass_rate
                 section.pop("pass_rate", None)
         return {"tasks": dict(preset["tasks"]), stage: section, **_run(preset), **moe}
@@ -96,7 +114,7 @@ def _export(preset: dict) -> dict:
     return {"export": dict(preset["export"]), **_run(preset)}
 
 
-def _bench(preset: dict) -> dict:
+def _bench(preset: dict) -> dict:  # a QAT chain's bench also reads its ptq_twin's export (dormouse/engine/plan.py)
     return {"tasks": dict(preset["tasks"]), "bench": dict(preset["bench"]), **_run(preset)}
 
 

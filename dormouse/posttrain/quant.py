@@ -33,7 +33,10 @@ What the block rules give the block max (tests pin both):
   amax <= 2^-10/448 of the tensor's) zeroes the block.
 Zero rows / blocks / tensors quantize to zero codes with finite scales (no NaN/inf).
 
-Runs on CPU (an export-time step): the E2M1 casts go through ml_dtypes, which is numpy-only.
+Every codec is torch arithmetic on the weight's own device with no host sync, so `fake_quant` (what a rung
+file's dequantized tensor holds, computed where the weights live) is the forward quantization-aware training
+sees (dormouse/train/qat.py), with export's own definition: one set of quantizers for both. `quantize` adds
+export's checks and moves the weights to CPU; tests/test_quant.py checks the E2M1 codec against ml_dtypes.
 """
 
 from __future__ import annotations
@@ -43,8 +46,6 @@ import os
 from collections.abc import Callable
 from pathlib import Path
 
-import ml_dtypes
-import numpy as np
 import torch
 import torch.nn.functional as F
 from safetensors import safe_open
@@ -57,6 +58,7 @@ SEP = "::"  # "<param>::<part>" in a rung file; no module path contains it
 
 MX_BLOCK = 32  # OCP MX v1.0: k = 32 for every concrete MX format
 NV_BLOCK = 16  # NVFP4 (NVIDIA Blackwell): 16 elements per E4M3 block scale
+BLOCK = {"mxfp4": MX_BLOCK, "nvfp4": NV_BLOCK}
 E2M1_MAX = 6.0
 E2M1_EMAX = 2  # OCP MX v1.0 table 1: emax_elem of FP4 E2M1
 E4M3_MAX = 448.0
@@ -91,19 +93,57 @@ def default_eligible(name: str, tensor: torch.Tensor) -> bool:
             and not name.endswith(KEEP_BF16_SUFFIXES))
 
 
+def eligible_for(rung: str, quantize_tables: bool = False, narrow: list[str] | None = None
+                 ) -> Callable[[str, torch.Tensor], bool]:
+    """The matrices a rung quantizes, for export and quantization-aware training alike: `default_eligible`, plus
+    the Engram tables when `quantize_tables`; a matrix narrower than the rung's block stays bf16 (zero padding
+    to the block would make it larger than bf16) and its name is appended to `narrow`."""
+    def eligible(name: str, tensor: torch.Tensor) -> bool:
+        if quantize_tables and name.endswith("engram.table.weight"):
+            ok = tensor.dim() == 2 and tensor.is_floating_point()
+        else:
+            ok = default_eligible(name, tensor)
+        if ok and tensor.shape[-1] < BLOCK.get(rung, 1):
+            if narrow is not None:
+                narrow.append(name)
+            return False
+        return ok
+    return eligible
+
+
+def tensor_rule(rung: str, name: str, tensor: torch.Tensor,
+                eligible: Callable[[str, torch.Tensor], bool] = default_eligible) -> str:
+    """What a rung file does with one state-dict tensor: "keep" (not floating point), the rung (an eligible
+    matrix), else "bf16"."""
+    if not tensor.is_floating_point():
+        return "keep"
+    return rung if rung != "bf16" and eligible(name, tensor) else "bf16"
+
+
 # -------------------------------------------------------------------------------------------------
 # Element codecs
 # -------------------------------------------------------------------------------------------------
+E2M1_MAGNITUDES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)  # code & 7 -> |value|
+
+
 def e2m1_codes(x: torch.Tensor) -> torch.Tensor:
-    """fp32 -> E2M1 codes (uint8 0..15): round to nearest, ties to even, saturating at +-6."""
-    # torch has no cast to float4 (float4_e2m1fn_x2 is storage only); ml_dtypes has one.
-    x = x.clamp(-E2M1_MAX, E2M1_MAX).contiguous().numpy()
-    return torch.from_numpy(x.astype(ml_dtypes.float4_e2m1fn).view(np.uint8))
+    """fp32 -> E2M1 codes (uint8 0..15): round to nearest, ties to even, saturating at +-6; the sign bit is set
+    for every negative input (a negative rounding to zero is -0, code 8), as ml_dtypes' float4_e2m1fn cast does."""
+    # torch has no cast to float4 (float4_e2m1fn_x2 is storage only). The grid steps by 0.5 below 2, by 1 in
+    # [2, 4) and by 2 in [4, 6]: in each segment an even multiple of the step is an even code, so torch.round's
+    # half-to-even rounding of |x| / step is E2M1's ties-to-even.
+    mag = x.abs().clamp(max=E2M1_MAX)
+    step = torch.where(mag < 2, 0.5, torch.where(mag < 4, 1.0, 2.0))
+    k = torch.round(mag / step)  # the grid value is k * step
+    code = torch.where(step == 0.5, k, torch.where(step == 1.0, k + 2, k + 4))  # 2 -> code 4, 4 -> code 6
+    return (code.to(torch.uint8) | (torch.signbit(x).to(torch.uint8) << 3))
 
 
 def e2m1_values(codes: torch.Tensor) -> torch.Tensor:
     """E2M1 codes (uint8 0..15) -> fp32."""
-    return torch.from_numpy(codes.contiguous().numpy().view(ml_dtypes.float4_e2m1fn).astype(np.float32))
+    mags = torch.tensor(E2M1_MAGNITUDES, device=codes.device)
+    table = torch.cat([mags, -mags])
+    return table[codes.long()]
 
 
 def pack_nibbles(codes: torch.Tensor) -> torch.Tensor:
@@ -214,22 +254,41 @@ _QUANT = {"int8": (_q_int8, _dq_int8), "fp8": (_q_fp8, _dq_fp8), "mxfp4": (_q_mx
 assert set(_QUANT) | {"bf16"} == set(RUNGS)
 
 
-def quantize(rung: str, W: torch.Tensor) -> dict[str, torch.Tensor]:
-    """The stored parts of W under `rung` (layout in the module docstring). bf16 takes any shape,
-    the others a 2-D [out, in] matrix or a 3-D bank of them; W must be finite (NaN/inf weights are a training defect)."""
+def _parts(rung: str, W: torch.Tensor) -> dict[str, torch.Tensor]:
+    """The parts of a fp32 matrix or bank on any device, unchecked: what `quantize` stores and `fake_quant` reads."""
+    if rung == "bf16":
+        return {"w": W.to(torch.bfloat16)}
+    if W.dim() == 3:  # a bank: each matrix on its own, parts stacked
+        each = [_parts(rung, m) for m in W]
+        return {k: torch.stack([p[k] for p in each]) for k in each[0]}
+    return _QUANT[rung][0](W)
+
+
+def _values(rung: str, tensors: dict[str, torch.Tensor], shape: tuple) -> torch.Tensor:
+    if rung == "bf16":
+        return tensors["w"].float().view(shape)
+    if len(shape) == 3:  # a bank (see _parts)
+        return torch.stack([_values(rung, {k: v[i] for k, v in tensors.items()}, shape[1:]) for i in range(shape[0])])
+    return _QUANT[rung][1](tensors, shape).contiguous()
+
+
+def _check_rung(rung: str, W: torch.Tensor | None = None) -> None:
     if rung not in RUNGS:
         raise ValueError(f"unknown rung {rung!r}; known: {RUNGS}")
+    if W is not None and rung != "bf16" and (W.dim() not in (2, 3) or not W.is_floating_point()):
+        raise ValueError(f"{rung} quantizes 2-D float matrices and 3-D banks of them, got {W.dtype} {tuple(W.shape)}")
+
+
+def quantize(rung: str, W: torch.Tensor) -> dict[str, torch.Tensor]:
+    """The stored parts of W under `rung` (layout in the module docstring), on CPU. bf16 takes any shape,
+    the others a 2-D [out, in] matrix or a 3-D bank of them; W must be finite (NaN/inf weights are a training defect)."""
+    _check_rung(rung, W)
     if rung == "bf16":
         return {"w": W.detach().to("cpu", torch.bfloat16, copy=True).contiguous()}
-    if W.dim() not in (2, 3) or not W.is_floating_point():
-        raise ValueError(f"{rung} quantizes 2-D float matrices and 3-D banks of them, got {W.dtype} {tuple(W.shape)}")
-    if W.dim() == 3:  # a bank: each matrix on its own, parts stacked
-        each = [quantize(rung, m) for m in W]
-        return {k: torch.stack([p[k] for p in each]) for k in each[0]}
     W = W.detach().to("cpu", torch.float32).contiguous()
     if not torch.isfinite(W).all():
         raise ValueError(f"{rung}: weights hold NaN/inf")
-    parts = _QUANT[rung][0](W)
+    parts = _parts(rung, W)
     # finite weights can still overflow a scale (ternary's mean |W| near fp32's max): refuse, never write NaN parts
     bad = [k for k, v in parts.items() if v.dtype in (torch.float32, torch.bfloat16) and not torch.isfinite(v).all()]
     if bad:
@@ -239,14 +298,18 @@ def quantize(rung: str, W: torch.Tensor) -> dict[str, torch.Tensor]:
 
 def dequantize(rung: str, tensors: dict[str, torch.Tensor], shape) -> torch.Tensor:
     """fp32 tensor of `shape` (the shape quantize saw) from the parts `quantize(rung, ...)` gave."""
-    if rung not in RUNGS:
-        raise ValueError(f"unknown rung {rung!r}; known: {RUNGS}")
-    shape = tuple(shape)
-    if rung == "bf16":
-        return tensors["w"].float().view(shape)
-    if len(shape) == 3:  # a bank (see quantize)
-        return torch.stack([dequantize(rung, {k: v[i] for k, v in tensors.items()}, shape[1:]) for i in range(shape[0])])
-    return _QUANT[rung][1](tensors, shape).contiguous()
+    _check_rung(rung)
+    return _values(rung, tensors, tuple(shape))
+
+
+def fake_quant(rung: str, W: torch.Tensor) -> torch.Tensor:
+    """dequantize(rung, quantize(rung, W), W.shape) computed in fp32 on W's device, without export's checks (a
+    host sync each) and without grad: what the rung file export writes holds for W, the forward that
+    quantization-aware training sees. A NaN weight gives NaN values (the training's firewall catches the loss)."""
+    _check_rung(rung, W)
+    with torch.no_grad():
+        W = W.detach().float().contiguous()
+        return _values(rung, _parts(rung, W), tuple(W.shape))
 
 
 # -------------------------------------------------------------------------------------------------
@@ -264,11 +327,8 @@ def quantize_state_dict(state_dict: dict[str, torch.Tensor], rung: str,
     for name, t in state_dict.items():
         if SEP in name:
             raise ValueError(f"parameter name {name!r} contains the part separator {SEP!r}")
-        if not t.is_floating_point():
-            rule, parts = "keep", {"w": t.detach().to("cpu", copy=True).contiguous()}
-        else:
-            rule = rung if rung != "bf16" and eligible(name, t) else "bf16"
-            parts = quantize(rule, t)
+        rule = tensor_rule(rung, name, t, eligible)
+        parts = {"w": t.detach().to("cpu", copy=True).contiguous()} if rule == "keep" else quantize(rule, t)
         tensors.update({f"{name}{SEP}{part}": v for part, v in parts.items()})
         entries[name] = {"rule": rule, "shape": list(t.shape)}
     used = sorted({e["rule"] for e in entries.values()})

@@ -12,6 +12,11 @@ them on the same window), and task scores:
 An item longer than the window (the eval seq_len) is dropped and counted, never truncated.
 bench.json also carries the anchor ladder and every upstream stage's final numbers, counters and
 wall time; `dormouse view bench` adds the digest chain and the retractions applied.
+
+A chain with a qat key on (train.qat, sft.qat, rl.qat) has a twin, the same preset with every qat key off (planned
+by dormouse/engine/plan.py, input `export_ptq`): its rungs, quantized after training, are scored as `rungs_ptq`
+beside this chain's `rungs` (each with export's `method`: "qat" for the rung rl trained through), and `qat` holds
+the lineage of stages that trained through a rung.
 """
 
 from __future__ import annotations
@@ -28,7 +33,7 @@ from dormouse.engine import progress
 from dormouse.engine.raw import expand_raw
 from dormouse.engine.stage import check_raw_input, input_artifact, parse_job, summary, writer
 from dormouse.posttrain import chat, mc, quant, task_eval, tasks
-from dormouse.train.runtime import deterministic_cpu, device_for, evaluate, load_model
+from dormouse.train.runtime import deterministic_cpu, device_for, evaluate, load_model, model_config_of
 
 BENCH_FORMAT = 1  # the layout of bench.json (documented in docs/posttraining.md)
 
@@ -50,6 +55,25 @@ def score_model(model, suites: dict[str, list[mc.McItem]], heldout, params, devi
     return scores
 
 
+def score_rungs(export_art, label: str, suites, heldout, params, device, eval_bytes: int, c) -> dict:
+    """Every rung file of an export artifact loaded back and scored; BPB and bytes as export measured them."""
+    export = export_art.manifest["final"]
+    if export["eval_bytes"] != eval_bytes:
+        raise SystemExit(f"bench: export {export_art.digest} scored {export['eval_bytes']} eval bytes, bench {eval_bytes}: "
+                         "not one window")
+    cfg = model_config_of(export_art.path)
+    rungs = {}
+    for rung, r in export["rungs"].items():
+        model = quant.load_rung_model(export_art.file(r["file"]), cfg, device)
+        counters = Counter()
+        rungs[rung] = {"bytes": r["bytes"], "bpb": r["bpb"], "delta_bpb_vs_bf16": r["delta_bpb_vs_bf16"],
+                       **({"method": r["method"]} if "method" in r else {}),
+                       "eval_bytes": eval_bytes, **score_model(model, suites, heldout, params, device, counters)}
+        c.update({f"{label}@{rung}.{k}": v for k, v in counters.items()})
+        progress.note(f"[bench] {label}@{rung}: bpb {r['bpb']:.4f} tasks_gen {rungs[rung]['tasks_gen']['accuracy']}")
+    return rungs
+
+
 def upstream_summary(art) -> dict:
     m = art.manifest
     return {"digest": art.digest, "final": m.get("final"), "counters": m["counters"],
@@ -61,7 +85,8 @@ def main(argv=None) -> int:
     params = job["params"]
     device = device_for(params["device"], "bench")
     deterministic_cpu(device)
-    arts = {name: input_artifact(job, name) for name in ("pretrain", "sft", "rl", "export", "anchors", "shard")}
+    names = ("pretrain", "sft", "rl", "export", "anchors", "shard") + (("export_ptq",) if "export_ptq" in job["inputs"] else ())
+    arts = {name: input_artifact(job, name) for name in names}
     tail_path = layout.eval_bin(arts["shard"])
     ex, ey, eval_bytes = eval_window(tail_path, params["eval"]["eval_bytes"], params["eval"]["seq_len"])
     heldout = task_eval.heldout_items(params["tasks"])
@@ -83,7 +108,7 @@ def main(argv=None) -> int:
         c = art.counters
         models, t0 = {}, time.time()
         for stage in ("pretrain", "sft", "rl"):
-            model, cfg = load_model(arts[stage], device)
+            model, _ = load_model(arts[stage], device)
             model.eval()
             counters = Counter()
             bpb = evaluate(model, ex, ey, params["eval"]["batch_size"], device, params["dtype"], counters)
@@ -92,16 +117,12 @@ def main(argv=None) -> int:
             c.update({f"{stage}.{k}": v for k, v in counters.items()})
             progress.note(f"[bench] {stage}: bpb {bpb:.4f} tasks_gen {models[stage]['tasks_gen']['accuracy']}")
         export = arts["export"].manifest["final"]
-        if export["eval_bytes"] != eval_bytes:
-            raise SystemExit(f"bench: export scored {export['eval_bytes']} eval bytes, bench {eval_bytes}: not one window")
-        rungs = {}
-        for rung, r in export["rungs"].items():
-            model = quant.load_rung_model(arts["export"].file(r["file"]), cfg, device)
-            counters = Counter()
-            rungs[rung] = {"bytes": r["bytes"], "bpb": r["bpb"], "delta_bpb_vs_bf16": r["delta_bpb_vs_bf16"],
-                           "eval_bytes": eval_bytes, **score_model(model, suites, heldout, params, device, counters)}
-            c.update({f"rl@{rung}.{k}": v for k, v in counters.items()})
-            progress.note(f"[bench] rl@{rung}: bpb {r['bpb']:.4f} tasks_gen {rungs[rung]['tasks_gen']['accuracy']}")
+        rungs = score_rungs(arts["export"], "rl", suites, heldout, params, device, eval_bytes, c)
+        twin = {}
+        if "export_ptq" in arts:
+            twin = {"rungs_ptq": score_rungs(arts["export_ptq"], "ptq", suites, heldout, params, device, eval_bytes, c),
+                    "rungs_ptq_of": "the same preset with train.qat, sft.qat and rl.qat off (its own pretrain, sft and "
+                                    "rl), every rung quantized after training"}
         anchors = json.loads(arts["anchors"].file("anchors.json").read_text())
         if anchors["eval_bytes"] != eval_bytes:
             raise SystemExit(f"bench: the anchors scored {anchors['eval_bytes']} eval bytes, bench {eval_bytes}: not one window")
@@ -112,6 +133,8 @@ def main(argv=None) -> int:
             "stages": models,
             "rungs": rungs,
             "rungs_of": "rl",
+            **twin,
+            **({"qat": export["qat"]} if "qat" in export else {}),
             "reference_bpb_fp32": export["reference_bpb"],
             "suites": {name: {"items": len(items)} for name, items in suites.items()},
             "extra_task_files": extra_files,

@@ -8,6 +8,11 @@ manifest's `final.rungs` gives bytes on disk, BPB and dBPB against the bf16 rung
 fp32 model, computed in fp32 without autocast, as `reference_bpb`). Embeddings, head, norms and (unless `quantize_tables`) the Engram
 tables stay bf16 in every rung, as does a matrix narrower than an fp4 rung's block (listed and
 counted): the recipe in each file lists what was quantized.
+
+When stages trained through a rung (train.qat, sft.qat, rl.qat: the source's config.json `qat` lineage, copied to
+`final.qat`), each rung says its `method`: "qat" for the rung the source stage itself trained through (the file's
+forward is that training's forward, tests/test_qat.py), "ptq" for every other (quantized after training). A QAT
+rung whose file quantizes other tensors than the training did (export.quantize_tables) is "ptq", counted.
 """
 
 from __future__ import annotations
@@ -23,24 +28,6 @@ from dormouse.engine import progress
 from dormouse.engine.stage import input_artifact, parse_job, summary, writer
 from dormouse.posttrain import quant
 from dormouse.train.runtime import check_arms_active, deterministic_cpu, device_for, evaluate, load_model
-
-BLOCK = {"mxfp4": quant.MX_BLOCK, "nvfp4": quant.NV_BLOCK}
-
-
-def eligible_for(rung: str, quantize_tables: bool, narrow: list[str]):
-    """quant's default rule, plus the Engram tables on request; a matrix narrower than the rung's
-    block stays bf16 (zero padding to the block would make it larger than bf16) and is listed."""
-    def eligible(name: str, tensor: torch.Tensor) -> bool:
-        if quantize_tables and name.endswith("engram.table.weight"):
-            ok = tensor.dim() == 2 and tensor.is_floating_point()
-        else:
-            ok = quant.default_eligible(name, tensor)
-        if ok and tensor.shape[-1] < BLOCK.get(rung, 1):
-            narrow.append(name)
-            return False
-        return ok
-    return eligible
-
 
 def rung_source_state(model) -> dict[str, torch.Tensor]:
     """The state dict the rungs quantize: floating tensors in fp32 on CPU; integer buffers (the Engram hash
@@ -58,6 +45,9 @@ def main(argv=None) -> int:
     ex, ey, eval_bytes = eval_window(layout.eval_bin(shards), params["eval"]["eval_bytes"], params["eval"]["seq_len"])
     batch = params["eval"]["batch_size"]
     state = rung_source_state(model)
+    lineage = json.loads(src.file("config.json").read_text()).get("qat", [])
+    last = lineage[-1] if lineage else None
+    trained_for = last["rung"] if last and last["stage"] == src.stage and last["steps"] > 0 else None
 
     with writer(job) as art:
         c = art.counters
@@ -69,7 +59,7 @@ def main(argv=None) -> int:
             path = art.path(f"rungs/{rung}.safetensors")
             path.parent.mkdir(parents=True, exist_ok=True)
             narrow: list[str] = []
-            recipe = quant.save_rung(path, state, rung, eligible=eligible_for(rung, params["export"]["quantize_tables"], narrow))
+            recipe = quant.save_rung(path, state, rung, eligible=quant.eligible_for(rung, params["export"]["quantize_tables"], narrow))
             rung_counters = Counter()
             bpb = evaluate(quant.load_rung_model(path, cfg, device), ex, ey, batch, device, params["dtype"], rung_counters)
             check_arms_active(cfg, rung_counters, f"rung {rung}", "export")
@@ -77,15 +67,24 @@ def main(argv=None) -> int:
             rungs[rung] = {"file": f"rungs/{rung}.safetensors", "bytes": path.stat().st_size, "bpb": round(bpb, 5),
                            "quantized_tensors": len(quantized), "kept_bf16_narrower_than_block": narrow,
                            "rules": recipe["rules"]}
+            if lineage:
+                rungs[rung]["method"] = "ptq"
+                if rung == trained_for and len(quantized) == last["tensors"]:
+                    rungs[rung]["method"] = "qat"
+                elif rung == trained_for:  # quantize_tables: the file quantizes tensors the training kept bf16
+                    c[f"rungs.{rung}.qat_tensors_differ"] = 1
             c[f"rungs.{rung}.kept_bf16_narrower_than_block"] = len(narrow)
             c[f"rungs.{rung}.bytes"] = path.stat().st_size
-            progress.note(f"[export] {rung}: {path.stat().st_size:,} bytes, bpb {bpb:.4f}")
+            progress.note(f"[export] {rung}: {path.stat().st_size:,} bytes, bpb {bpb:.4f}"
+                          f"{' (' + rungs[rung]['method'] + ')' if lineage else ''}")
         base = rungs.get("bf16", {}).get("bpb")
         for r in rungs.values():
             r["delta_bpb_vs_bf16"] = None if base is None else round(r["bpb"] - base, 5)
         art.path("config.json").write_text(json.dumps({"model": cfg.to_dict(), "export": params["export"]}, indent=1))
         art.extra["final"] = {"reference_bpb": round(reference, 5), "eval_bytes": eval_bytes, "rungs": rungs,
-                              "source": {"stage": "rl", "digest": src.digest}}
+                              "source": {"stage": src.stage, "digest": src.digest}}
+        if lineage:
+            art.extra["final"]["qat"] = lineage
         for k, v in counters.items():
             c[f"eval.{k}"] = v
         summary("export", c)

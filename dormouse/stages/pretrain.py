@@ -17,6 +17,14 @@ writes the checkpoints and the artifact (the pretrain view appends the history e
 
 A non-finite step is skipped whole (dormouse/train/firewall.py); on CUDA that decision stays on the device,
 so no step waits for the GPU: the loss and the counts reach the host at log and checkpoint steps.
+
+`train.qat: {rung, fraction}` is a quantization-aware finish (dormouse/train/qat.py): the last `fraction` of the
+steps train through the forward of the rung's export file, straight through to the fp32 master weights the
+artifact holds. Every eval from the finish's start, and the final one always, sees the rung (its metrics row
+says `eval_rung`), so `final.eval_bpb` is the rung's BPB, what export measures on the file (fraction 0: the
+post-training quantization of the final weights); `final.eval_bpb_master` is the master weights' own. The
+counters prove the finish ran: train.qat.steps, qat.tensors.<rung> (and .bf16), qat.tensors_moved, eval.qat.evals and
+cuda_graphs.eager_steps_qat for graphed steps that ran eagerly through the rung.
 """
 
 from __future__ import annotations
@@ -39,9 +47,10 @@ from dormouse.engine.store import scratch_dir
 from dormouse.model.config import ModelConfig
 from dormouse.model.gpt import ByteLM, count_params
 from dormouse.model.kda import fla_op
-from dormouse.train import checkpoint, distributed
+from dormouse.train import checkpoint, distributed, qat
 from dormouse.train.firewall import BadStepsError, Firewall  # noqa: F401 (BadStepsError: the stage's abort)
 from dormouse.train.optim import build_optimizers, set_lr, wsd_multiplier
+from dormouse.train.qat import FakeQuant, finish_start
 from dormouse.train.runtime import LN2, check_arms_active, compile_for, deterministic_cpu, device_for, evaluate
 from dormouse.train.trainer import PretrainStep, resume
 
@@ -81,6 +90,7 @@ def run(job: dict, cfg: ModelConfig, train: dict, shards, world: distributed.Wor
     if device.type == "cuda" and fla_op("chunk_kda") is None and world.is_main:  # counted as kda_path.torch too
         progress.note("[pretrain] WARNING: fla-core is not importable, so KDA runs its torch path on the GPU "
                       "(several times slower): pip install '.[cuda]' (fla-core, triton and torch at the tested pins)")
+    fq, qat_from = qat_finish(model, train, say)
 
     with (writer(job) if world.is_main else nullcontext()) as art:
         c = art.counters if world.is_main else Counter()  # the manifest's own counters (rank 0)
@@ -119,9 +129,12 @@ def run(job: dict, cfg: ModelConfig, train: dict, shards, world: distributed.Wor
             set_lr(opts, mult)
             x, y = stream.next_batch()  # this rank's rows of the global batch
             x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
-            if step_fn.graphs == "graphed" and step_fn.graphed is None:
+            step_fn.qat = fq if step >= qat_from else None
+            if step_fn.graphs == "graphed" and step_fn.graphed is None and step_fn.qat is None:
                 c["cuda_graphs.captures"] += 1
             step_fn(x, y, train_counters, f"step {step}")
+            if step_fn.qat is not None and world.is_main:
+                train_counters["qat.steps"] += 1
             c["train.steps_run_this_process"] += 1
             bytes_last += x.numel() * world.size
 
@@ -138,8 +151,14 @@ def run(job: dict, cfg: ModelConfig, train: dict, shards, world: distributed.Wor
                 t_last, bytes_last = now, 0
             if done % train["eval_every"] == 0 or done == train["steps"]:
                 row = row or {"step": done}
-                row["eval_bpb"] = round(eval_bpb(model, ex, ey, train, device, eval_counters, world), 5)
+                rung_eval = fq if fq is not None and (done > qat_from or done == train["steps"]) else None
+                with qat.through(rung_eval):
+                    row["eval_bpb"] = round(eval_bpb(model, ex, ey, train, device, eval_counters, world), 5)
                 row["eval_bytes"] = eval_bytes
+                if rung_eval is not None:
+                    row["eval_rung"] = rung_eval.rung
+                    if world.is_main:
+                        eval_counters["qat.evals"] += 1
                 say(f"[pretrain] step:{done} eval_bpb:{row['eval_bpb']:.4f} eval_bytes:{eval_bytes}", flush=True)
             if row:
                 metrics.append(row)
@@ -161,6 +180,8 @@ def run(job: dict, cfg: ModelConfig, train: dict, shards, world: distributed.Wor
                 distributed.barrier(world)
 
         read_firewall(firewall, train_counters, world, "the end")
+        # the master weights' own BPB beside the rung's (a collective: every rank evaluates)
+        master_bpb = eval_bpb(model, ex, ey, train, device, eval_counters, world) if fq is not None else None
         train_total, eval_total = totals(resumed_train, train_counters, world), totals(resumed_eval, eval_counters, world)
         if distributed.check_replicas(model, world):
             c["ddp.replica_checks"] += 1
@@ -176,20 +197,59 @@ def run(job: dict, cfg: ModelConfig, train: dict, shards, world: distributed.Wor
                 c["cuda_graphs.replays_this_process"] = step_fn.replays
             c["train.bytes_seen"] = stream.bytes_seen()
             c["eval.window_bytes"] = eval_bytes
-            write_artifact(art, model, cfg, train, formula, metrics, {
+            final = {
                 "eval_bpb": metrics[-1].get("eval_bpb"), "eval_bytes": eval_bytes, "params": formula,
                 "epochs": round(stream.epochs_seen(), 4), "train_bytes_seen": stream.bytes_seen(),
                 "device": str(device), "world_size": world.size, "optimizers": [type(o).__name__ for o in opts],
-            }, device)
+            }
+            lineage = []
+            if fq is not None:
+                final["eval_bpb_master"] = round(master_bpb, 5)
+                here = train_counters["qat.steps"] + eval_counters["qat.evals"]  # this process's, rank 0's
+                final["qat"] = qat_summary(c, fq, train, qat_from, train_total, step_fn, here)
+                lineage.append(qat.lineage_entry("pretrain", final["qat"]))
+            write_artifact(art, model, cfg, train, formula, metrics, final, device, lineage)
             summary("pretrain", c)
     distributed.barrier(world)  # the other ranks wait until the artifact is in place
 
 
+def qat_finish(model, train: dict, say) -> tuple[FakeQuant | None, int]:
+    """(the finish's FakeQuant or None, its first step; train.steps when off)."""
+    spec = train.get("qat")
+    if spec is None:
+        return None, train["steps"]
+    start = finish_start(train["steps"], spec["fraction"])
+    if spec["fraction"] > 0 and start == train["steps"]:
+        raise SystemExit(f"pretrain: train.qat.fraction {spec['fraction']} of {train['steps']} steps rounds to no step; "
+                         "raise it, or set 0 to measure only the final weights' rung")
+    fq = FakeQuant(model, spec["rung"])
+    say(f"[pretrain] qat: steps {start}..{train['steps'] - 1} train through {spec['rung']} "
+        f"({len(fq.quantized)} tensors; the rest bf16, as export writes them)", flush=True)
+    return fq, start
+
+
+def qat_summary(c, fq: FakeQuant, train: dict, start: int, train_total, step_fn: PretrainStep, here: int) -> dict:
+    """Counters and the manifest's final.qat; a finish that did not run is a defect, as an inert arm is: every step
+    and eval counted through the rung in this process must have entered the rung's forward (fq.applications)."""
+    planned, ran = train["steps"] - start, train_total.get("qat.steps", 0)
+    if ran != planned:
+        raise SystemExit(f"pretrain: the quantization-aware finish planned {planned} steps through {fq.rung}, ran {ran}")
+    if fq.applications != here:
+        raise SystemExit(f"pretrain: {here} steps and evals through {fq.rung} in this process entered its forward "
+                         f"{fq.applications} times")
+    summary = qat.file_counters(c, fq, "pretrain", ran)
+    if step_fn.graphs == "graphed":
+        c["cuda_graphs.eager_steps_qat"] = step_fn.eager_steps_qat
+    return {**summary, "fraction": train["qat"]["fraction"], "from_step": start}
+
+
 def write_artifact(art, model, cfg: ModelConfig, train: dict, formula: dict, metrics: list[dict], final: dict,
-                   device: torch.device) -> None:
-    """The weights (safetensors), config.json, metrics.jsonl and the manifest's `final` summary."""
+                   device: torch.device, qat_lineage: list[dict] = ()) -> None:
+    """The weights (safetensors), config.json (with `qat`, only when a stage trained through a rung: the lineage sft
+    and rl extend and export reads), metrics.jsonl and the manifest's `final` summary."""
     save_file({k: v.detach().contiguous().cpu() for k, v in model.state_dict().items()}, str(art.path("model.safetensors")))
-    art.path("config.json").write_text(json.dumps({"model": cfg.to_dict(), "train": train, "params": formula}, indent=1))
+    config = {"model": cfg.to_dict(), "train": train, "params": formula, **({"qat": list(qat_lineage)} if qat_lineage else {})}
+    art.path("config.json").write_text(json.dumps(config, indent=1))
     art.path("metrics.jsonl").write_text("".join(json.dumps(m) + "\n" for m in metrics))
     if device.type == "cuda":
         final["peak_memory_gib"] = round(torch.cuda.max_memory_allocated(device) / 2**30, 3)  # rank 0's GPU

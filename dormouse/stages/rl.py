@@ -24,6 +24,9 @@ dev split (task_eval.dev_items: prompts rl never trains on and the held-out set 
 checkpoint ships only if it beats the SFT model on those items by a paired sign test (`select.min_z`),
 else the SFT weights ship, so neither an update that hurts greedy decoding nor dev noise is shipped.
 Reports held-out task accuracy and corpus BPB at start and end (of the selected model), as sft does.
+`rl.qat: <rung>`: the policy runs through the rung's export forward everywhere in the stage (sampling, the old and
+new log-probs, the selection's dev checks, the reports; dormouse/train/qat.py), so the checkpoint chosen is the best
+as the rung; the KL reference stays the SFT weights as they are. Counted as pretrain's finish is.
 """
 
 from __future__ import annotations
@@ -44,6 +47,7 @@ from dormouse.engine.registry import RL_LATER_DEFAULTS
 from dormouse.engine.stage import input_artifact, parse_job, summary, writer
 from dormouse.posttrain import chat, task_eval
 from dormouse.posttrain.decode import generate
+from dormouse.train import qat
 from dormouse.train.optim import build_optimizers, set_lr, wsd_multiplier
 from dormouse.train.runtime import (
     autocast,
@@ -223,6 +227,8 @@ def main(argv=None) -> int:
     heldout = task_eval.heldout_items(task_params)
     opts = build_optimizers(model, rl)
     params_list = list(model.parameters())
+    fq = qat.FakeQuant(model, rl["qat"]) if rl.get("qat") else None
+    lineage = qat.upstream_lineage(sft_art)
     families = task_params["families"]
     later = {k: rl.get(k, v) for k, v in RL_LATER_DEFAULTS.items()}  # keys left out of the digest at their defaults
     curriculum = Curriculum(families, rl["curriculum"])
@@ -240,9 +246,10 @@ def main(argv=None) -> int:
     with writer(job) as art:
         c = art.counters
         train_counters, eval_counters = Counter(), Counter()
-        start = task_eval.held_out(model, heldout, params["tasks"], params["dtype"], params["eval"]["batch_size"], device, ex, ey, eval_counters)
-        progress.note(f"[rl] start: {task_eval.held_out_line(start)}")
-        select = Selection(model, dev, task_params, device, params, rl["select"]["min_z"])
+        with qat.through(fq):
+            start = task_eval.held_out(model, heldout, params["tasks"], params["dtype"], params["eval"]["batch_size"], device, ex, ey, eval_counters)
+            progress.note(f"[rl] start: {task_eval.held_out_line(start)}")
+            select = Selection(model, dev, task_params, device, params, rl["select"]["min_z"])
         metrics, t0 = [], time.time()
         meter = progress.Meter("rl", "step", rl["steps"])
         for step in range(rl["steps"]):
@@ -250,7 +257,7 @@ def main(argv=None) -> int:
             items = [next(stream) for _ in range(rl["prompts_per_step"] * rl["oversample"])]
             unique = [chat.prompt_bytes(it.prompt) for it in items]
             model.eval()
-            with torch.no_grad(), autocast(device, params["dtype"]):
+            with torch.no_grad(), qat.through(fq), autocast(device, params["dtype"]):
                 replies = generate(model, unique, max_new, temperature=temp, top_k=rl["top_k"], generator=gen,
                                    samples_per_prompt=G, bf16=uses_bf16(params["dtype"]))
             grades = [task_eval.grade(items[j // G], r) for j, r in enumerate(replies)]
@@ -282,11 +289,12 @@ def main(argv=None) -> int:
                 prompts, kept = [unique[i // G] for i in rows], [replies[i] for i in rows]
                 adv = group_advantages(rewards[keep].reshape(-1), G, later["advantage"]).to(device).unsqueeze(1)
                 with torch.no_grad(), autocast(device, params["dtype"]):
-                    old_lp, mask = reply_logprobs(model, prompts, kept, temp, device)
+                    with qat.through(fq):
+                        old_lp, mask = reply_logprobs(model, prompts, kept, temp, device)
                     ref_lp = reply_logprobs(ref, prompts, kept, temp, device)[0] if ref is not None else None
                 model.train()
                 for _ in range(rl["ppo_epochs"]):
-                    with autocast(device, params["dtype"]):
+                    with qat.through(fq), autocast(device, params["dtype"]):  # entered per update: the weights moved
                         new_lp, _ = reply_logprobs(model, prompts, kept, temp, device, train_counters)
                     loss = grpo_loss(new_lp, old_lp, ref_lp, adv, mask, rl["clip_eps"], rl["kl_coef"], later["loss_norm"])
                     update(with_moe_aux(loss, model, cfg, params.get("moe_aux_coef")), params_list, opts, rl["grad_clip"],
@@ -296,23 +304,31 @@ def main(argv=None) -> int:
                    "loss": None if loss is None else round(loss.item(), 5), "malformed": tally["malformed"],
                    "levels": dict(curriculum.level) if sampler is None else "pass_rate",
                    "elapsed_s": round(time.time() - t0, 2)}
+            if fq is not None:
+                train_counters["qat.steps"] += 1
             if select.due(step + 1, rl):
-                row["dev_accuracy"] = select.check(step + 1)
+                with qat.through(fq):
+                    row["dev_accuracy"] = select.check(step + 1)
             metrics.append(row)
             print(f"[rl] {json.dumps(row)}", flush=True)
             meter.update(step + 1, reward=row["reward"], dev_accuracy=row.get("dev_accuracy"))
         select.restore()
         if dev:
             progress.note(f"[rl] selected step {select.best_step} of {rl['steps']} (dev greedy {select.best})")
-        end = task_eval.held_out(model, heldout, params["tasks"], params["dtype"], params["eval"]["batch_size"], device, ex, ey, eval_counters)
+        with qat.through(fq):
+            end = task_eval.held_out(model, heldout, params["tasks"], params["dtype"], params["eval"]["batch_size"], device, ex, ey, eval_counters)
         progress.note(f"[rl] end: {task_eval.held_out_line(end)}")
         checked_counters(c, cfg, train_counters, eval_counters, "rl", trained=c["rl.updates"] > 0)
         c["rl.steps"] = rl["steps"]
-        save_model_artifact(art, model, {"model": cfg.to_dict(), "rl": rl, "tasks": task_params}, metrics)
         art.extra["final"] = {"start": start, "end": end, "eval_bytes": eval_bytes, "heldout_items": len(heldout),
                               "curriculum_levels": dict(curriculum.level) if sampler is None else None,
                               "pass_rate_cells": sampler.report() if sampler is not None else None,
                               "algorithm": later, "device": str(device),
                               "selection": select.report()}
+        if fq is not None:
+            art.extra["final"]["qat"] = qat.file_counters(c, fq, "rl", train_counters["qat.steps"])
+            lineage.append(qat.lineage_entry("rl", art.extra["final"]["qat"]))
+        save_model_artifact(art, model, {"model": cfg.to_dict(), "rl": rl, "tasks": task_params,
+                                         **({"qat": lineage} if lineage else {})}, metrics)
         summary("rl", c)
     return 0

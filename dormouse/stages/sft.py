@@ -9,6 +9,8 @@ from 2.96 to 6.41 in 150 steps. Its own warmup-stable-decay schedule and optimiz
 Reported at start and end: held-out task accuracy (greedy exact match on the bench-split items,
 dormouse/posttrain/task_eval.py) and held-out corpus BPB on the pretrain eval window (to show forgetting).
 The artifact holds model.safetensors, config.json and metrics.jsonl, like pretrain's.
+`sft.qat: <rung>` trains the whole stage through the rung's export forward (dormouse/train/qat.py), and its start
+and end reports see the rung too; counted as pretrain's finish is (train.qat.steps, qat.tensors.<rung>, ...).
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from dormouse.data.byte_stream import TrainStream, eval_window
 from dormouse.engine import progress
 from dormouse.engine.stage import input_artifact, parse_job, summary, writer
 from dormouse.posttrain import chat, task_eval
+from dormouse.train import qat
 from dormouse.train.optim import build_optimizers, set_lr, wsd_multiplier
 from dormouse.train.runtime import (
     LN2,
@@ -67,6 +70,8 @@ def main(argv=None) -> int:
     heldout = task_eval.heldout_items(task_params)
     opts = build_optimizers(model, sft)
     params_list = list(model.parameters())
+    fq = qat.FakeQuant(model, sft["qat"]) if sft.get("qat") else None
+    lineage = qat.upstream_lineage(pre)
     difficulties = task_params["difficulties"]
     stream = task_eval.item_stream("sft", task_params["families"], lambda fam, rng: rng.choice(difficulties), sft["seed"])
     replay = None
@@ -77,7 +82,8 @@ def main(argv=None) -> int:
     with writer(job) as art:
         c = art.counters
         train_counters, eval_counters = Counter(), Counter()
-        start = task_eval.held_out(model, heldout, params["tasks"], params["dtype"], params["eval"]["batch_size"], device, ex, ey, eval_counters)
+        with qat.through(fq):
+            start = task_eval.held_out(model, heldout, params["tasks"], params["dtype"], params["eval"]["batch_size"], device, ex, ey, eval_counters)
         progress.note(f"[sft] start: {task_eval.held_out_line(start)}")
         metrics, t0 = [], time.time()
         meter = progress.Meter("sft", "step", sft["steps"])
@@ -85,7 +91,7 @@ def main(argv=None) -> int:
         for step in range(sft["steps"]):
             set_lr(opts, wsd_multiplier(step, sft["steps"], sft["warmup_steps"], sft["decay_frac"], sft["min_lr_frac"]))
             x, y, n_bytes = sft_batch([next(stream) for _ in range(sft["batch_size"])], device)
-            with autocast(device, params["dtype"]):
+            with qat.through(fq), autocast(device, params["dtype"]):
                 _, loss = model(x, y, counters=train_counters)
                 total = with_moe_aux(loss, model, cfg, params.get("moe_aux_coef"))
                 if replay is not None:
@@ -97,6 +103,8 @@ def main(argv=None) -> int:
                 task_loss = loss
                 loss = loss + sft["replay_weight"] * replay_loss
             update(total, params_list, opts, sft["grad_clip"], "sft", step)
+            if fq is not None:
+                train_counters["qat.steps"] += 1
             c["train.assistant_bytes"] += n_bytes
             c["train.examples"] += len(x)
             if (step + 1) % sft["log_every"] == 0 or step + 1 == sft["steps"]:
@@ -107,12 +115,17 @@ def main(argv=None) -> int:
                 metrics.append(row)
                 print(f"[sft] {json.dumps(row)}", flush=True)
                 meter.update(step + 1, bpb=row["bpb"], **({"replay_bpb": row["replay_bpb"]} if "replay_bpb" in row else {}))
-        end = task_eval.held_out(model, heldout, params["tasks"], params["dtype"], params["eval"]["batch_size"], device, ex, ey, eval_counters)
+        with qat.through(fq):
+            end = task_eval.held_out(model, heldout, params["tasks"], params["dtype"], params["eval"]["batch_size"], device, ex, ey, eval_counters)
         progress.note(f"[sft] end: {task_eval.held_out_line(end)}")
         checked_counters(c, cfg, train_counters, eval_counters, "sft")
         c["train.steps"] = sft["steps"]
-        save_model_artifact(art, model, {"model": cfg.to_dict(), "sft": sft, "tasks": task_params}, metrics)
-        art.extra["final"] = {"start": start, "end": end, "eval_bytes": eval_bytes, "heldout_items": len(heldout),
-                              "device": str(device)}
+        final = {"start": start, "end": end, "eval_bytes": eval_bytes, "heldout_items": len(heldout), "device": str(device)}
+        if fq is not None:
+            final["qat"] = qat.file_counters(c, fq, "sft", train_counters["qat.steps"])
+            lineage.append(qat.lineage_entry("sft", final["qat"]))
+        save_model_artifact(art, model, {"model": cfg.to_dict(), "sft": sft, "tasks": task_params,
+                                         **({"qat": lineage} if lineage else {})}, metrics)
+        art.extra["final"] = final
         summary("sft", c)
     return 0

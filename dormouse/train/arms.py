@@ -18,3 +18,17 @@ def inert_arms(model: dict, counters: dict, prefix: str = "") -> list[str]:
     if not total("loop.iterations"):
         problems.append("no loop iterations counted")
     return problems
+
+
+def inert_qat(train: dict, counters: dict) -> list[str]:
+    """Problems of a pretrain whose train.qat (params.train) left no trace in its manifest counters: no step through the
+    rung although the finish has some, or no eval through it (the final eval always runs through it)."""
+    qat = train.get("qat")
+    if not qat:
+        return []
+    problems = []
+    if round(qat["fraction"] * train["steps"]) and not counters.get("train.qat.steps"):
+        problems.append(f"train.qat on but no step trained through {qat['rung']}")
+    if not counters.get("eval.qat.evals"):
+        problems.append(f"train.qat on but no eval ran through {qat['rung']}")
+    return problems

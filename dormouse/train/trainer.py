@@ -5,6 +5,10 @@ The learning rate stays the caller's (the stage's schedule runs on steps, qualit
 too. The step is the forward (replayed from CUDA graphs where `train.cuda_graphs` decides so, else under autocast
 through `net`, DDP's wrapper under torchrun), the MoE balancing loss, and the NaN firewall's backward, clip and
 guarded optimizer steps (dormouse/train/firewall.py).
+
+A quantization-aware finish sets `qat` (a dormouse.train.qat.FakeQuant): the forward then runs inside its
+`applied()` context, seeing the rung's weights. A captured graph replays the plain weights' forward, so such a step
+runs eagerly instead, counted in `eager_steps_qat` (the caller files it in the manifest).
 """
 
 from __future__ import annotations
@@ -15,7 +19,7 @@ from pathlib import Path
 import torch
 
 from dormouse.model.config import ModelConfig
-from dormouse.train import checkpoint, cuda_graphs, distributed
+from dormouse.train import checkpoint, cuda_graphs, distributed, qat
 from dormouse.train.firewall import Firewall
 from dormouse.train.runtime import autocast, with_moe_aux
 
@@ -31,6 +35,8 @@ class PretrainStep:
         self.firewall = Firewall(opts, model.parameters(), train["grad_clip"], train["max_bad_steps"], world,
                                  on_device=on_device)
         self.graphed: cuda_graphs.GraphedLoss | None = None
+        self.qat: qat.FakeQuant | None = None  # set for the steps of a quantization-aware finish
+        self.eager_steps_qat = 0  # graphed steps run eagerly because the finish was on
 
     def capture(self, x: torch.Tensor, y: torch.Tensor) -> None:
         """Capture the graphs now (a benchmark does it off its clock; a capture changes no weight); otherwise the
@@ -42,11 +48,13 @@ class PretrainStep:
 
     def forward(self, x: torch.Tensor, y: torch.Tensor, counters: Counter) -> tuple[torch.Tensor, torch.Tensor]:
         """(loss, total): the language-model loss to log and what backward takes (plus an MoE's balancing term)."""
-        if self.graphs == "graphed":
+        if self.graphs == "graphed" and self.qat is None:
             if self.graphed is None:
                 self.capture(x, y)
             return self.graphed(x, y, counters)
-        with autocast(self.device, self.train["dtype"]):
+        if self.graphs == "graphed":
+            self.eager_steps_qat += 1
+        with qat.through(self.qat), autocast(self.device, self.train["dtype"]):
             _, loss = self.net(x, y, counters=counters)
             return loss, self.total_of(loss)
 
