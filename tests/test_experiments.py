@@ -63,6 +63,23 @@ def test_a_qat_finish_that_left_no_trace_is_invalid():
     assert verdict({**SPEC, "arms": {"a": {}}}, runs)["arms"]["a"]["verdict"] == "WIN"
 
 
+def test_a_qat_verdict_sets_each_rung_against_the_controls_bf16_model():
+    """Issue #28's figure: the arm's rung BPB minus the control's bf16 (master) BPB of the same budget, and the
+    finish's cost to the bf16 weights."""
+    ptq, finish = {"rung": "ternary", "fraction": 0}, {"rung": "ternary", "fraction": 0.2}
+    runs = {"control": {str(s): run(4.0, qat=ptq, qat_evals=1) for s in range(2)},
+            "a": {str(s): run(1.64, qat=finish, qat_steps=20, qat_evals=2) for s in range(2)}}
+    for seed, (ctl_master, arm_master) in enumerate([(1.60, 1.61), (1.62, 1.63)]):
+        runs["control"][str(seed)]["manifest"]["final"]["eval_bpb_master"] = ctl_master
+        runs["a"][str(seed)]["manifest"]["final"]["eval_bpb_master"] = arm_master
+    arm = verdict({**SPEC, "seeds": [0, 1], "arms": {"a": {}}}, runs)["arms"]["a"]
+    assert arm["delta_bpb_vs_control_bf16"] == pytest.approx(1.64 - 1.61)
+    assert arm["bf16_cost_of_finish"] == pytest.approx(0.01)
+    assert arm["seeds"]["1"]["eval_bpb_master"] == 1.63
+    plain = verdict({**SPEC, "arms": {"a": {}}}, {k: {str(s): run(2.0) for s in range(3)} for k in ("control", "a")})
+    assert "delta_bpb_vs_control_bf16" not in plain["arms"]["a"]  # not a QAT experiment
+
+
 def test_verdict_names_window_budget_seeds_and_digests():
     runs = {"control": {str(s): run(2.0 + s / 100) for s in range(3)},
             "a": {str(s): run(1.8 + s / 100, engram=False, engram_rows=0) for s in range(3)}}

@@ -127,6 +127,7 @@ def verdict(spec: dict, runs: dict[str, dict[str, dict]]) -> dict:
             continue
         a["verdict"], delta = judge(control, [v["eval_bpb"] for v in a["seeds"].values()])
         a["delta_bpb"] = round(delta, 5)
+    quantized_vs_bf16(runs, arms)
     return {
         "rule": "per arm: mean and spread (max - min) of final eval BPB over seeds on one eval window; "
                 "delta = arm mean - control mean; WIN if delta < 0 and |delta| > control spread and arm spread, "
@@ -138,6 +139,23 @@ def verdict(spec: dict, runs: dict[str, dict[str, dict]]) -> dict:
         "arms": arms,
         "invalid": invalid,
     }
+
+
+def quantized_vs_bf16(runs: dict[str, dict[str, dict]], arms: dict) -> None:
+    """QAT experiments (every run evaluated through a rung, final.eval_bpb_master beside): each arm's rung BPB
+    against the control's bf16 (master) BPB of the same budget, the figure a quantized rung is judged by, and
+    the finish's cost to the bf16 weights themselves (arm master - control master)."""
+    finals = [r["manifest"]["final"] for seeds in runs.values() for r in seeds.values()]
+    if not all("eval_bpb_master" in f for f in finals):
+        return
+    master = {arm: statistics.fmean(r["manifest"]["final"]["eval_bpb_master"] for r in seeds.values())
+              for arm, seeds in runs.items()}
+    for arm, a in arms.items():
+        a["mean_bpb_master"] = round(master[arm], 5)
+        for s, r in runs[arm].items():
+            a["seeds"][s]["eval_bpb_master"] = r["manifest"]["final"]["eval_bpb_master"]
+        a["delta_bpb_vs_control_bf16"] = round(a["mean_bpb"] - master["control"], 5)
+        a["bf16_cost_of_finish"] = round(master[arm] - master["control"], 5)
 
 
 def plot_curves(runs: dict[str, dict[str, dict]], path: Path, title: str) -> None:
