@@ -290,7 +290,7 @@ def test_a_qat_chain_to_bench_scores_its_rungs_beside_its_ptq_twin(tmp_path, sma
         bench = json.loads(Path("results/tiny/bench.json").read_text())
     finally:
         os.chdir(cwd)
-    validate(bench, "bench.schema.yaml", "bench.json", ROOT)
+    validate(bench, "bench.schema.yaml", "bench.json")
     assert {r: v["method"] for r, v in bench["rungs"].items()} == {"bf16": "ptq", "ternary": "qat"}
     assert set(bench["rungs_ptq"]) == {"bf16", "ternary"} and bench["rungs_ptq"]["ternary"]["bpb"] == ptq["rungs"]["ternary"]["bpb"]
     assert bench["rungs"]["ternary"]["bpb"] == manifests["export"]["final"]["rungs"]["ternary"]["bpb"]
