@@ -295,3 +295,28 @@ def test_a_qat_chain_to_bench_scores_its_rungs_beside_its_ptq_twin(tmp_path, sma
     assert set(bench["rungs_ptq"]) == {"bf16", "ternary"} and bench["rungs_ptq"]["ternary"]["bpb"] == ptq["rungs"]["ternary"]["bpb"]
     assert bench["rungs"]["ternary"]["bpb"] == manifests["export"]["final"]["rungs"]["ternary"]["bpb"]
     assert twin["export"] in {link["digest"] for link in bench["digest_chain"]}  # the twin is in the chain it rests on
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("rung", QAT_RUNGS)
+def test_on_cuda_the_quantized_weights_are_the_cpu_rung_file_and_a_finish_step_trains(rung):
+    """The GPU computes QAT's weights (frexp, the e8m0 and e4m3 casts on the device) exactly as export's CPU file,
+    and a step through the rung moves the fp32 masters on the device."""
+    g = torch.Generator().manual_seed(0)
+    for W in (torch.randn(96, 256, generator=g), torch.randn(4, 64, 96, generator=g) * torch.tensor([0.01, 1, 30, 1e-4])[:, None, None]):
+        cpu = quant.dequantize(rung, quant.quantize(rung, W), W.shape)
+        assert torch.equal(quant.fake_quant(rung, W.cuda()).cpu(), cpu), rung
+    model = live_model(CFG).cuda().train()
+    fq = FakeQuant(model, rung)
+    before = {n: model.get_parameter(n).detach().clone() for n in fq.quantized}
+    opts = build_optimizers(model, TRAIN)
+    x, y = rand_bytes(2, 64).cuda(), rand_bytes(2, 64, seed=2).cuda()
+    with fq.applied(), torch.autocast("cuda", torch.bfloat16):
+        _, loss = model(x, y)
+    loss.backward()
+    for opt in opts:
+        opt.step()
+    assert torch.isfinite(loss) and fq.moved() == len(fq.quantized) > 0
+    assert all(model.get_parameter(n).dtype == torch.float32 and not torch.equal(model.get_parameter(n), before[n])
+               for n in fq.quantized)
