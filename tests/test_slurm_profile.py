@@ -225,6 +225,6 @@ def test_slurm_profile_multi_gpu_pretrain_is_one_node_with_n_gpus_under_torchrun
     (launch,) = [json.loads(line) for line in torchrun_log.read_text().splitlines()]
     job_file = f"results/jobs/pretrain/{digest}.json"  # the rule passes the job as @file (a short command line)
     assert launch["argv"] == ["--standalone", "--nproc-per-node", "2", "-m", "dormouse.cli", "pretrain",
-                              "--job", f"@{job_file}", "--presets", "tiny"]
+                              "--job", f"@{job_file}", "--presets", "tiny", "--terminal-progress"]
     assert (slurm_workflow / job_file).read_text() == plan.job_json("pretrain", digest)
     assert launch["CUDA_VISIBLE_DEVICES"] == "0,1" and launch["SLURM_JOB_ID"] == call["job_id"]  # gpu-run took both
