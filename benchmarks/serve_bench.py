@@ -7,7 +7,7 @@ bytes/s per stream and in total, and the ratio of total throughput.
     python3 benchmarks/serve_bench.py --model results/store/rl/<digest> --device cuda --concurrency 32 \
         --requests 128 --max-tokens 256 --out $OUT/serve_bench.tsv                                         # small, H200
 
-Without --model the model is the tiny preset's architecture at its initialisation (seed 0): the decode cost is the
+Without --model the model is --preset's architecture (default tiny) at its initialisation (seed 0): the decode cost is the
 architecture's, the text is noise. Requests sample at temperature 1 with a seed each and ignore the END byte
 (`--keep-end` to honour it), so every request decodes exactly --max-tokens bytes and both arms do the same work.
 """
@@ -104,7 +104,8 @@ def pct(xs: list[float], q: float) -> float:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--model", type=Path, default=None, help="a model artifact (pretrain, sft, rl); default tiny at init")
+    ap.add_argument("--model", type=Path, default=None, help="a model artifact (pretrain, sft, rl); default --preset at init")
+    ap.add_argument("--preset", default="tiny", help="without --model: this preset's architecture at its initialisation")
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--concurrency", type=int, default=32)
     ap.add_argument("--requests", type=int, default=64)
@@ -120,8 +121,8 @@ def main(argv=None) -> int:
         name = f"{args.model.parent.name}/{args.model.name[:8]}"
     else:
         torch.manual_seed(0)
-        model = ByteLM(ModelConfig.from_dict(load_preset("tiny", ROOT)["model"])).to(device)
-        name = "tiny@init"
+        model = ByteLM(ModelConfig.from_dict(load_preset(args.preset, ROOT)["model"])).to(device)
+        name = f"{args.preset}@init"
     model.eval()
     print(f"[serve_bench] {versions()}; {name} on {device}; {args.requests} requests, {args.concurrency} at a time, "
           f"{args.max_tokens} bytes each", flush=True)
