@@ -378,3 +378,17 @@ def test_bytes_on_disk_decrease_down_the_rungs(tmp_path):
     assert size["bf16"] > max(size["int8"], size["fp8"])
     assert min(size["int8"], size["fp8"]) > max(size["mxfp4"], size["nvfp4"])
     assert size["nvfp4"] > size["mxfp4"] > size["ternary"]
+
+
+@pytest.mark.parametrize("rung", [r for r in Q.RUNGS if r != "bf16"])
+def test_a_bank_at_once_is_its_matrices_one_by_one(rung):
+    """The GPU's path (the whole bank in one call) and the CPU's (a matrix at a time) give the same bits."""
+    g = torch.Generator().manual_seed(1)
+    bank = torch.randn(3, 40, 72, generator=g) * torch.tensor([1e-3, 1.0, 50.0])[:, None, None]
+    q, dq = Q._QUANT[rung]
+    whole, alone = q(bank), Q._by_matrix(q, bank)
+    for k in whole:
+        assert torch.equal(whole[k].view(torch.uint8) if whole[k].dtype.itemsize == 1 else whole[k],
+                           alone[k].view(torch.uint8) if alone[k].dtype.itemsize == 1 else alone[k]), (rung, k)
+    assert torch.equal(dq(whole, bank.shape), torch.stack([dq({k: v[i] for k, v in alone.items()}, bank.shape[1:])
+                                                           for i in range(3)]))
