@@ -27,6 +27,16 @@ def configure(workdir: Path, corpus: Path, positive: Path, negative: Path, prese
     return config
 
 
+def plan_in(workdir: Path, config: dict):
+    """build_plan as Snakemake would make it in `workdir` (its presets, corpus and store paths are relative)."""
+    cwd = os.getcwd()
+    os.chdir(workdir)
+    try:
+        return build_plan(config)
+    finally:
+        os.chdir(cwd)
+
+
 def run_chain(workdir: Path, config: dict, preset: str = "tiny", stages=("filter", "shard", "anchors")):
     """Run stages in order as Snakemake would (same job JSON), in workdir; returns the plan."""
     cwd = os.getcwd()

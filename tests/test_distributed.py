@@ -28,13 +28,13 @@ import numpy as np
 import pytest
 import torch
 import yaml
-from pipeline_util import configure
+from pipeline_util import configure, plan_in
 from safetensors.torch import load_file
 from test_pretrain import TINY_MODEL, TINY_TRAIN, job_json, run_stage, set_model, shards  # noqa: F401 (shards: fixture)
 
 from dormouse.data.byte_stream import TrainStream
 from dormouse.engine.config import ConfigError
-from dormouse.engine.plan import Plan, build_plan
+from dormouse.engine.plan import Plan
 from dormouse.train.distributed import World
 
 RTOL = 1e-4  # loss curve and eval BPB, relative
@@ -233,13 +233,7 @@ def plan_with(workdir: Path, corpus, quality, **presets) -> Plan:
     for name, change in presets.items():
         preset = {**tiny, **{k: {**tiny.get(k, {}), **v} for k, v in change.items()}}
         (workdir / "config" / "presets" / f"{name}.yaml").write_text(yaml.safe_dump(preset, sort_keys=False))
-    config = configure(workdir, corpus, *quality, presets=tuple(presets))
-    cwd = os.getcwd()
-    os.chdir(workdir)
-    try:
-        return build_plan(config)
-    finally:
-        os.chdir(cwd)
+    return plan_in(workdir, configure(workdir, corpus, *quality, presets=tuple(presets)))
 
 
 def test_gpu_count_is_a_preset_resource_outside_the_digest(workdir, small_corpus, quality_examples):
@@ -275,13 +269,7 @@ def test_memory_and_time_requests_come_from_the_preset_outside_the_digest(workdi
 
 
 def test_the_shipped_presets_size_their_jobs(workdir, small_corpus, quality_examples):
-    config = configure(workdir, small_corpus, *quality_examples, presets=("tiny", "b1"))
-    cwd = os.getcwd()
-    os.chdir(workdir)
-    try:
-        plan = build_plan(config)
-    finally:
-        os.chdir(cwd)
+    plan = plan_in(workdir, configure(workdir, small_corpus, *quality_examples, presets=("tiny", "b1")))
     tiny, b1 = plan.chain["tiny"]["pretrain"], plan.chain["b1"]["pretrain"]
     assert plan.runtime_min("pretrain", tiny) == 30 and plan.mem_mb("pretrain", tiny) == 4000
     assert plan.runtime_min("pretrain", b1) == 720

@@ -15,9 +15,8 @@ from pathlib import Path
 
 import pytest
 import yaml
-from pipeline_util import configure
+from pipeline_util import configure, plan_in
 
-from dormouse.engine.plan import build_plan
 
 BIN = Path(sys.executable).parent
 FAKE_SLURM = Path(__file__).resolve().parent / "fake_slurm"
@@ -197,13 +196,7 @@ def test_slurm_profile_multi_gpu_pretrain_is_one_node_with_n_gpus_under_torchrun
     preset["train"].update(device="cuda", batch_size=8)
     preset["resources"] = {"gpus": 2}
     preset_path.write_text(yaml.safe_dump(preset, sort_keys=False))
-    config = yaml.safe_load((slurm_workflow / "config" / "config.yaml").read_text())
-    cwd = os.getcwd()
-    os.chdir(slurm_workflow)
-    try:
-        plan = build_plan(config)
-    finally:
-        os.chdir(cwd)
+    plan = plan_in(slurm_workflow, yaml.safe_load((slurm_workflow / "config" / "config.yaml").read_text()))
     digest = plan.chain["tiny"]["pretrain"]
     shard_manifest = slurm_workflow / plan.manifest_path("shard", plan.chain["tiny"]["shard"])
     shard_manifest.parent.mkdir(parents=True)
