@@ -62,7 +62,7 @@ class Meter:
 
     def __init__(self, stage: str, what: str, total: int | None = None, start: int = 0, every_s: float = 0.0,
                  label: str = ""):
-        self.stage, self.what, self.total, self.start, self.every_s = stage, what, total, start, every_s
+        self.what, self.total, self.start, self.every_s = what, total, start, every_s
         self.prefix = f"[{stage}] {label}: " if label else f"[{stage}] "
         self.t0 = self.t_last = time.monotonic()
         self.last_done: int | None = None
