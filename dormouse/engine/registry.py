@@ -156,9 +156,10 @@ STAGES: dict[str, Stage] = {s.name: s for s in (
         "7: as sft 5",
         "8: as sft 6",
         "9: as sft 7")),
-    Stage("export", "quantized rungs (bf16 .. ternary) with bytes on disk and their BPB", 2, ("rl", "shard"),
+    Stage("export", "quantized rungs (bf16 .. ternary) with bytes on disk and their BPB", 3, ("rl", "shard"),
           _export, (
-        "2: reference_bpb computed in fp32 (it ran under the bf16 autocast on CUDA)",)),
+        "2: reference_bpb computed in fp32 (it ran under the bf16 autocast on CUDA)",
+        "3: ternary's mean |W| summed in fp64 (a scale's last bit moved with the summation order)")),
     Stage("bench", "score every stage and rung: BPB, task accuracy, multiple choice, cloze", 2,
           ("pretrain", "sft", "rl", "export", "anchors", "shard"), _bench, (
         "2: as sft 2",)),

@@ -170,6 +170,12 @@ def _pad_in(W: torch.Tensor, block: int) -> torch.Tensor:
     return F.pad(W, (0, -W.shape[-1] % block)).view(*W.shape[:-1], -1, block)
 
 
+def _div(x: torch.Tensor, c: float) -> torch.Tensor:
+    """x / c correctly rounded on every device: CUDA divides by a Python scalar as a multiply by its fp32
+    reciprocal, one ulp off the CPU's division in some scales (seen on the H200, session 17)."""
+    return x / torch.full_like(x, c)
+
+
 def _safe(scale: torch.Tensor) -> torch.Tensor:
     """A divisor: zero scales (all-zero rows / blocks) become 1, so their codes come out 0."""
     return torch.where(scale > 0, scale, torch.ones_like(scale))
@@ -181,7 +187,7 @@ def _safe(scale: torch.Tensor) -> torch.Tensor:
 # Each rung takes a matrix [out, in] or an MoE bank [E, out, in] at once: every scale is per row, per block or per
 # matrix, so a bank's parts are its matrices' parts stacked, in one kernel per op rather than one per expert.
 def _q_int8(W):
-    scale = W.abs().amax(dim=-1) / INT8_MAX  # (..., out)
+    scale = _div(W.abs().amax(dim=-1), INT8_MAX)  # (..., out)
     q = torch.round(W / _safe(scale)[..., None]).clamp(-INT8_MAX, INT8_MAX)
     return {"q": q.to(torch.int8), "scale": scale}
 
@@ -191,7 +197,7 @@ def _dq_int8(t, shape):
 
 
 def _q_fp8(W):
-    scale = W.abs().amax(dim=-1) / E4M3_MAX  # (..., out)
+    scale = _div(W.abs().amax(dim=-1), E4M3_MAX)  # (..., out)
     x = (W / _safe(scale)[..., None]).clamp(-E4M3_MAX, E4M3_MAX)  # clamp: casts differ on overflow
     return {"q": x.to(torch.float8_e4m3fn), "scale": scale}
 
@@ -221,9 +227,9 @@ def _dq_mxfp4(t, shape):
 
 def _q_nvfp4(W):
     blocks = _pad_in(W, NV_BLOCK)  # (..., out, nb, 16)
-    tensor_scale = W.abs().amax(dim=(-2, -1)) / (E2M1_MAX * E4M3_MAX)  # fp32 (...): one per matrix
+    tensor_scale = _div(W.abs().amax(dim=(-2, -1)), E2M1_MAX * E4M3_MAX)  # fp32 (...): one per matrix
     amax = blocks.abs().amax(dim=-1)  # (..., out, nb)
-    ideal = (amax / E2M1_MAX / _safe(tensor_scale)[..., None, None]).clamp(max=E4M3_MAX)  # <= 448 but for fp32 rounding
+    ideal = (_div(amax, E2M1_MAX) / _safe(tensor_scale)[..., None, None]).clamp(max=E4M3_MAX)  # <= 448 but for fp32 rounding
     block_scale = ideal.to(torch.float8_e4m3fn)
     denom = block_scale.float() * tensor_scale[..., None, None]
     x = torch.where(denom[..., None] > 0, blocks / _safe(denom)[..., None], 0.0)
@@ -238,8 +244,9 @@ def _dq_nvfp4(t, shape):
 
 
 def _q_ternary(W):
-    # mean |W| per matrix: a bank's means one by one, as a sum in another order could move a scale's last bit
-    scale = (torch.stack([m.abs().mean() for m in W]) if W.dim() == 3 else W.abs().mean()) + TERNARY_EPS  # fp32 (...)
+    # mean |W| per matrix, summed in fp64: an fp32 sum's last bit depends on its order (CPU, CUDA, a bank or a matrix)
+    n = W.shape[-2] * W.shape[-1]
+    scale = (W.abs().sum(dim=(-2, -1), dtype=torch.float64) / n).float() + TERNARY_EPS  # fp32 (...)
     codes = (torch.round(W / scale[..., None, None]).clamp(-1, 1) + 1).to(torch.uint8).flatten(-2)
     codes = F.pad(codes, (0, -codes.shape[-1] % 4), value=1)
     return {"q": pack_crumbs(codes), "scale": scale}
