@@ -19,7 +19,7 @@ mkdir -p .whl && cp .whl_chain/*.whl .whl/
 get .whl flash-linear-attention==0.6.0
 get .whl_serve fastapi==0.165.0 uvicorn==0.55.0 starlette==1.10.0 pydantic==2.14.4 pydantic-core==2.50.5 \
   annotated-types==0.8.0 annotated-doc==0.0.7 typing-inspection==0.4.5 anyio==4.16.0 sniffio==1.3.1 h11==0.16.0 \
-  click==8.5.1 httpx==0.29.0 httpcore==1.0.9 httpcore2==2.16.2 certifi==2026.10.19.post1 idna==3.20
+  click==8.5.1 httpx==0.29.0 httpcore==1.0.9 httpcore2==2.16.2 certifi==2026.10.19.post1 idna==3.20 opentelemetry-api==1.45.3
 PATH=$PWD/.venv/bin:$PATH snakemake --cores 2 --quiet rules -- results/small/anchors.json
 mkdir -p .job
 for s in pretrain sft rl export bench; do .venv/bin/python -m dormouse.cli plan --preset small --stage $s > .job/small_$s.json; done
