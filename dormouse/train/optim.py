@@ -74,7 +74,7 @@ class StackedMuon(torch.optim.Muon):
     A 3-D parameter is a bank of matrices (an MoE's experts, dormouse/model/ffn.py): each of its matrices is
     orthogonalised, normalised and lr-adjusted on its own, exactly as separate 2-D parameters would be, and the
     bank joins its shape's stack whole (no per-expert tensors, so the compiled graphs take a few dozen inputs
-    at b1, not thousands). torch's Muon refuses 3-D parameters; this class checks them itself.
+    at b1, not thousands); a bank of tall matrices has a stack of its own, in its own layout (`_tall_bank`). torch's Muon refuses 3-D parameters; this class checks them itself.
 
     `step(ok=...)` takes the NaN firewall's decision as a bool 0-d tensor on the device (as fused AdamW
     takes `found_inf`): where it is False the step changes no parameter and no state, and nothing waits
@@ -106,14 +106,17 @@ class StackedMuon(torch.optim.Muon):
             momentum, lr, wd = group["momentum"], group["lr"], group["weight_decay"]
             by_shape: dict[tuple, list[int]] = {}
             for i, p in enumerate(params):
-                by_shape.setdefault((min(p.shape[-2:]), max(p.shape[-2:]), p.device, p.dtype), []).append(i)
+                key = (min(p.shape[-2:]), max(p.shape[-2:]), _tall_bank(p), p.device, p.dtype)
+                by_shape.setdefault(key, []).append(i)
             stacks = list(by_shape.values())
+            talls = [key[2] for key in by_shape]
             cuda = params[0].is_cuda
             layout = tuple((key, tuple(_matrices(params[i].shape) for i in idx)) for key, idx in by_shape.items())  # what the compiled graphs are for
-            xs = _fused(_momentum, cuda, layout)([[_wide(grads[i]) for i in idx] for idx in stacks],
-                                         [[_wide(bufs[i]) for i in idx] for idx in stacks],
+            xs = _fused(_momentum, cuda, layout)([[_oriented(grads[i]) for i in idx] for idx in stacks],
+                                         [[_oriented(bufs[i]) for i in idx] for idx in stacks],
                                          momentum, group["nesterov"], group["eps"], ok)
-            orthos = [_newton_schulz_iterations(x, group["ns_coefficients"], group["ns_steps"]) for x in xs]
+            orthos = [_newton_schulz_iterations(x, group["ns_coefficients"], group["ns_steps"], tall)
+                      for x, tall in zip(xs, talls)]
             scales = []
             for idx, x in zip(stacks, xs):
                 shapes = tuple(tuple(params[i].shape) for i in idx)  # what the ratios depend on (orientation too)
@@ -126,7 +129,7 @@ class StackedMuon(torch.optim.Muon):
             decay = None
             if wd:  # a 0-d device tensor too: the compiled graph takes it as an input, so a new lr does not recompile
                 decay = scales[0].new_full((), 1 - lr * wd)
-            _fused(_apply, cuda, layout)([[_wide(params[i]) for i in idx] for idx in stacks], orthos, scales, decay, ok)
+            _fused(_apply, cuda, layout)([[_oriented(params[i]) for i in idx] for idx in stacks], orthos, scales, decay, ok)
         return loss
 
 
@@ -154,7 +157,7 @@ def _fused(fn, cuda: bool, layout: tuple):
 
 def _momentum(gs: list[list[torch.Tensor]], bs: list[list[torch.Tensor]], momentum: float, nesterov: bool,
               eps: float, ok: torch.Tensor | None) -> list[torch.Tensor]:
-    """Per stack (lists of wide views of one matrix shape, 2-D or banks): the new momentum into bs (where ok),
+    """Per stack (lists of views of one matrix shape as the stack holds it, 2-D or banks): the new momentum into bs (where ok),
     and the Newton–Schulz input, the update stacked in bf16 with each matrix divided by its norm (torch's Muon's
     first steps)."""
     xs = []
@@ -183,9 +186,21 @@ def _apply(ps: list[list[torch.Tensor]], orthos: list[torch.Tensor], scales: lis
             at += n
 
 
-def _wide(t: torch.Tensor) -> torch.Tensor:
-    """t, or its transpose (a view; a bank's matrices each) when it has more rows than columns."""
-    return t.mT if t.shape[-2] > t.shape[-1] else t
+# False: tall banks join their transposes' stack as tall matrices do (before session 17; muon_bench.py times both)
+TALL_BANK_STACKS = True
+
+
+def _tall_bank(t: torch.Tensor) -> bool:
+    """A bank of tall matrices (an MoE's down projections) keeps its own stack in its own layout: as the transpose
+    of a wide stack, every elementwise pass of the step read and wrote it across its strides (b1's 12 down banks'
+    momentum kernels ran at ~1/5 of the memory rate: benchmarks/records/2026-12-05-b1-scale-h200). A tall 2-D
+    matrix still joins its transpose's stack: one launch fewer per shape, and it is small."""
+    return TALL_BANK_STACKS and t.dim() == 3 and t.shape[-2] > t.shape[-1]
+
+
+def _oriented(t: torch.Tensor) -> torch.Tensor:
+    """t as its stack holds it: a tall bank as it is, a tall matrix as its transpose (a view), a wide one as it is."""
+    return t.mT if t.shape[-2] > t.shape[-1] and not _tall_bank(t) else t
 
 
 def _matrices(shape) -> int:
@@ -198,12 +213,18 @@ def _normalized_bf16(g: torch.Tensor, eps: float) -> torch.Tensor:
     return x / x.flatten(1).norm(dim=1).clamp(min=eps)[:, None, None]
 
 
-def _newton_schulz_iterations(x: torch.Tensor, coefficients, steps: int) -> torch.Tensor:
+def _newton_schulz_iterations(x: torch.Tensor, coefficients, steps: int, tall: bool = False) -> torch.Tensor:
     """torch.optim._muon._zeropower_via_newtonschulz's iterations over a stack [n, A, B] of normalised wide
-    matrices (A <= B): one bmm and two baddbmm a step for the whole stack."""
+    matrices (A <= B): one bmm and two baddbmm a step for the whole stack. tall: a stack [n, B, A] of tall ones,
+    iterated as the transposes of the wide form (X <- aX + X(bG + cG^2), G = X^T X), so nothing is transposed in
+    memory: the GEMMs take transposed operands as they are."""
     a, b, c = coefficients
     for _ in range(steps):
-        gram = torch.bmm(x, x.transpose(1, 2))
-        x = torch.baddbmm(x, torch.baddbmm(gram, gram, gram, beta=b, alpha=c), x, beta=a)
+        if tall:
+            gram = torch.bmm(x.transpose(1, 2), x)
+            x = torch.baddbmm(x, x, torch.baddbmm(gram, gram, gram, beta=b, alpha=c), beta=a)
+        else:
+            gram = torch.bmm(x, x.transpose(1, 2))
+            x = torch.baddbmm(x, torch.baddbmm(gram, gram, gram, beta=b, alpha=c), x, beta=a)
     return x
 
