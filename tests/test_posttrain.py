@@ -136,8 +136,26 @@ def test_bench_json_matches_its_schema_and_names_the_chain(chain, bench_view):
     assert view["suites"]["file:capitals.jsonl"]["items"] == 1
     assert view["stages"]["rl"]["file:capitals.jsonl"]["n_scored"] == 1
     assert view["stages"]["pretrain"]["eval_bytes"] == view["eval_window"]["bytes"]
-    # the same held-out items: bench's greedy exact match equals what rl reported at its end
-    assert view["stages"]["rl"]["tasks_gen"] == {k: v for k, v in manifest(work, plan, "rl")["final"]["end"].items() if k != "corpus_bpb"}
+    # the same held-out items: bench's greedy exact match equals what rl reported at its end (bench adds items_correct)
+    rl_gen = dict(view["stages"]["rl"]["tasks_gen"])
+    items = rl_gen.pop("items_correct")
+    assert rl_gen == {k: v for k, v in manifest(work, plan, "rl")["final"]["end"].items() if k != "corpus_bpb"}
+    assert len(items) == rl_gen["n"] and items.count("1") == rl_gen["correct"]
+    # paired: rl against sft item by item; the net gain is the difference of the correct counts
+    p, sft_gen = view["paired"]["rl_vs_sft"], view["stages"]["sft"]["tasks_gen"]
+    assert p["gained"] - p["lost"] == rl_gen["correct"] - sft_gen["correct"] and p["n"] == rl_gen["n"]
+    assert set(view["paired"]["rungs_vs_bf16"]) == {"int8", "mxfp4", "ternary"}
+
+
+def test_paired_sign_counts_gains_and_losses_item_by_item():
+    from dormouse.posttrain.task_eval import paired_sign
+
+    base = [True, True, False, False, True, False]
+    new = [True, False, True, True, True, True]  # gains items 2, 3, 5; loses item 1
+    assert paired_sign(base, new) == {"gained": 3, "lost": 1, "z": 2 / 4 ** 0.5}
+    assert paired_sign(base, base)["z"] == 0.0
+    with pytest.raises(ValueError, match="not the same items"):
+        paired_sign(base, new[:-1])
 
 
 def test_bench_schema_rejects_a_missing_stage(chain, bench_view):

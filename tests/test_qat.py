@@ -295,6 +295,8 @@ def test_a_qat_chain_to_bench_scores_its_rungs_beside_its_ptq_twin(tmp_path, sma
     assert set(bench["rungs_ptq"]) == {"bf16", "ternary"} and bench["rungs_ptq"]["ternary"]["bpb"] == ptq["rungs"]["ternary"]["bpb"]
     assert bench["rungs"]["ternary"]["bpb"] == manifests["export"]["final"]["rungs"]["ternary"]["bpb"]
     assert twin["export"] in {link["digest"] for link in bench["digest_chain"]}  # the twin is in the chain it rests on
+    # the QAT rung and the PTQ rung, each against its own bf16, item by item
+    assert set(bench["paired"]["rungs_vs_bf16"]) == set(bench["paired"]["rungs_ptq_vs_bf16"]) == {"ternary"}
 
 
 @pytest.mark.gpu

@@ -55,6 +55,17 @@ def correct(model, items: list[tasks.Item], max_new_bytes: int, device, dtype: s
     return [grade(it, g) == "correct" for it, g in zip(items, answer(model, items, max_new_bytes, device, dtype))]
 
 
+def paired_sign(base: list[bool], new: list[bool]) -> dict:
+    """Two models' per-item correctness on the same items: the items `new` gains and loses against `base`, and
+    the sign test's z = (gained - lost) / sqrt(gained + lost) (0 when they agree on every item). rl's checkpoint
+    selection and bench's comparisons both read it."""
+    if len(base) != len(new):
+        raise ValueError(f"paired comparison of {len(base)} against {len(new)} items: not the same items")
+    gained = sum(r and not b for r, b in zip(new, base))
+    lost = sum(b and not r for r, b in zip(new, base))
+    return {"gained": gained, "lost": lost, "z": (gained - lost) / (gained + lost) ** 0.5 if gained + lost else 0.0}
+
+
 def tally(graded: list[tuple[tasks.Item, str]]) -> dict:
     """(item, grade) pairs -> accuracy, correct and malformed counts, and accuracy per family@difficulty."""
     total = Counter(g for _, g in graded)
@@ -78,14 +89,17 @@ def constant_baseline(items: list[tasks.Item]) -> float:
     return round(sum(c.most_common(1)[0][1] for c in cells.values()) / len(items), 5)
 
 
-def accuracy(model, items: list[tasks.Item], max_new_bytes: int, device, dtype: str) -> dict:
+def accuracy(model, items: list[tasks.Item], max_new_bytes: int, device, dtype: str, per_item: bool = False) -> dict:
     """Exact-match accuracy by greedy decode, overall and per family / difficulty, beside the constant-reply
-    baseline and the number of distinct replies (a model that collapsed to one answer shows 1 or 2)."""
+    baseline and the number of distinct replies (a model that collapsed to one answer shows 1 or 2). per_item: also
+    `items_correct`, one character per item in order ("1" correct), what paired comparisons of two models read."""
     replies = answer(model, items, max_new_bytes, device, dtype)
-    return {"n": len(items), **tally([(it, grade(it, g)) for it, g in zip(items, replies)]),
+    grades = [grade(it, g) for it, g in zip(items, replies)]
+    return {"n": len(items), **tally(list(zip(items, grades))),
             "distinct_replies": len({chat.parse_assistant(g) for g in replies}),
             "distinct_prompts": len({it.prompt for it in items}),  # small cells repeat prompts: the independent count
-            "constant_baseline": constant_baseline(items)}
+            "constant_baseline": constant_baseline(items),
+            **({"items_correct": "".join("1" if g == "correct" else "0" for g in grades)} if per_item else {})}
 
 
 @torch.no_grad()
@@ -110,10 +124,10 @@ def sampled_accuracy(model, items: list[tasks.Item], max_new_bytes: int, device,
             "malformed": t["malformed"], "by_cell": t["by_cell"]}
 
 
-def heldout_accuracy(model, items: list[tasks.Item], task_params: dict, device, dtype: str) -> dict:
+def heldout_accuracy(model, items: list[tasks.Item], task_params: dict, device, dtype: str, per_item: bool = False) -> dict:
     """Greedy accuracy, with the sampled accuracy under "sampled" when tasks.sampled_eval.samples > 0:
-    what sft, rl and bench report for the held-out items."""
-    acc = accuracy(model, items, task_params["max_new_bytes"], device, dtype)
+    what sft, rl and bench report for the held-out items (bench with per_item, see `accuracy`)."""
+    acc = accuracy(model, items, task_params["max_new_bytes"], device, dtype, per_item)
     s = task_params["sampled_eval"]
     if s["samples"] > 0:
         acc["sampled"] = sampled_accuracy(model, items, task_params["max_new_bytes"], device, dtype, s["samples"],

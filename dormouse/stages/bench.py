@@ -6,7 +6,9 @@ Per model: held-out corpus BPB on the pretrain eval window (stages here; rungs a
 them on the same window), and task scores:
 - tasks_mc: the verifiable families as byte-level multiple choice (context = the chat prompt,
   choice = answer + END; distractors from dormouse/posttrain/tasks.py), `acc` and `acc_bytes` (dormouse/posttrain/mc.py);
-- tasks_gen: greedy generation exact match on the same held-out items sft and rl report;
+- tasks_gen: greedy generation exact match on the same held-out items sft and rl report, with each item's
+  correctness, so that `paired` compares sft with pretrain, rl with sft and each rung with bf16 item by item (the
+  sign test rl's acceptance reads);
 - cloze: real continuations of the eval tail against real spans from elsewhere in it;
 - every lm-eval-style jsonl file under config `bench_tasks` (question, choices, answer).
 An item longer than the window (the eval seq_len) is dropped and counted, never truncated.
@@ -35,7 +37,7 @@ from dormouse.engine.stage import check_raw_input, input_artifact, parse_job, su
 from dormouse.posttrain import chat, mc, quant, task_eval, tasks
 from dormouse.train.runtime import deterministic_cpu, device_for, evaluate, load_model, model_config_of
 
-BENCH_FORMAT = 1  # the layout of bench.json (documented in docs/posttraining.md)
+BENCH_FORMAT = 2  # the layout of bench.json (documented in docs/posttraining.md); 2: items_correct and paired
 
 
 def task_mc_items(items: list[tasks.Item], k: int) -> list[mc.McItem]:
@@ -51,8 +53,28 @@ def task_mc_items(items: list[tasks.Item], k: int) -> list[mc.McItem]:
 def score_model(model, suites: dict[str, list[mc.McItem]], heldout, params, device, counters) -> dict:
     window = params["eval"]["seq_len"]
     scores = {name: mc.evaluate_mc(model, items, window, device, counters) for name, items in suites.items()}
-    scores["tasks_gen"] = task_eval.heldout_accuracy(model, heldout, params["tasks"], device, params["dtype"])
+    scores["tasks_gen"] = task_eval.heldout_accuracy(model, heldout, params["tasks"], device, params["dtype"], per_item=True)
     return scores
+
+
+def paired(base: dict, new: dict) -> dict:
+    """`new` against `base` on the same held-out items, greedy: the paired sign test (task_eval.paired_sign), the
+    accuracy difference, and the standard error of base's accuracy (what "within one standard error" reads)."""
+    b, n = base["tasks_gen"], new["tasks_gen"]
+    sign = task_eval.paired_sign([c == "1" for c in b["items_correct"]], [c == "1" for c in n["items_correct"]])
+    p = b["accuracy"]
+    return {**sign, "z": round(sign["z"], 3), "n": b["n"], "delta_accuracy": round(n["accuracy"] - p, 5),
+            "se_base": round((p * (1 - p) / b["n"]) ** 0.5, 5)}
+
+
+def comparisons(models: dict, rungs: dict, rungs_ptq: dict | None) -> dict:
+    """The paired comparisons a reader of bench.json asks for: did sft and rl each improve on the stage before (rl's
+    acceptance: z >= 2 against sft), and does each rung keep the bf16 model's answers (QAT's acceptance)."""
+    out = {"sft_vs_pretrain": paired(models["pretrain"], models["sft"]), "rl_vs_sft": paired(models["sft"], models["rl"])}
+    for key, rows in (("rungs_vs_bf16", rungs), ("rungs_ptq_vs_bf16", rungs_ptq)):
+        if rows and "bf16" in rows:
+            out[key] = {r: paired(rows["bf16"], s) for r, s in rows.items() if r != "bf16"}
+    return out
 
 
 def score_rungs(export_art, label: str, suites, heldout, params, device, eval_bytes: int, c) -> dict:
@@ -134,6 +156,7 @@ def main(argv=None) -> int:
             "rungs": rungs,
             "rungs_of": "rl",
             **twin,
+            "paired": comparisons(models, rungs, twin.get("rungs_ptq")),
             **({"qat": export["qat"]} if "qat" in export else {}),
             "reference_bpb_fp32": export["reference_bpb"],
             "suites": {name: {"items": len(items)} for name, items in suites.items()},

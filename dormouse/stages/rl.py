@@ -144,11 +144,9 @@ class Selection:
         if self.base is None:
             self.base, eligible = right, True
         else:
-            gained = sum(r and not b for r, b in zip(right, self.base))
-            lost = sum(b and not r for r, b in zip(right, self.base))
-            z = (gained - lost) / (gained + lost) ** 0.5 if gained + lost else 0.0
-            eligible = z >= self.min_z
-            self.paired.append({"step": step, "gained": gained, "lost": lost, "z": round(z, 3)})
+            paired = task_eval.paired_sign(self.base, right)
+            eligible = paired["z"] >= self.min_z
+            self.paired.append({"step": step, **paired, "z": round(paired["z"], 3)})
         if eligible and acc > self.best:
             self.best, self.best_step = acc, step
             self.state = {k: v.detach().to("cpu", copy=True) for k, v in self.model.state_dict().items()}
