@@ -24,3 +24,14 @@ PATH=$PWD/.venv/bin:$PATH snakemake --cores 2 --quiet rules -- results/small/anc
 mkdir -p .job
 for s in pretrain sft rl export bench; do .venv/bin/python -m dormouse.cli plan --preset small --stage $s > .job/small_$s.json; done
 du -sh .whl_chain .whl .job results/store/shard/* | cat
+# issue #23's acceptance: two rl seeds from the one small sft model, with the defaults (rl_s<seed>) and with the
+# published small-scale recipe (rlx_s<seed>: Dr. GRPO advantage, token-level loss, prompts drawn by measured pass
+# rate, no KL); each dir holds small_{rl,export,bench}.json for `JOBDIR=.job/<dir> STAGES="rl export bench"
+# bash benchmarks/gpu_small_chain.sh` after `STAGES="pretrain sft"`; then benchmarks/rl_acceptance.py on the bench.json files
+for s in 0 1; do
+  for arm in rl rlx; do
+    set_=rl.seed=$s; [ $arm = rlx ] && set_="$set_,rl.advantage=mean,rl.loss_norm=token,rl.prompts=pass_rate,rl.kl_coef=0"
+    mkdir -p .job/${arm}_s$s
+    for st in rl export bench; do .venv/bin/python -m dormouse.cli plan --preset small --stage $st --set "$set_" > .job/${arm}_s$s/small_$st.json; done
+  done
+done

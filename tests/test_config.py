@@ -80,3 +80,21 @@ def test_set_overrides_preset_keys_from_the_command_line(workdir):
                         ("train.steps.x=1", "train.steps is a int")):
         with pytest.raises(ConfigError, match=needle):
             build_plan({**base, "set": bad}, workdir)
+
+
+def test_dormouse_plan_set_gives_the_job_snakemake_would_run_with_that_set(workdir, monkeypatch, capsys):
+    """`dormouse plan --set rl.seed=1` (a second rl seed from the same sft, issue #23's acceptance): the job moves
+    rl only, and its digest is the one `--config set=rl.seed=1` plans."""
+    import json
+
+    from dormouse.engine.config import load_yaml
+    from dormouse.engine.plan_cli import main as plan_main
+
+    monkeypatch.chdir(workdir)
+    jobs = {}
+    for extra in ([], ["--set", "rl.seed=1"]):
+        assert plan_main(["--preset", "tiny", "--stage", "rl", *extra]) == 0
+        jobs[bool(extra)] = json.loads(capsys.readouterr().out)
+    assert jobs[True]["params"]["rl"]["seed"] == 1 and jobs[True]["inputs"] == jobs[False]["inputs"]  # the same sft
+    config = load_yaml(workdir / "config" / "config.yaml")
+    assert jobs[True]["digest"] == build_plan({**config, "set": "rl.seed=1"}, workdir).chain["tiny"]["rl"] != jobs[False]["digest"]

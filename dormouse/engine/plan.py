@@ -196,17 +196,17 @@ def resolve_presets(config: dict, root: Path = Path(".")) -> dict[str, dict]:
     return {name: load_preset(name, root, config.get("set", "")) for name in config["presets"]}
 
 
-def load_plan(config_arg: str | None, **paths: str) -> Plan:
+def load_plan(config_arg: str | None, set_: str | None = None, **paths: str) -> Plan:
     """The plan of the project around the cwd (config.find_project), for a CLI command run from any folder.
     `paths`: config keys set to paths the user gave relative to the cwd (corpus, store), rebased on the root
     as Snakemake would see them (a raw path is part of its fingerprint); the store is made absolute when the
-    root is not the cwd."""
+    root is not the cwd. `set_`: config `set`, the preset overrides (as snakemake --config set=...)."""
     root, path = find_project(config_arg)
     rebased = {}
     for key, value in paths.items():
         absolute = Path(value).resolve()
         rebased[key] = str(absolute.relative_to(root.resolve()) if absolute.is_relative_to(root.resolve()) else absolute)
-    plan = build_plan({**load_yaml(path), **rebased}, root)
+    plan = build_plan({**load_yaml(path), **rebased, **({"set": set_} if set_ else {})}, root)
     if root.resolve() != Path.cwd().resolve() and not Path(plan.config["store"]).is_absolute():
         plan.config["store"] = str(root / plan.config["store"])
     return plan

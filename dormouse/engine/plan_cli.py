@@ -2,6 +2,7 @@
 
     dormouse plan                                   # every preset: stage -> digest
     dormouse filter --job "$(dormouse plan --preset tiny --stage filter)"
+    dormouse plan --preset small --stage rl --set rl.seed=1         # a job with a preset override
 """
 
 from __future__ import annotations
@@ -17,10 +18,11 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="dormouse plan", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--config", help="config.yaml (default: config/config.yaml of the clone around the cwd)")
     ap.add_argument("--corpus", help="override config corpus (as snakemake --config corpus=...)")
+    ap.add_argument("--set", help="preset overrides, 'key=value,...' (as snakemake --config set=...)")
     ap.add_argument("--preset")
     ap.add_argument("--stage")
     args = ap.parse_args(argv)
-    plan = load_plan(args.config, **({"corpus": args.corpus} if args.corpus else {}))
+    plan = load_plan(args.config, args.set, **({"corpus": args.corpus} if args.corpus else {}))
     config = plan.config
     if args.preset and args.preset not in plan.chain:
         raise SystemExit(f"dormouse plan: no preset {args.preset!r} in the plan (presets: {', '.join(plan.presets)}; "

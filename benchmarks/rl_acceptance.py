@@ -1,0 +1,86 @@
+"""Issue #23's acceptance read from bench.json files: rl against sft, per seed and pooled.
+
+    # one chain per rl seed from the same sft model (jobs: dormouse plan --preset small --stage rl --set rl.seed=1 ...)
+    .venv/bin/python benchmarks/rl_acceptance.py --bench seed0/bench.json seed1/bench.json --out rl_acceptance.json
+
+A seed passes when its shipped rl model answers the held-out items better than sft by the paired sign test
+(bench.json `paired.rl_vs_sft.z` >= --min-z, default 2), its sampled accuracy is above sft's, and its corpus BPB
+is within --max-bpb-rise (default 0.05) of sft's. The acceptance holds when every seed passes and there are at
+least --min-seeds (default 2). The pooled row sums the seeds' gained and lost items (the same held-out items in
+every seed, so it is a summary, not an independent test). Exit 0 when accepted, 1 when not, 2 on bad input.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+
+def seed_row(path: Path, bench: dict, min_z: float, max_bpb_rise: float) -> dict:
+    try:
+        sft, rl, paired = bench["stages"]["sft"], bench["stages"]["rl"], bench["paired"]["rl_vs_sft"]
+    except KeyError as e:
+        raise ValueError(f"{path}: no {e} (bench.json format 2 has stages.sft, stages.rl and paired.rl_vs_sft)") from None
+    sampled = [s["tasks_gen"].get("sampled", {}).get("accuracy") for s in (sft, rl)]
+    rl_final = bench["upstream"]["rl"]["final"] or {}
+    row = {
+        "bench": str(path),
+        "rl": bench["upstream"]["rl"]["digest"],
+        "sft": bench["upstream"]["sft"]["digest"],
+        "selected_step": (rl_final.get("selection") or {}).get("selected_step"),
+        "greedy_sft": sft["tasks_gen"]["accuracy"], "greedy_rl": rl["tasks_gen"]["accuracy"],
+        "gained": paired["gained"], "lost": paired["lost"], "z": paired["z"],
+        "sampled_sft": sampled[0], "sampled_rl": sampled[1],
+        "bpb_sft": sft["bpb"], "bpb_rl": rl["bpb"],
+    }
+    checks = {
+        "z": paired["z"] >= min_z,
+        "sampled_up": None not in sampled and sampled[1] > sampled[0],
+        "bpb_within": rl["bpb"] - sft["bpb"] <= max_bpb_rise,
+    }
+    return {**row, "checks": checks, "passes": all(checks.values())}
+
+
+def accept(benches: dict[Path, dict], min_z: float = 2.0, max_bpb_rise: float = 0.05, min_seeds: int = 2) -> dict:
+    rows = [seed_row(p, b, min_z, max_bpb_rise) for p, b in benches.items()]
+    gained, lost = sum(r["gained"] for r in rows), sum(r["lost"] for r in rows)
+    return {
+        "seeds": rows,
+        "pooled": {"gained": gained, "lost": lost, "z": round((gained - lost) / (gained + lost) ** 0.5, 3) if gained + lost else 0.0},
+        "one_sft": len({r["sft"] for r in rows}) == 1,
+        "criteria": {"min_z": min_z, "max_bpb_rise": max_bpb_rise, "min_seeds": min_seeds},
+        "accepted": len(rows) >= min_seeds and all(r["passes"] for r in rows),
+    }
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--bench", type=Path, nargs="+", required=True, help="bench.json files, one per rl seed")
+    ap.add_argument("--min-z", type=float, default=2.0)
+    ap.add_argument("--max-bpb-rise", type=float, default=0.05)
+    ap.add_argument("--min-seeds", type=int, default=2)
+    ap.add_argument("--out", type=Path, default=None)
+    args = ap.parse_args(argv)
+    try:
+        benches = {p: json.loads(p.read_text()) for p in args.bench}
+        result = accept(benches, args.min_z, args.max_bpb_rise, args.min_seeds)
+    except (OSError, json.JSONDecodeError, ValueError) as e:
+        print(f"rl_acceptance: {e}", file=sys.stderr)
+        return 2
+    for r in result["seeds"]:
+        print(f"{r['rl']} (step {r['selected_step']}): greedy {r['greedy_sft']:.4f} -> {r['greedy_rl']:.4f} "
+              f"(+{r['gained']} -{r['lost']}, z {r['z']:+.2f}); sampled {r['sampled_sft']} -> {r['sampled_rl']}; "
+              f"bpb {r['bpb_sft']:.4f} -> {r['bpb_rl']:.4f}; {'PASS' if r['passes'] else 'FAIL'} {r['checks']}")
+    p = result["pooled"]
+    print(f"pooled over {len(result['seeds'])} seeds: +{p['gained']} -{p['lost']}, z {p['z']:+.2f}; "
+          f"{'one sft model' if result['one_sft'] else 'several sft models'}; "
+          f"{'ACCEPTED' if result['accepted'] else 'NOT ACCEPTED'}")
+    if args.out:
+        args.out.write_text(json.dumps(result, indent=1) + "\n")
+    return 0 if result["accepted"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,52 @@
+"""benchmarks/rl_acceptance.py: issue #23's criteria read from bench.json (synthetic files, each check failing once)."""
+
+import copy
+import importlib.util
+import json
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+spec = importlib.util.spec_from_file_location("rl_acceptance", REPO / "benchmarks" / "rl_acceptance.py")
+acc = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(acc)
+
+
+def bench(gained: int, lost: int, sampled_rl: float = 0.25, bpb_rl: float = 1.62, rl: str = "r0") -> dict:
+    def stage(greedy, sampled, bpb):
+        return {"bpb": bpb, "tasks_gen": {"accuracy": greedy, "sampled": {"accuracy": sampled}}}
+
+    z = (gained - lost) / (gained + lost) ** 0.5
+    return {"stages": {"sft": stage(0.208, 0.185, 1.60), "rl": stage(0.208 + (gained - lost) / 384, sampled_rl, bpb_rl)},
+            "paired": {"rl_vs_sft": {"gained": gained, "lost": lost, "z": round(z, 3)}},
+            "upstream": {"rl": {"digest": rl, "final": {"selection": {"selected_step": 40}}}, "sft": {"digest": "s", "final": {}}}}
+
+
+def test_two_seeds_that_each_pass_are_accepted_and_pool(tmp_path):
+    files = []
+    for i, b in enumerate([bench(30, 10), bench(25, 8, rl="r1")]):
+        files.append(tmp_path / f"b{i}.json")
+        files[-1].write_text(json.dumps(b))
+    out = tmp_path / "acc.json"
+    assert acc.main(["--bench", *map(str, files), "--out", str(out)]) == 0
+    r = json.loads(out.read_text())
+    assert r["accepted"] and r["one_sft"] and r["pooled"]["gained"] == 55 and r["pooled"]["lost"] == 18
+    assert [s["selected_step"] for s in r["seeds"]] == [40, 40]
+
+
+def test_each_criterion_fails_the_acceptance_alone():
+    good = {Path("a"): bench(30, 10), Path("b"): bench(25, 8, rl="r1")}
+    assert acc.accept(good)["accepted"]
+    assert not acc.accept({Path("a"): good[Path("a")]})["accepted"]  # one seed: fewer than min_seeds
+    for bad, check in ((bench(20, 12), "z"), (bench(30, 10, sampled_rl=0.18), "sampled_up"),
+                       (bench(30, 10, bpb_rl=1.66), "bpb_within")):
+        r = acc.accept({Path("a"): good[Path("a")], Path("b"): bad})
+        assert not r["accepted"] and r["seeds"][1]["checks"][check] is False, check
+
+
+def test_a_bench_without_paired_is_named(tmp_path, capsys):
+    old = copy.deepcopy(bench(30, 10))
+    del old["paired"]
+    f = tmp_path / "old.json"
+    f.write_text(json.dumps(old))
+    assert acc.main(["--bench", str(f)]) == 2
+    assert f"{f}: no 'paired'" in capsys.readouterr().err
