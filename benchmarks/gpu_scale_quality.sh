@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# Equal wall-clock runs on the scale corpus's b1 shard (issues #31 item 5 and #29 item 5) through the device tool:
+# each call of this same command unpacks the shard once (its three parts carried into /tmp/parts beforehand), then
+# trains the RUNS in order, each for BUDGET seconds of training, pausing before the call's own limit and resuming
+# in the next call (state in /tmp/q_<run>, kept while the machine stays warm). Call it again until it prints
+# "all runs done". Back in $OUT: q_<preset>_<system>.tsv per run (the whole curve so far).
+#   carry .whl_chain + .carry/p0 (cp .carry/p0/* /tmp/parts), then .carry/p1, then .carry/p2 + .job:
+#   RUNS="medium:ours small:ours small:sdpa" bash benchmarks/gpu_scale_quality.sh
+# Here (CPU, a tiny job): PY=.venv/bin/python JOB=<job> PARTS= BUDGET=4 CALL_S=60 MARGIN_S=20 RUNS="tiny:ours" bash ...
+set -uo pipefail
+PY=${PY:-python3}
+JOB=${JOB:-.job/b1_scale_pretrain.json}
+RUNS=${RUNS:-medium:ours small:ours small:sdpa}
+BUDGET=${BUDGET:-600}
+OUT=${OUT:-/tmp/scale_out}; mkdir -p "$OUT"
+start=$(date +%s)
+deadline=$(( start + ${CALL_S:-570} ))
+if [ "$PY" = python3 ]; then
+  export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 TRITON_CACHE_DIR=${TRITON_CACHE_DIR:-$PWD/.triton}
+fi
+shard=$($PY -c "import json, sys; print(json.load(open(sys.argv[1]))['inputs']['shard']['digest'])" "$JOB") || exit 2
+if [ ! -f "results/store/shard/$shard/manifest.json" ]; then
+  [ -n "${PARTS-/tmp/parts}" ] || { echo "no shard $shard in results/store and no PARTS to unpack"; exit 2; }
+  $PY -m dormouse.cli unpack "${PARTS:-/tmp/parts}" --store results/store || exit 2
+fi
+for run in $RUNS; do
+  preset=${run%%:*} system=${run##*:}
+  done_flag=/tmp/q_done/$preset-$system
+  if [ -f "$done_flag" ]; then echo "$run: done"; continue; fi
+  # the call's time left, less a margin for the warm-up (compiles, a throwaway model) and the evals off the clock
+  left=$(( deadline - $(date +%s) - ${MARGIN_S:-180} ))
+  if [ "$left" -lt "${MIN_S:-60}" ]; then echo "$run: not enough time left in this call; call again"; exit 0; fi
+  echo "$run: training for at most ${left}s of this call"
+  $PY benchmarks/quality_h200.py --job "$JOB" --systems "$system" --model-preset "$preset" --budget-s "$BUDGET" \
+    --pause-after-s "$left" --state "/tmp/q_$preset" --out "$OUT/q_${preset}_${system}.tsv" 2>&1 \
+    | grep -v -i "warn\|run_backward" | tee "$OUT/q_${preset}_${system}.log" | tail -4
+  [ "${PIPESTATUS[0]}" -eq 0 ] || { echo "$run: failed (q_${preset}_${system}.log)"; exit 1; }
+  if grep -q "paused at" "$OUT/q_${preset}_${system}.log"; then echo "$run: paused; call again"; exit 0; fi
+  mkdir -p /tmp/q_done && touch "$done_flag"
+done
+echo "all runs done"
