@@ -2,6 +2,7 @@
 # Triton's saved autotune results from .cache_h200/ (a fresh lease otherwise spends 150-400 s autotuning).
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site ${WHL:-.whl}/*.whl || exit 1
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 TRITON_CACHE_DIR=${TRITON_CACHE_DIR:-$PWD/.triton}
+export DORMOUSE_COMPILE_CACHE=${DORMOUSE_COMPILE_CACHE:-$PWD/.compile_cache}  # the stages' inductor artifacts (docs/running.md)
 mkdir -p "$TRITON_CACHE_DIR"
 # .cache_h200/ holds the latest lease's (ignored); benchmarks/triton_autotune_h200.tgz is the committed copy
 # (217 results: the small and medium presets' chunk_kda with and without the activations inside, FLA's

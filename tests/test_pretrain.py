@@ -221,3 +221,45 @@ def test_a_run_planned_past_max_epochs_is_refused_before_any_device(shards):
     assert f"passes {1_638_400_000 / n:.2f} over {n:,} train bytes (REFUSED by the stage: past max_epochs 4)" in plan
     config = set_model(shards, TINY_MODEL, {**train, "max_epochs": None, "steps": 1, "device": "cpu"})
     run_stage(shards, job_json(shards, config)[0])  # null: no ceiling (and a run within it trains)
+
+
+def test_a_corrupt_compile_cache_is_skipped_and_counted(tmp_path, monkeypatch):
+    from dormouse.train import compile_cache
+
+    monkeypatch.setenv(compile_cache.ENV, str(tmp_path))
+    folder = compile_cache.cache_dir(torch.device("cpu"))
+    assert folder.parent == tmp_path and folder.name.startswith(f"torch{torch.__version__}") and folder.name.endswith("-cpu")
+    c, said = Counter(), []
+    compile_cache.load(torch.device("cpu"), c, lambda *a, **k: said.append(a[0]))
+    assert c["compile_cache.absent"] == 1
+    folder.mkdir()
+    (folder / "0123.bin").write_bytes(b"not a cache")
+    compile_cache.load(torch.device("cpu"), c, lambda *a, **k: said.append(a[0]))
+    assert c["compile_cache.load_failed"] == 1 and c["compile_cache.files_loaded"] == 0
+    assert str(folder / "0123.bin") in said[-1] and "compile from scratch" in said[-1]
+    monkeypatch.delenv(compile_cache.ENV)
+    assert compile_cache.cache_dir(torch.device("cpu")) is None  # unset: off
+
+
+@pytest.mark.slow
+def test_a_second_machine_starts_from_the_first_ones_compile_cache(shards, tmp_path):
+    """DORMOUSE_COMPILE_CACHE (inductor on CPU, ~1 min): the first run compiles and writes the cache file, a second
+    run with an empty inductor cache (another node) loads it, compiles nothing new, and trains to the same bits."""
+    config = set_model(shards, TINY_MODEL, {**TINY_TRAIN, "steps": 4, "eval_every": 2, "ckpt_every": 100, "compile": "always"})
+    job, out_dir = job_json(shards, config)
+    runs, logs = [], []
+    for i in range(2):
+        shutil.rmtree(shards / out_dir, ignore_errors=True)
+        env = dict(os.environ, DORMOUSE_COMPILE_CACHE=str(tmp_path / "cc"), TORCHINDUCTOR_CACHE_DIR=str(tmp_path / f"ind{i}"))
+        p = subprocess.run([sys.executable, "-m", "dormouse.cli", "pretrain", "--job", job], cwd=shards, env=env,
+                           capture_output=True, text=True, timeout=900)
+        assert p.returncode == 0, p.stdout + p.stderr
+        logs.append(p.stdout + p.stderr)
+        runs.append((json.loads((shards / out_dir / "manifest.json").read_text()),
+                     (shards / out_dir / "model.safetensors").read_bytes()))
+    (first, w1), (second, w2) = runs
+    # the first steps' graphs and then the eval's: two saves, each a file of the artifacts made since the last
+    assert first["counters"]["compile_cache.absent"] == 1 and first["counters"]["compile_cache.saved_files"] == 2
+    assert second["counters"]["compile_cache.files_loaded"] == 2 and second["counters"]["compile_cache.loaded_artifacts"] > 0
+    assert "compile_cache.saved_files" not in second["counters"]  # every graph a cache hit: nothing compiled here
+    assert "[compile_cache] loaded 2 files" in logs[1] and w1 == w2

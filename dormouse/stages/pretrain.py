@@ -47,7 +47,7 @@ from dormouse.engine.store import scratch_dir
 from dormouse.model.config import ModelConfig
 from dormouse.model.gpt import ByteLM, count_params
 from dormouse.model.kda import fla_op
-from dormouse.train import checkpoint, distributed, qat
+from dormouse.train import checkpoint, compile_cache, distributed, qat
 from dormouse.train.firewall import BadStepsError, Firewall  # noqa: F401 (BadStepsError: the stage's abort)
 from dormouse.train.optim import build_optimizers, set_lr, wsd_multiplier
 from dormouse.train.qat import FakeQuant, finish_start
@@ -85,7 +85,10 @@ def run(job: dict, cfg: ModelConfig, train: dict, shards, world: distributed.Wor
     assert formula["total"] == n_params, f"param formula {formula} != model {n_params}"
     say(f"[pretrain] params {n_params:,} (formula {formula}) device {device} world_size {world.size}", flush=True)
     opts = build_optimizers(model, train)
+    cache_counts = Counter()
     compiled = compile_for(model, device, train)
+    if compiled:
+        compile_cache.load(device, cache_counts, say)
     say(f"[pretrain] torch.compile regions: {len(compiled)} ({train.get('compile', 'cuda')})", flush=True)
     if device.type == "cuda" and fla_op("chunk_kda") is None and world.is_main:  # counted as kda_path.torch too
         progress.note("[pretrain] WARNING: fla-core is not importable, so KDA runs its torch path on the GPU "
@@ -95,6 +98,7 @@ def run(job: dict, cfg: ModelConfig, train: dict, shards, world: distributed.Wor
     with (writer(job) if world.is_main else nullcontext()) as art:
         c = art.counters if world.is_main else Counter()  # the manifest's own counters (rank 0)
         c["compile.regions"] = len(compiled)
+        c.update(cache_counts)
         ckpt_root = scratch_dir(Path(job["out"]))  # the same path on every rank; rank 0 writes it
         stream = TrainStream(layout.train_bins(shards),
                              train["batch_size"], train["seq_len"], train["seed"], rows=world.rows(train["batch_size"]))
@@ -133,6 +137,8 @@ def run(job: dict, cfg: ModelConfig, train: dict, shards, world: distributed.Wor
             if step_fn.graphs == "graphed" and step_fn.graphed is None and step_fn.qat is None:
                 c["cuda_graphs.captures"] += 1
             step_fn(x, y, train_counters, f"step {step}")
+            if step == start + 1 and compiled and world.is_main:  # the step's graphs (forward, backward, optimizer) exist
+                compile_cache.save(device, c, say)
             if step_fn.qat is not None and world.is_main:
                 train_counters["qat.steps"] += 1
             c["train.steps_run_this_process"] += 1
@@ -208,6 +214,8 @@ def run(job: dict, cfg: ModelConfig, train: dict, shards, world: distributed.Wor
                 here = train_counters["qat.steps"] + eval_counters["qat.evals"]  # this process's, rank 0's
                 final["qat"] = qat_summary(c, fq, train, qat_from, train_total, step_fn, here)
                 lineage.append(qat.lineage_entry("pretrain", final["qat"]))
+            if compiled:  # the eval's graphs too, when this process compiled them
+                compile_cache.save(device, c, say)
             write_artifact(art, model, cfg, train, formula, metrics, final, device, lineage)
             summary("pretrain", c)
     distributed.barrier(world)  # the other ranks wait until the artifact is in place
