@@ -13,7 +13,9 @@ and the rest of the step (backward, clip, both optimizer steps, zero_grad, throu
 Firewall). The first step holds the compiles and Triton's autotune; `torch._dynamo.utils.compile_times`
 splits dynamo's share by function. Host syncs: one steady step runs under
 `torch.cuda.set_sync_debug_mode("warn")` and its warnings are counted (a sync the MoE's routing or a
-`.item()` forces). A thread prints every thread's Python stack each --stack-every seconds, so a step that
+`.item()` forces). With DORMOUSE_COMPILE_CACHE set it loads and saves the compile cache as the stage does
+(dormouse/train/compile_cache.py): run it once to fill the cache, then with an empty TORCHINDUCTOR_CACHE_DIR to time
+a fresh node's start from it. A thread prints every thread's Python stack each --stack-every seconds, so a step that
 never ends still says where it is (ptxas, an autotune, a compile). Writes one JSON line per phase to --out.
 """
 
@@ -34,6 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from dormouse.engine.config import load_preset  # noqa: E402
 from dormouse.model.config import ModelConfig  # noqa: E402
 from dormouse.model.gpt import ByteLM, count_params  # noqa: E402
+from dormouse.train import compile_cache  # noqa: E402
 from dormouse.train.optim import build_optimizers, set_lr, wsd_multiplier  # noqa: E402
 from dormouse.train.runtime import compile_for  # noqa: E402
 from dormouse.train.trainer import PretrainStep  # noqa: E402
@@ -116,6 +119,9 @@ def main(argv=None) -> int:
     model.defer_routing = True  # as the stage: an MoE's routing counts stay on the device until read
     opts = ph.run("build_optimizers", lambda: build_optimizers(model, train))
     regions = ph.run("compile_regions_setup", lambda: compile_for(model, device, train))
+    cache_counts: Counter = Counter()  # DORMOUSE_COMPILE_CACHE, as the stage: load before the first compile
+    if regions:
+        ph.run("compile_cache_load", lambda: compile_cache.load(device, cache_counts))
     ps = PretrainStep(model, opts, cfg, train, device)  # the stage's step; decides train.cuda_graphs as the stage does
     print(f"[first_steps] cuda_graphs: {ps.graphs}", flush=True)
     g = torch.Generator().manual_seed(1)
@@ -157,7 +163,10 @@ def main(argv=None) -> int:
         print("[first_steps] dynamo compile times (s):\n" + str(compile_times(repr="str", aggregate=True)), flush=True)
     except Exception as e:  # a report only; its absence changes no figure
         print(f"[first_steps] compile_times unavailable: {e}", flush=True)
-    extra = {"regions": len(regions), "loss": round(loss, 4), "counters": {k: v for k, v in counters.items() if not k.startswith("moe.tokens")}}
+    if regions:
+        ph.run("compile_cache_save", lambda: compile_cache.save(device, cache_counts))
+    extra = {"regions": len(regions), "loss": round(loss, 4), "counters": {k: v for k, v in counters.items() if not k.startswith("moe.tokens")},
+             "compile_cache": dict(cache_counts)}
     if device.type == "cuda":
         extra["peak_gib"] = round(torch.cuda.max_memory_allocated(device) / 2**30, 2)
     ph.run("end", lambda: None, **extra)
