@@ -6,7 +6,7 @@
 A seed passes when its shipped rl model answers the held-out items better than sft by the paired sign test
 (bench.json `paired.rl_vs_sft.z` >= --min-z, default 2), its sampled accuracy is above sft's, and its corpus BPB
 is within --max-bpb-rise (default 0.05) of sft's. The acceptance holds when every seed passes and there are at
-least --min-seeds (default 2). The pooled row sums the seeds' gained and lost items (the same held-out items in
+least --min-seeds (default 2) distinct rl runs of one sft model. The pooled row sums the seeds' gained and lost items (the same held-out items in
 every seed, so it is a summary, not an independent test). Exit 0 when accepted, 1 when not, 2 on bad input.
 """
 
@@ -21,22 +21,26 @@ from pathlib import Path
 def seed_row(path: Path, bench: dict, min_z: float, max_bpb_rise: float) -> dict:
     try:
         sft, rl, paired = bench["stages"]["sft"], bench["stages"]["rl"], bench["paired"]["rl_vs_sft"]
-    except KeyError as e:
-        raise ValueError(f"{path}: no {e} (bench.json format 2 has stages.sft, stages.rl and paired.rl_vs_sft)") from None
-    sampled = [s["tasks_gen"].get("sampled", {}).get("accuracy") for s in (sft, rl)]
-    rl_final = bench["upstream"]["rl"]["final"] or {}
-    row = {
-        "bench": str(path),
-        "rl": bench["upstream"]["rl"]["digest"],
-        "sft": bench["upstream"]["sft"]["digest"],
-        "selected_step": (rl_final.get("selection") or {}).get("selected_step"),
-        "greedy_sft": sft["tasks_gen"]["accuracy"], "greedy_rl": rl["tasks_gen"]["accuracy"],
-        "gained": paired["gained"], "lost": paired["lost"], "z": paired["z"],
-        "sampled_sft": sampled[0], "sampled_rl": sampled[1],
-        "bpb_sft": sft["bpb"], "bpb_rl": rl["bpb"],
-    }
+        sampled = [s["tasks_gen"].get("sampled", {}).get("accuracy") for s in (sft, rl)]
+        rl_final = bench["upstream"]["rl"]["final"] or {}
+        row = {
+            "bench": str(path),
+            "rl": bench["upstream"]["rl"]["digest"],
+            "sft": bench["upstream"]["sft"]["digest"],
+            "selected_step": (rl_final.get("selection") or {}).get("selected_step"),
+            "greedy_sft": sft["tasks_gen"]["accuracy"], "greedy_rl": rl["tasks_gen"]["accuracy"],
+            "gained": paired["gained"], "lost": paired["lost"],
+            "sampled_sft": sampled[0], "sampled_rl": sampled[1],
+            "bpb_sft": sft["bpb"], "bpb_rl": rl["bpb"],
+        }
+    except (KeyError, TypeError) as e:
+        raise ValueError(f"{path}: no {e} (bench.json format 2 has stages.sft/rl with tasks_gen, paired.rl_vs_sft and "
+                         "upstream.sft/rl)") from None
+    g, lost = row["gained"], row["lost"]
+    z = (g - lost) / (g + lost) ** 0.5 if g + lost else 0.0  # from the counts: bench.json's z is rounded
+    row["z"] = round(z, 3)
     checks = {
-        "z": paired["z"] >= min_z,
+        "z": z >= min_z,
         "sampled_up": None not in sampled and sampled[1] > sampled[0],
         "bpb_within": rl["bpb"] - sft["bpb"] <= max_bpb_rise,
     }
@@ -50,8 +54,11 @@ def accept(benches: dict[Path, dict], min_z: float = 2.0, max_bpb_rise: float = 
         "seeds": rows,
         "pooled": {"gained": gained, "lost": lost, "z": round((gained - lost) / (gained + lost) ** 0.5, 3) if gained + lost else 0.0},
         "one_sft": len({r["sft"] for r in rows}) == 1,
+        "distinct_rl": len({r["rl"] for r in rows}) == len(rows),
         "criteria": {"min_z": min_z, "max_bpb_rise": max_bpb_rise, "min_seeds": min_seeds},
-        "accepted": len(rows) >= min_seeds and all(r["passes"] for r in rows),
+        # seeds of one sft model, each its own rl run: one bench.json given twice is one seed
+        "accepted": len({r["rl"] for r in rows}) >= min_seeds and len({r["sft"] for r in rows}) == 1
+                    and all(r["passes"] for r in rows),
     }
 
 

@@ -48,8 +48,9 @@ def test_stacked_muon_takes_torchs_steps(nesterov, wd, adjust):
 @pytest.mark.parametrize("backend", [None, "aot_eager"], ids=["eager", "compiled"])
 def test_a_bank_steps_as_its_matrices_would_alone(monkeypatch, backend):
     """A 3-D bank (an MoE's experts) takes, matrix by matrix, the very steps E separate 2-D parameters take:
-    each orthogonalised, normalised and lr-adjusted on its own, tall banks transposed as tall matrices are;
-    the bank shares its stack with a 2-D matrix of its shape."""
+    each orthogonalised, normalised and lr-adjusted on its own (a tall bank in a stack of its own, iterated in its
+    own layout: at these shapes to the same bits as its matrices transposed into the wide stack); the wide bank
+    shares its stack with a 2-D matrix of its shape."""
     monkeypatch.setattr(optim, "ELEMENTWISE_BACKEND", backend)
     torch.manual_seed(0)
     banks = [torch.randn(3, 48, 32) * 0.05, torch.randn(4, 32, 48) * 0.05]  # tall and wide
@@ -72,6 +73,26 @@ def test_a_bank_steps_as_its_matrices_would_alone(monkeypatch, backend):
         assert (b.detach() - start).abs().max() > 0.01  # the steps moved the weights
         torch.testing.assert_close(a, b.detach(), atol=0, rtol=0)
     assert torch.equal(opt_b.state[as_banks[0]]["momentum_buffer"][1], opt_m.state[as_mats[1]]["momentum_buffer"])
+
+
+def test_a_tall_bank_at_a_real_shape_steps_as_its_matrices_to_bf16_rounding():
+    """At b1-like shapes the tall iteration (X <- aX + X(bG + cG^2)) and the transposed wide one round apart by a
+    bf16 ulp in places: the weights after a few steps agree to that, not bit for bit."""
+    torch.manual_seed(0)
+    bank = torch.randn(2, 256, 64) * 0.05
+    kw = dict(lr=0.02, momentum=0.95, nesterov=True, weight_decay=0.1, adjust_lr_fn="match_rms_adamw")
+    as_bank, as_mats = torch.nn.Parameter(bank.clone()), [torch.nn.Parameter(m.clone()) for m in bank]
+    opt_b, opt_m = StackedMuon([as_bank], **kw), StackedMuon(as_mats, **kw)
+    gen = torch.Generator().manual_seed(1)
+    for _ in range(3):
+        as_bank.grad = torch.randn(as_bank.shape, generator=gen)
+        for p, g in zip(as_mats, as_bank.grad):
+            p.grad = g.clone()
+        opt_b.step()
+        opt_m.step()
+    moved = (as_bank.detach() - bank).abs().max()
+    for a, b in zip(as_bank.detach(), as_mats):
+        torch.testing.assert_close(a, b.detach(), atol=2**-6 * moved.item(), rtol=0)  # a wrong iteration is off by ~moved
 
 
 def test_stacked_muon_refuses_what_is_no_matrix():

@@ -237,6 +237,13 @@ def test_a_corrupt_compile_cache_is_skipped_and_counted(tmp_path, monkeypatch):
     compile_cache.load(torch.device("cpu"), c, lambda *a, **k: said.append(a[0]))
     assert c["compile_cache.load_failed"] == 1 and c["compile_cache.files_loaded"] == 0
     assert str(folder / "0123.bin") in said[-1] and "compile from scratch" in said[-1]
+    # a save that cannot be written (the folder's parent is a file) is counted and the run goes on
+    monkeypatch.setenv(compile_cache.ENV, str(tmp_path / "0123.bin"))
+    (tmp_path / "0123.bin").write_bytes(b"")
+    monkeypatch.setattr(compile_cache, "compiled_here", lambda: 3)
+    monkeypatch.setattr(torch.compiler, "save_cache_artifacts", lambda: (b"artifacts", None))
+    compile_cache.save(torch.device("cpu"), c, lambda *a, **k: said.append(a[0]))
+    assert c["compile_cache.save_failed"] == 1 and "the run goes on" in said[-1] and not c["compile_cache.saved_files"]
     monkeypatch.delenv(compile_cache.ENV)
     assert compile_cache.cache_dir(torch.device("cpu")) is None  # unset: off
 

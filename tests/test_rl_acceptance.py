@@ -37,6 +37,13 @@ def test_each_criterion_fails_the_acceptance_alone():
     good = {Path("a"): bench(30, 10), Path("b"): bench(25, 8, rl="r1")}
     assert acc.accept(good)["accepted"]
     assert not acc.accept({Path("a"): good[Path("a")]})["accepted"]  # one seed: fewer than min_seeds
+    assert not acc.accept({Path("a"): good[Path("a")], Path("a2"): bench(30, 10)})["accepted"]  # one rl run given twice
+    other_sft = bench(25, 8, rl="r1")
+    other_sft["upstream"]["sft"]["digest"] = "s2"
+    assert not acc.accept({Path("a"): good[Path("a")], Path("b"): other_sft})["accepted"]  # two sft models
+    just_under = bench(25, 9, rl="r1")
+    just_under["paired"]["rl_vs_sft"].update(gained=5102, lost=4902, z=2.0)  # z = 200 / sqrt(10004) = 1.9996: rounds to 2.0
+    assert acc.accept({Path("a"): good[Path("a")], Path("b"): just_under})["seeds"][1]["checks"]["z"] is False
     for bad, check in ((bench(20, 12), "z"), (bench(30, 10, sampled_rl=0.18), "sampled_up"),
                        (bench(30, 10, bpb_rl=1.66), "bpb_within")):
         r = acc.accept({Path("a"): good[Path("a")], Path("b"): bad})

@@ -303,7 +303,8 @@ def quantize(rung: str, W: torch.Tensor) -> dict[str, torch.Tensor]:
     if not torch.isfinite(W).all():
         raise ValueError(f"{rung}: weights hold NaN/inf")
     parts = _parts(rung, W)
-    # finite weights can still overflow a scale (ternary's mean |W| near fp32's max): refuse, never write NaN parts
+    # a scale that overflowed from finite weights is refused, never written as NaN parts (no rung's can since
+    # ternary's mean |W| sums in fp64: a guard against a future rung's)
     bad = [k for k, v in parts.items() if v.dtype in (torch.float32, torch.bfloat16) and not torch.isfinite(v).all()]
     if bad:
         raise ValueError(f"{rung}: non-finite {bad} from finite weights (max |W| {W.abs().max().item():.3g})")

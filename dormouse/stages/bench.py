@@ -62,8 +62,8 @@ def paired(base: dict, new: dict) -> dict:
     accuracy difference, and the standard error of base's accuracy (what "within one standard error" reads)."""
     b, n = base["tasks_gen"], new["tasks_gen"]
     sign = task_eval.paired_sign([c == "1" for c in b["items_correct"]], [c == "1" for c in n["items_correct"]])
-    p = b["accuracy"]
-    return {**sign, "z": round(sign["z"], 3), "n": b["n"], "delta_accuracy": round(n["accuracy"] - p, 5),
+    p = b["correct"] / b["n"]
+    return {**sign, "z": round(sign["z"], 3), "n": b["n"], "delta_accuracy": round((sign["gained"] - sign["lost"]) / b["n"], 5),
             "se_base": round((p * (1 - p) / b["n"]) ** 0.5, 5)}
 
 

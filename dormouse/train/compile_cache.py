@@ -7,11 +7,11 @@ node does not keep.
 
     DORMOUSE_COMPILE_CACHE=/shared/project/.compile_cache snakemake ...   # unset: off
 
-The files are <dir>/<torch>-<triton>-<device>/<sha256>.bin, one per save (torch serializes only the artifacts
-made since its last save, so each save is a file of its own, named by its content); artifacts for other graphs are
-simply not hit, so every preset and stage shares one folder per software and device. Not digested: it changes how
-long a compile takes, not what it computes. A file that does not load is skipped and counted
-(compile_cache.load_failed), never fatal.
+The files are <dir>/<torch>-<triton>-<device>/<sha256>.bin, one per save holding the artifacts made (compiled, or
+read from inductor's local cache) since the previous save; artifacts for other graphs are simply not hit, so every
+preset and stage shares one folder per software and device. Not digested: it changes how long a compile takes, not
+what it computes. A file that does not load, or a save that fails (a full or read-only disk), is skipped and counted
+(compile_cache.load_failed / save_failed), never fatal: the run is worth more than its cache.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from __future__ import annotations
 import hashlib
 import os
 import re
+import tempfile
 from collections import Counter
 from pathlib import Path
 
@@ -72,20 +73,32 @@ def compiled_here() -> int:
 
 
 def save(device: torch.device, counters: Counter, say=print) -> None:
-    """Write the artifacts made since this process's last save, when it compiled something new; atomically, so a
-    job killed mid-write leaves no partial file."""
+    """Write the artifacts made since this process's last save: when it compiled something new, or on its first save
+    when it loaded nothing (its graphs then came from inductor's local cache, which the folder does not hold yet)."""
     folder = cache_dir(device)
     missed = compiled_here()
-    if folder is None or missed <= counters["compile_cache.compiled_graphs_saved"]:
+    first_fill = not counters["compile_cache.files_loaded"] and not counters["compile_cache.saved_files"]
+    if folder is None or (missed <= counters["compile_cache.compiled_graphs_saved"] and not first_fill):
         return
-    art = torch.compiler.save_cache_artifacts()
-    if not art:
+    try:
+        art = torch.compiler.save_cache_artifacts()
+        if not art:
+            return
+        # torch's serializer keeps every earlier save's bytes and its loader keeps one group per kind of artifact
+        # (torch 2.13: a dict of the groups), so a file holding two saves loads only the second: start afresh
+        CacheArtifactManager = getattr(torch.compiler._cache, "CacheArtifactManager", None)
+        if CacheArtifactManager is not None and hasattr(CacheArtifactManager, "_serializer"):
+            CacheArtifactManager._serializer.clear()
+        folder.mkdir(parents=True, exist_ok=True)
+        path = folder / f"{hashlib.sha256(art[0]).hexdigest()[:20]}.bin"
+        fd, tmp = tempfile.mkstemp(dir=folder, suffix=".tmp")  # unique across nodes sharing the folder
+        with os.fdopen(fd, "wb") as f:
+            f.write(art[0])
+        os.replace(tmp, path)
+    except Exception as e:  # noqa: BLE001 - a cache that cannot be written costs the next start a compile, not this run
+        counters["compile_cache.save_failed"] += 1
+        say(f"[compile_cache] {folder}: not saved ({type(e).__name__}: {e}); the run goes on", flush=True)
         return
-    folder.mkdir(parents=True, exist_ok=True)
-    path = folder / f"{hashlib.sha256(art[0]).hexdigest()[:20]}.bin"
-    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
-    tmp.write_bytes(art[0])
-    os.replace(tmp, path)
     counters["compile_cache.compiled_graphs_saved"] = missed
     counters["compile_cache.saved_files"] += 1
     counters["compile_cache.saved_bytes"] += len(art[0])

@@ -72,7 +72,8 @@ class StackedMuon(torch.optim.Muon):
     bf16 Newton–Schulz input and output now exist at once (not one stack at a time): ~4 more bytes per hidden-matrix weight at the peak.
 
     A 3-D parameter is a bank of matrices (an MoE's experts, dormouse/model/ffn.py): each of its matrices is
-    orthogonalised, normalised and lr-adjusted on its own, exactly as separate 2-D parameters would be, and the
+    orthogonalised, normalised and lr-adjusted on its own, as separate 2-D parameters would be (bit for bit for a
+    wide bank; a tall bank's own iteration may round a bf16 ulp apart from its transposed matrices'), and the
     bank joins its shape's stack whole (no per-expert tensors, so the compiled graphs take a few dozen inputs
     at b1, not thousands); a bank of tall matrices has a stack of its own, in its own layout (`_tall_bank`). torch's Muon refuses 3-D parameters; this class checks them itself.
 
