@@ -1,3 +1,5 @@
+from pathlib import Path
+
 import pytest
 import yaml
 
@@ -98,3 +100,22 @@ def test_dormouse_plan_set_gives_the_job_snakemake_would_run_with_that_set(workd
     assert jobs[True]["params"]["rl"]["seed"] == 1 and jobs[True]["inputs"] == jobs[False]["inputs"]  # the same sft
     config = load_yaml(workdir / "config" / "config.yaml")
     assert jobs[True]["digest"] == build_plan({**config, "set": "rl.seed=1"}, workdir).chain["tiny"]["rl"] != jobs[False]["digest"]
+
+
+def test_a_users_corpus_plans_to_snakemakes_digests_from_any_folder(workdir, monkeypatch):
+    """A corpus of the user's own (fingerprinted by its files' paths, sizes and mtimes, not a recipe as the demo is):
+    `dormouse plan` run from a subfolder (root found and absolute) gives the digests Snakemake's plan (root ".")
+    gives. Before the fix the absolute file paths entered the fingerprint: every CLI digest of such a corpus
+    differed from the artifacts Snakemake built (found on the b1 scale shard, session 17)."""
+    from dormouse.engine.config import load_yaml
+    from dormouse.engine.plan import load_plan
+
+    (workdir / "mine").mkdir()
+    (workdir / "mine" / "a.jsonl").write_text('{"text": "one document"}\n')
+    (workdir / "sub").mkdir()
+    config = {**load_yaml(workdir / "config" / "config.yaml"), "corpus": "mine"}
+    monkeypatch.chdir(workdir)
+    snakemake_view = build_plan(config, Path(".")).chain["tiny"]
+    monkeypatch.chdir(workdir / "sub")
+    cli_view = load_plan(None, corpus="../mine").chain["tiny"]
+    assert cli_view["filter"] == snakemake_view["filter"] and cli_view == snakemake_view

@@ -141,7 +141,10 @@ def raw_fingerprint(spec: str, root: Path = Path(".")) -> str:
         listing = []
         for f in files:
             st = f.stat()
-            listing.append([str(f), st.st_size, st.st_mtime_ns])
+            # a relative spec's files by their path from the root, whatever the root is spelled as: `dormouse plan` (root
+            # absolute, found from the cwd) and Snakemake (root ".") then fingerprint one corpus alike
+            name = str(f) if os.path.isabs(spec) else os.path.relpath(f, root)
+            listing.append([name, st.st_size, st.st_mtime_ns])
         payload = {"files": listing}
     return hashlib.sha256(canonical_json(payload).encode()).hexdigest()[:20]
 
