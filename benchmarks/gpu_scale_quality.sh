@@ -3,7 +3,7 @@
 # each call of this same command unpacks the shard once (its three parts carried into /tmp/parts beforehand), then
 # trains the RUNS in order, each for BUDGET seconds of training, pausing before the call's own limit and resuming
 # in the next call (state in /tmp/q_<run>, kept while the machine stays warm). Call it again until it prints
-# "all runs done". Back in $OUT: q_<preset>_<system>.tsv per run (the whole curve so far).
+# "all runs done". Back in $OUT: q_<preset>_<system>.tsv per run (the whole curve so far). (tests/test_b1_benches.py)
 #   carry .whl_chain + .carry/p0 (cp .carry/p0/* /tmp/parts), then .carry/p1, then .carry/p2 + .job:
 #   RUNS="medium:ours small:ours small:sdpa" bash benchmarks/gpu_scale_quality.sh
 # Here (CPU, a tiny job): PY=.venv/bin/python JOB=<job> PARTS= BUDGET=4 CALL_S=60 MARGIN_S=20 RUNS="tiny:ours" bash ...
@@ -13,6 +13,7 @@ JOB=${JOB:-.job/b1_scale_pretrain.json}
 RUNS=${RUNS:-medium:ours small:ours small:sdpa}
 BUDGET=${BUDGET:-600}
 OUT=${OUT:-/tmp/scale_out}; mkdir -p "$OUT"
+STATE=${STATE:-/tmp}  # paused runs in $STATE/q_<preset>, finished ones marked in $STATE/q_done
 start=$(date +%s)
 deadline=$(( start + ${CALL_S:-570} ))
 if [ "$PY" = python3 ]; then
@@ -25,17 +26,17 @@ if [ ! -f "results/store/shard/$shard/manifest.json" ]; then
 fi
 for run in $RUNS; do
   preset=${run%%:*} system=${run##*:}
-  done_flag=/tmp/q_done/$preset-$system
+  done_flag=$STATE/q_done/$preset-$system
   if [ -f "$done_flag" ]; then echo "$run: done"; continue; fi
   # the call's time left, less a margin for the warm-up (compiles, a throwaway model) and the evals off the clock
   left=$(( deadline - $(date +%s) - ${MARGIN_S:-180} ))
   if [ "$left" -lt "${MIN_S:-60}" ]; then echo "$run: not enough time left in this call; call again"; exit 0; fi
   echo "$run: training for at most ${left}s of this call"
-  $PY benchmarks/quality_h200.py --job "$JOB" --systems "$system" --model-preset "$preset" --budget-s "$BUDGET" \
-    --pause-after-s "$left" --state "/tmp/q_$preset" --out "$OUT/q_${preset}_${system}.tsv" 2>&1 \
+  $PY "$(dirname "$0")/quality_h200.py" --job "$JOB" --systems "$system" --model-preset "$preset" --budget-s "$BUDGET" \
+    --pause-after-s "$left" --state "$STATE/q_$preset" --out "$OUT/q_${preset}_${system}.tsv" 2>&1 \
     | grep -v -i "warn\|run_backward" | tee "$OUT/q_${preset}_${system}.log" | tail -4
   [ "${PIPESTATUS[0]}" -eq 0 ] || { echo "$run: failed (q_${preset}_${system}.log)"; exit 1; }
   if grep -q "paused at" "$OUT/q_${preset}_${system}.log"; then echo "$run: paused; call again"; exit 0; fi
-  mkdir -p /tmp/q_done && touch "$done_flag"
+  mkdir -p "$STATE/q_done" && touch "$done_flag"
 done
 echo "all runs done"
