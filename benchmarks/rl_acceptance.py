@@ -17,6 +17,9 @@ import json
 import sys
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from dormouse.posttrain.task_eval import sign_z  # noqa: E402
+
 
 def seed_row(path: Path, bench: dict, min_z: float, max_bpb_rise: float) -> dict:
     try:
@@ -37,7 +40,7 @@ def seed_row(path: Path, bench: dict, min_z: float, max_bpb_rise: float) -> dict
         raise ValueError(f"{path}: no {e} (bench.json format 2 has stages.sft/rl with tasks_gen, paired.rl_vs_sft and "
                          "upstream.sft/rl)") from None
     g, lost = row["gained"], row["lost"]
-    z = (g - lost) / (g + lost) ** 0.5 if g + lost else 0.0  # from the counts: bench.json's z is rounded
+    z = sign_z(g, lost)  # from the counts: bench.json's z is rounded
     row["z"] = round(z, 3)
     checks = {
         "z": z >= min_z,
@@ -52,7 +55,7 @@ def accept(benches: dict[Path, dict], min_z: float = 2.0, max_bpb_rise: float = 
     gained, lost = sum(r["gained"] for r in rows), sum(r["lost"] for r in rows)
     return {
         "seeds": rows,
-        "pooled": {"gained": gained, "lost": lost, "z": round((gained - lost) / (gained + lost) ** 0.5, 3) if gained + lost else 0.0},
+        "pooled": {"gained": gained, "lost": lost, "z": round(sign_z(gained, lost), 3)},
         "one_sft": len({r["sft"] for r in rows}) == 1,
         "distinct_rl": len({r["rl"] for r in rows}) == len(rows),
         "criteria": {"min_z": min_z, "max_bpb_rise": max_bpb_rise, "min_seeds": min_seeds},

@@ -63,7 +63,12 @@ def paired_sign(base: list[bool], new: list[bool]) -> dict:
         raise ValueError(f"paired comparison of {len(base)} against {len(new)} items: not the same items")
     gained = sum(r and not b for r, b in zip(new, base))
     lost = sum(b and not r for r, b in zip(new, base))
-    return {"gained": gained, "lost": lost, "z": (gained - lost) / (gained + lost) ** 0.5 if gained + lost else 0.0}
+    return {"gained": gained, "lost": lost, "z": sign_z(gained, lost)}
+
+
+def sign_z(gained: int, lost: int) -> float:
+    """The paired sign test's z from the items gained and lost (0 when none differ)."""
+    return (gained - lost) / (gained + lost) ** 0.5 if gained + lost else 0.0
 
 
 def tally(graded: list[tuple[tasks.Item, str]]) -> dict:
