@@ -26,8 +26,8 @@ for s in pretrain sft rl export bench; do .venv/bin/python -m dormouse.cli plan 
 du -sh .whl_chain .whl .job results/store/shard/* | cat
 # issue #23's acceptance: two rl seeds from the one small sft model, with the defaults (rl_s<seed>) and with the
 # published small-scale recipe (rlx_s<seed>: Dr. GRPO advantage, token-level loss, prompts drawn by measured pass
-# rate, no KL); each dir holds small_{rl,export,bench}.json for `JOBDIR=.job/<dir> STAGES="rl export bench"
-# bash benchmarks/gpu_small_chain.sh` after `STAGES="pretrain sft"`; then benchmarks/rl_acceptance.py on the bench.json files
+# rate, no KL); each dir holds small_{rl,export,bench}.json for benchmarks/gpu_rl_acceptance.sh (all four side by side,
+# then rl_acceptance.py per recipe) after `STAGES="pretrain sft" bash benchmarks/gpu_small_chain.sh`
 for s in 0 1; do
   for arm in rl rlx; do
     set_=rl.seed=$s; [ $arm = rlx ] && set_="$set_,rl.advantage=mean,rl.loss_norm=token,rl.prompts=pass_rate,rl.kl_coef=0"

@@ -397,3 +397,33 @@ def test_rl_with_pass_rate_prompts_and_dr_grpo_runs(chain):
     assert set(final["pass_rate_cells"]) == {"add/1", "add/2", "reverse/1", "reverse/2"}
     groups = {k: v for k, v in c.items() if k.startswith("rl.cell_groups.")}
     assert sum(groups.values()) == c["rl.groups"] == 4 * 2 * 2  # steps x prompts_per_step x oversample
+
+
+@pytest.mark.slow
+def test_gpu_rl_acceptance_script_runs_the_arms_side_by_side(chain, tmp_path):
+    """benchmarks/gpu_rl_acceptance.sh on CPU with two tiny rl seeds: rl, export and bench of both arms side by side,
+    then rl_acceptance.py on their bench.json files; called again, it finds every stage built."""
+    import subprocess
+    import sys
+
+    from pipeline_util import plan_in
+
+    work, plan = chain
+    jobs = tmp_path / "jobs"
+    for seed in (1, 2):  # seed 0 is the fixture's own rl
+        arm_plan = plan_in(work, {**plan.config, "set": f"rl.seed={seed}"})
+        d = jobs / f"a_s{seed}"
+        d.mkdir(parents=True)
+        for stage in ("rl", "export", "bench"):
+            (d / f"tiny_{stage}.json").write_text(arm_plan.job_json(stage, arm_plan.chain["tiny"][stage]))
+    env = dict(os.environ, PY=sys.executable, PRESET="tiny", ARMS="a_s1 a_s2", JOBS=str(jobs), OUT=str(tmp_path / "out"),
+               MIN_RL_S="1", MIN_EXPORT_S="1", MIN_BENCH_S="1")
+    script = [os.environ.get("BASH", "bash"), str(Path(__file__).resolve().parents[1] / "benchmarks" / "gpu_rl_acceptance.sh")]
+    first = subprocess.run(script, cwd=work, env=env, capture_output=True, text=True, timeout=600)
+    assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
+    assert "rl: a_s1 a_s2 side by side" in first.stdout and "all arms benched" in first.stdout
+    result = json.loads((tmp_path / "out" / "rl_acceptance_a.json").read_text())
+    assert len(result["seeds"]) == 2 and result["one_sft"] and result["distinct_rl"]
+    assert f"a: rl_acceptance exit {0 if result['accepted'] else 1}" in first.stdout
+    again = subprocess.run(script, cwd=work, env=env, capture_output=True, text=True, timeout=600)
+    assert again.returncode == 0 and all(f"{s}: built for every arm" in again.stdout for s in ("rl", "export", "bench"))

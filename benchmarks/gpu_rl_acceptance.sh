@@ -1,0 +1,62 @@
+#!/usr/bin/env bash
+# Issue #23's acceptance on one GPU (device tool): the rl arms, each a job dir .job/<arm>/ of
+# <preset>_{rl,export,bench}.json planned by benchmarks/prepare_device.sh from one sft model, run side by side
+# (an rl arm is decode-bound and uses a sliver of the GPU; one after another, four arms cost ~4x the clock), then
+# their exports side by side, then their benches. Each stage runs only for the arms whose artifact is not built,
+# and only when the call has the stage's MIN time left (rl does not resume: a killed rl starts over), so the same
+# command is called again on the warm machine until it prints "all arms benched". Then
+# benchmarks/rl_acceptance.py reads each recipe's seeds (arms named <recipe>_s<seed>).
+#   after `STAGES="pretrain sft" WHL=.whl_chain bash benchmarks/gpu_small_chain.sh` on the same warm machine:
+#   WHL=.whl_chain ARMS="rl_s0 rl_s1 rlx_s0 rlx_s1" bash benchmarks/gpu_rl_acceptance.sh
+# Back in $OUT: <arm>_<stage>.log, bench_<arm>.json, rl_acceptance_<recipe>.json.
+# Here (CPU, tiny jobs; tests/test_rl_acceptance.py): PY=.venv/bin/python PRESET=tiny ARMS="a_s0 a_s1" bash ...
+set -uo pipefail
+PY=${PY:-python3}
+PRESET=${PRESET:-small}
+ARMS=${ARMS:-rl_s0 rl_s1 rlx_s0 rlx_s1}
+JOBS=${JOBS:-.job}
+OUT=${OUT:-/tmp/rl_out}; mkdir -p "$OUT"
+deadline=$(( $(date +%s) + ${CALL_S:-570} ))
+if [ "$PY" = python3 ]; then
+  source "$(dirname "$0")/gpu_env.sh"  # its last test may return non-zero: not chained
+fi
+out_of() { $PY -c "import json, sys; print(json.load(open(sys.argv[1]))['out'])" "$1"; }
+# the least time a stage is started with, all arms side by side (H200, small: rl ~160 s alone, bench ~240 s)
+min_s() { case $1 in rl) echo "${MIN_RL_S:-420}";; export) echo "${MIN_EXPORT_S:-60}";; *) echo "${MIN_BENCH_S:-330}";; esac; }
+for stage in rl export bench; do
+  todo=()
+  for a in $ARMS; do
+    job=$JOBS/$a/${PRESET}_$stage.json
+    [ -f "$job" ] || { echo "$a: no $job (benchmarks/prepare_device.sh plans it)"; exit 2; }
+    [ -f "$(out_of "$job")/manifest.json" ] || todo+=("$a")
+  done
+  [ ${#todo[@]} -eq 0 ] && { echo "$stage: built for every arm"; continue; }
+  left=$(( deadline - $(date +%s) ))
+  if [ "$left" -lt "$(min_s $stage)" ]; then echo "$stage: ${left}s left, under $(min_s $stage)s; call again"; exit 0; fi
+  echo "$stage: ${todo[*]} side by side (at most ${left}s)"
+  pids=()
+  for a in "${todo[@]}"; do
+    timeout "$left" $PY -m dormouse.cli "$stage" --job "@$JOBS/$a/${PRESET}_$stage.json" > "$OUT/${a}_$stage.log" 2>&1 &
+    pids+=($!)
+  done
+  failed=0
+  for i in "${!todo[@]}"; do
+    wait "${pids[$i]}"; rc=$?
+    a=${todo[$i]}
+    grep -E "^\[$stage\] (start|end|selected)" "$OUT/${a}_$stage.log" | sed "s/^/$a: /"
+    if [ "$rc" -ne 0 ]; then echo "$a: $stage exit $rc (${a}_$stage.log)"; tail -3 "$OUT/${a}_$stage.log"; failed=1; fi
+  done
+  [ "$failed" -eq 0 ] || exit 1
+done
+echo "all arms benched"
+recipes=()
+for a in $ARMS; do
+  cp "$(out_of "$JOBS/$a/${PRESET}_bench.json")/bench.json" "$OUT/bench_$a.json"
+  r=${a%_s*}; [[ " ${recipes[*]-} " == *" $r "* ]] || recipes+=("$r")
+done
+for r in "${recipes[@]}"; do
+  benches=()
+  for a in $ARMS; do [ "${a%_s*}" = "$r" ] && benches+=("$OUT/bench_$a.json"); done
+  $PY "$(dirname "$0")/rl_acceptance.py" --bench "${benches[@]}" --out "$OUT/rl_acceptance_$r.json"
+  echo "$r: rl_acceptance exit $? (0 accepted, 1 not)"
+done
