@@ -37,7 +37,7 @@ def seed_row(path: Path, bench: dict, min_z: float, max_bpb_rise: float) -> dict
             "bpb_sft": sft["bpb"], "bpb_rl": rl["bpb"],
         }
     except (KeyError, TypeError) as e:
-        raise ValueError(f"{path}: no {e} (bench.json format 2 has stages.sft/rl with tasks_gen, paired.rl_vs_sft and "
+        raise ValueError(f"{path}: no {e} (bench.json format 3 has stages.sft/rl with tasks_gen, paired.rl_vs_sft and "
                          "upstream.sft/rl)") from None
     g, lost = row["gained"], row["lost"]
     z = sign_z(g, lost)  # from the counts: bench.json's z is rounded

@@ -9,7 +9,7 @@ each ~0 or ~1; this script measures the per-prompt rates instead of assuming the
         --out $OUT/rl_diagnosis.tsv --json $OUT/rl_diagnosis.json
     .venv/bin/python benchmarks/rl_diagnosis.py --artifact <a tiny sft artifact> --prompts-per-cell 4   # CPU
 
-Rows (one per cell, then "all"): prompts, G, pass1 (mean of k/G), passG (share with k >= 1: pass@G), informative
+Rows (one per cell, then "all"): prompts (items drawn as rl draws them), distinct_prompts (a small cell repeats), G, pass1 (mean of k/G), passG (share with k >= 1: pass@G), informative
 (share with 0 < k < G: groups rl trains on), informative_if_uniform (1 - p^G - (1 - p)^G at the cell's mean p:
 what a cell of equal prompts would give), greedy (exact match of the greedy reply on the same prompts), malformed
 (share of samples), k_hist (prompts with k = 0..G successes). Sampling uses the rl stage's temperature and top-k
@@ -36,7 +36,7 @@ from dormouse.posttrain import chat, task_eval, tasks  # noqa: E402
 from dormouse.posttrain.decode import generate  # noqa: E402
 from dormouse.train.runtime import autocast, deterministic_cpu, load_model, uses_bf16  # noqa: E402
 
-KEYS = ["family", "difficulty", "prompts", "G", "pass1", "passG", "informative", "informative_if_uniform", "greedy",
+KEYS = ["family", "difficulty", "prompts", "distinct_prompts", "G", "pass1", "passG", "informative", "informative_if_uniform", "greedy",
         "malformed", "k_hist"]
 
 
@@ -44,11 +44,13 @@ def informative_if_uniform(p: float, g: int) -> float:
     return 1.0 - p**g - (1.0 - p) ** g
 
 
-def cell_row(family: str, difficulty, ks: list[int], g: int, greedy: list[bool], malformed: int) -> dict:
+def cell_row(family: str, difficulty, ks: list[int], g: int, greedy: list[bool], malformed: int,
+             distinct: int | None = None) -> dict:
+    """distinct: how many different prompts the n items ask (a one-digit cell repeats its few; default n)."""
     n = len(ks)
     p = sum(ks) / (n * g)
     hist = Counter(ks)
-    return {"family": family, "difficulty": difficulty, "prompts": n, "G": g, "pass1": round(p, 4),
+    return {"family": family, "difficulty": difficulty, "prompts": n, "distinct_prompts": n if distinct is None else distinct, "G": g, "pass1": round(p, 4),
             "passG": round(sum(k > 0 for k in ks) / n, 4), "informative": round(sum(0 < k < g for k in ks) / n, 4),
             "informative_if_uniform": round(informative_if_uniform(p, g), 4),
             "greedy": round(sum(greedy) / n, 4), "malformed": round(malformed / (n * g), 4),
@@ -103,19 +105,21 @@ def main(argv=None) -> int:
     difficulties = args.difficulties or task_params["difficulties"]
     print(f"[rl_diagnosis] {art.manifest['stage']} {art.path.name} on {device} ({dtype}); G {g}, {n} rl-split prompts "
           f"per cell, T {temperature}, top-k {top_k}", flush=True)
-    rows, every_k, every_greedy, every_malformed = [], [], [], 0
+    rows, every_k, every_greedy, every_malformed, every_distinct = [], [], [], 0, 0
     t0 = time.time()
     for fam in task_params["families"]:
         for d in difficulties:
             items = list(tasks.items("rl", fam, d, n))
             ks, greedy, malformed = diagnose(model, items, g, task_params["max_new_bytes"], temperature, top_k, device,
                                              dtype, args.seed, args.batch_items)
-            rows.append(cell_row(fam, d, ks, g, greedy, malformed))
+            distinct = len({it.prompt for it in items})
+            rows.append(cell_row(fam, d, ks, g, greedy, malformed, distinct))
+            every_distinct += distinct
             every_k += ks
             every_greedy += greedy
             every_malformed += malformed
             print(f"[rl_diagnosis] {json.dumps(rows[-1])}", flush=True)
-    rows.append(cell_row("all", "all", every_k, g, every_greedy, every_malformed))
+    rows.append(cell_row("all", "all", every_k, g, every_greedy, every_malformed, every_distinct))
     learnable = [f"{r['family']}/{r['difficulty']}" for r in rows[:-1] if r["informative"] >= 0.25]
     print(f"\n{'cell':<14} {'pass1':>6} {'passG':>6} {'inform':>7} {'if unif':>8} {'greedy':>7}  k_hist (k = 0..G)")
     for r in rows:

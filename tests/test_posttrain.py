@@ -14,7 +14,7 @@ from pipeline_util import configure, manifest, run_chain
 
 from dormouse.engine.config import validate
 from dormouse.engine.views import main as view_main
-from dormouse.posttrain import chat, tasks
+from dormouse.posttrain import chat, task_eval, tasks
 from dormouse.stages.rl import Curriculum
 from dormouse.stages.sft import sft_batch
 
@@ -66,13 +66,31 @@ def test_sft_loss_counts_only_assistant_bytes():
     assert n == sum(len(it.answer) + 1 for it in items)
 
 
-def test_curriculum_promotes_on_the_window_mean_and_stops_at_max():
-    cur = Curriculum(["add"], {"start": 1, "max": 2, "window": 2, "promote_at": 0.5})
-    assert not cur.record("add", 1.0)  # window not full yet
-    assert cur.record("add", 0.0)  # mean 0.5 reaches promote_at
-    assert cur("add", None) == 2
-    assert not cur.record("add", 1.0) and not cur.record("add", 1.0)  # at max: stays
-    assert cur("add", None) == 2
+def test_curriculum_promotes_on_the_frontier_mean_draws_every_unlocked_level_and_stops_at_max():
+    import random
+
+    cur = Curriculum(["add"], {"start": 1, "max": 2, "window": 2, "promote_at": 0.5}, range(1, 3))
+    rng = random.Random(0)
+    assert {cur("add", rng) for _ in range(50)} == {1}
+    assert not cur.record("add", 1, 1.0)  # window not full yet
+    assert not cur.record("add", 2, 1.0)  # not the frontier: does not count
+    assert cur.record("add", 1, 0.0)  # the frontier's mean 0.5 reaches promote_at
+    assert {cur("add", rng) for _ in range(50)} == {1, 2}  # the level below keeps training
+    assert not cur.record("add", 2, 1.0) and not cur.record("add", 2, 1.0)  # at max: stays
+    assert cur.level["add"] == 2
+
+
+def test_rl_difficulties_default_to_what_the_sets_ask():
+    from dormouse.engine.config import ConfigError, load_preset
+    from dormouse.engine.registry import rl_difficulties, stage_params
+
+    tasks_ = {"difficulties": [1, 2]}
+    assert rl_difficulties({"start": 1, "max": None}, tasks_) == range(1, 3)
+    assert rl_difficulties({"start": 1, "max": 3}, tasks_) == range(1, 4)  # asked for: trains cells no set measures
+    preset = load_preset("small", Path(__file__).resolve().parents[1])
+    preset["rl"]["curriculum"] = {**preset["rl"]["curriculum"], "start": 3}
+    with pytest.raises(ConfigError, match=r"max 2 \(the largest of tasks.difficulties\) is below start 3"):
+        stage_params("rl", preset)
 
 
 def test_sft_and_rl_report_accuracy_and_bpb_at_start_and_end(chain):
@@ -143,7 +161,9 @@ def test_bench_json_matches_its_schema_and_names_the_chain(chain, bench_view):
     assert len(items) == rl_gen["n"] and items.count("1") == rl_gen["correct"]
     # paired: rl against sft item by item; the net gain is the difference of the correct counts
     p, sft_gen = view["paired"]["rl_vs_sft"], view["stages"]["sft"]["tasks_gen"]
-    assert p["gained"] - p["lost"] == rl_gen["correct"] - sft_gen["correct"] and p["n"] == rl_gen["n"]
+    assert p["delta_accuracy"] == round((rl_gen["correct"] - sft_gen["correct"]) / rl_gen["n"], 5) and p["n"] == rl_gen["n"]
+    task_params = plan.job("bench", plan.chain["tiny"]["bench"]).spec(plan.store)["params"]["tasks"]
+    assert p["units"] == len({it.prompt for it in task_eval.heldout_items(task_params)}) and p["gained"] + p["lost"] <= p["units"]
     assert set(view["paired"]["rungs_vs_bf16"]) == {"int8", "mxfp4", "ternary"}
 
 
@@ -152,10 +172,15 @@ def test_paired_sign_counts_gains_and_losses_item_by_item():
 
     base = [True, True, False, False, True, False]
     new = [True, False, True, True, True, True]  # gains items 2, 3, 5; loses item 1
-    assert paired_sign(base, new) == {"gained": 3, "lost": 1, "z": 2 / 4 ** 0.5}
+    assert paired_sign(base, new) == {"gained": 3, "lost": 1, "z": 2 / 4 ** 0.5, "units": 6}
     assert paired_sign(base, base)["z"] == 0.0
     with pytest.raises(ValueError, match="not the same items"):
         paired_sign(base, new[:-1])
+    # items 2, 3 and 5 ask one prompt: it counts once (its first item), so one gain, not three
+    keys = ["a", "b", "c", "c", "d", "c"]
+    assert paired_sign(base, new, keys) == {"gained": 1, "lost": 1, "z": 0.0, "units": 4}
+    with pytest.raises(ValueError, match="with 5 keys"):
+        paired_sign(base, new, keys[:-1])
 
 
 def test_bench_schema_rejects_a_missing_stage(chain, bench_view):
@@ -249,7 +274,8 @@ def run_selection(monkeypatch, rows: list[list[bool]], min_z: float):
     monkeypatch.setattr(task_eval, "correct", lambda *a: next(it))
     model = torch.nn.Linear(2, 2)
     weights = {0: model.weight.detach().clone()}
-    sel = Selection(model, ["dev item"] * len(rows[0]), {"max_new_bytes": 4}, "cpu", {"dtype": "float32"}, min_z)
+    dev = [tasks.Item("add", 1, i, f"prompt {i}", "0") for i in range(len(rows[0]))]
+    sel = Selection(model, dev, {"max_new_bytes": 4}, "cpu", {"dtype": "float32"}, min_z)
     steps = 2 * (len(rows) - 1)
     for step in range(1, steps + 1):
         with torch.no_grad():
@@ -268,7 +294,7 @@ def test_selection_keeps_the_earliest_best_that_beats_step0(monkeypatch):
     assert torch.equal(model.weight, weights[2])  # 9/20 first at step 2: gained 7, lost 0, z 2.65
     r = sel.report()
     assert r["curve"] == [(0, 0.1), (2, 0.45), (4, 0.35), (6, 0.45)] and r["selected_step"] == 2
-    assert r["vs_step0"][0] == {"step": 2, "gained": 7, "lost": 0, "z": 2.646}
+    assert r["vs_step0"][0] == {"step": 2, "gained": 7, "lost": 0, "z": 2.646, "units": 20}
 
 
 def test_selection_ships_step0_when_no_gain_is_significant(monkeypatch):
@@ -277,7 +303,7 @@ def test_selection_ships_step0_when_no_gain_is_significant(monkeypatch):
     noisy = [False] * 2 + [True] * 2 + [True] * 4 + [False] * 12
     sel, model, weights = run_selection(monkeypatch, [base, noisy, [False] * 20], min_z=2.0)
     assert sel.report()["selected_step"] == 0 and torch.equal(model.weight, weights[0])
-    assert sel.report()["vs_step0"][0] == {"step": 2, "gained": 4, "lost": 2, "z": 0.816}
+    assert sel.report()["vs_step0"][0] == {"step": 2, "gained": 4, "lost": 2, "z": 0.816, "units": 20}
     # min_z 0 is the raw best: the same curve ships step 2
     sel, model, weights = run_selection(monkeypatch, [base, noisy, [False] * 20], min_z=0.0)
     assert sel.report()["selected_step"] == 2 and torch.equal(model.weight, weights[2])

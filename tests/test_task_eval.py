@@ -93,6 +93,17 @@ def test_dev_items_share_no_prompt_with_rl_training_or_the_held_out_set():
     assert not dev_prompts & {it.prompt for it in task_eval.heldout_items(params)}
 
 
+def test_spread_streams_of_two_seeds_train_different_prompts_and_never_repeat_early():
+    def cells(seed, spread):
+        stream = task_eval.item_stream("rl", ["add"], lambda fam, rng: 2, seed, spread)
+        return [next(stream).prompt for _ in range(200)]
+
+    assert cells(0, False) == cells(1, False)  # without spread every seed walks one sequence (the old rl)
+    a, b = cells(0, True), cells(1, True)
+    assert a == cells(0, True) and sum(x == y for x, y in zip(a, b)) == 0  # seeded, and no longer in step
+    assert len(set(a) & set(b)) < 40  # what two independent draws share of add@2's ~1 500 rl prompts (16 here)
+
+
 def test_constant_baseline_is_the_best_fixed_reply_per_cell():
     def item(fam, d, ans):
         return tasks.Item(fam, d, 0, "p", ans)

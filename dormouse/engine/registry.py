@@ -97,12 +97,24 @@ def _run(preset: dict) -> dict:
 RL_LATER_DEFAULTS = {"advantage": "mean_std", "loss_norm": "reply", "prompts": "curriculum"}
 
 
+def rl_difficulties(cur: dict, task_params: dict) -> range:
+    """The difficulties rl trains: curriculum.start to curriculum.max, where a null max is the largest of
+    tasks.difficulties. At max 3 over small's [1, 2], a quarter of rl's groups went to difficulty 3, which sft never
+    taught and no dev or held-out item asks, and each promoted family stopped training the cells they do ask."""
+    top = cur["max"] if cur["max"] is not None else max(task_params["difficulties"])
+    if top < cur["start"]:
+        raise ConfigError(f"rl.curriculum: max {top}{'' if cur['max'] is not None else ' (the largest of tasks.difficulties)'} "
+                          f"is below start {cur['start']}")
+    return range(cur["start"], top + 1)
+
+
 def _posttrain(stage: str) -> Callable[[dict], dict]:
     def params(preset: dict) -> dict:
         # an MoE keeps pretrain's balancing loss while it trains on (a param only then: other digests stay)
         moe = {"moe_aux_coef": preset["train"]["moe_aux_coef"]} if preset["model"].get("moe") else {}
         section = omit_defaults(preset[stage], POSTTRAIN_LATER_DEFAULTS)
         if stage == "rl":
+            rl_difficulties(section["curriculum"], preset["tasks"])  # a curriculum with no difficulty fails the plan
             section = omit_defaults(section, RL_LATER_DEFAULTS)
             if "prompts" not in section:  # pass_rate settings only matter when rl.prompts is pass_rate
                 section.pop("pass_rate", None)
@@ -147,7 +159,7 @@ STAGES: dict[str, Stage] = {s.name: s for s in (
         "5: FLA's conv kernel on CUDA",
         "6: one input matmul",
         "7: our Triton conv")),
-    Stage("rl", "GRPO on the verifiable tasks with exact-verifier rewards", 9, ("sft", "shard"), _posttrain("rl"), (
+    Stage("rl", "GRPO on the verifiable tasks with exact-verifier rewards", 10, ("sft", "shard"), _posttrain("rl"), (
         "2: no dev-split prompt in training",
         "3: as sft 2",
         "4: paired selection",
@@ -155,15 +167,18 @@ STAGES: dict[str, Stage] = {s.name: s for s in (
         "6: as sft 4",
         "7: as sft 5",
         "8: as sft 6",
-        "9: as sft 7")),
+        "9: as sft 7",
+        "10: the curriculum draws every unlocked difficulty, within tasks.difficulties by default; each rl seed starts "
+        "its own place in every cell's prompts; selection's sign test counts each distinct dev prompt once")),
     Stage("export", "quantized rungs (bf16 .. ternary) with bytes on disk and their BPB", 3, ("rl", "shard"),
           _export, (
         "2: reference_bpb computed in fp32 (it ran under the bf16 autocast on CUDA)",
         "3: ternary's mean |W| summed in fp64 (a scale's last bit moved with the summation order)")),
-    Stage("bench", "score every stage and rung: BPB, task accuracy, multiple choice, cloze", 3,
+    Stage("bench", "score every stage and rung: BPB, task accuracy, multiple choice, cloze", 4,
           ("pretrain", "sft", "rl", "export", "anchors", "shard"), _bench, (
         "2: as sft 2",
-        "3: per-item greedy correctness and the paired sign tests (bench.json format 2)")),
+        "3: per-item greedy correctness and the paired sign tests (bench.json format 2)",
+        "4: the sign tests count each distinct prompt once (bench.json format 3)")),
 )}
 
 

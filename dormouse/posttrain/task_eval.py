@@ -55,15 +55,25 @@ def correct(model, items: list[tasks.Item], max_new_bytes: int, device, dtype: s
     return [grade(it, g) == "correct" for it, g in zip(items, answer(model, items, max_new_bytes, device, dtype))]
 
 
-def paired_sign(base: list[bool], new: list[bool]) -> dict:
+def paired_sign(base: list[bool], new: list[bool], keys: list | None = None) -> dict:
     """Two models' per-item correctness on the same items: the items `new` gains and loses against `base`, and
     the sign test's z = (gained - lost) / sqrt(gained + lost) (0 when they agree on every item). rl's checkpoint
-    selection and bench's comparisons both read it."""
-    if len(base) != len(new):
-        raise ValueError(f"paired comparison of {len(base)} against {len(new)} items: not the same items")
-    gained = sum(r and not b for r, b in zip(new, base))
-    lost = sum(b and not r for r, b in zip(new, base))
-    return {"gained": gained, "lost": lost, "z": sign_z(gained, lost)}
+    selection and bench's comparisons both read it. `keys` (the items' prompts): only the first item of each key
+    counts, so `units` are distinct prompts. A small cell repeats prompts (add@1 has 100; 32 items ask ~9 of them),
+    greedy answers a repeat alike, and one prompt that flipped counted up to 7 times: the test's variance was
+    ~2x what its z assumed."""
+    if len(base) != len(new) or (keys is not None and len(keys) != len(base)):
+        raise ValueError(f"paired comparison of {len(base)} against {len(new)} items"
+                         f"{'' if keys is None else f' with {len(keys)} keys'}: not the same items")
+    units = range(len(base))
+    if keys is not None:
+        first: dict = {}
+        for i, k in enumerate(keys):
+            first.setdefault(k, i)
+        units = sorted(first.values())
+    gained = sum(new[i] and not base[i] for i in units)
+    lost = sum(base[i] and not new[i] for i in units)
+    return {"gained": gained, "lost": lost, "z": sign_z(gained, lost), "units": len(units)}
 
 
 def sign_z(gained: int, lost: int) -> float:
@@ -140,25 +150,30 @@ def heldout_accuracy(model, items: list[tasks.Item], task_params: dict, device, 
     return acc
 
 
-def item_stream(split: str, families: list[str], difficulty_of, seed: int) -> Iterator[tasks.Item]:
+def item_stream(split: str, families: list[str], difficulty_of, seed: int, spread: bool = False) -> Iterator[tasks.Item]:
     """An endless seeded stream of `split` items: family drawn uniformly, difficulty from
-    `difficulty_of(family)` (fixed list or a curriculum)."""
+    `difficulty_of(family, rng)` (fixed list or a curriculum); spread as in cell_stream."""
     def cell_of(rng):
         fam = rng.choice(families)
         return fam, difficulty_of(fam, rng)
-    return cell_stream(split, cell_of, seed)
+    return cell_stream(split, cell_of, seed, spread)
 
 
-def cell_stream(split: str, cell_of, seed: int) -> Iterator[tasks.Item]:
+def cell_stream(split: str, cell_of, seed: int, spread: bool = False) -> Iterator[tasks.Item]:
     """An endless seeded stream of `split` items, each (family, difficulty) from `cell_of(rng)` and consuming its
-    own seeds in order, so no item repeats until a cell's seed range is spent."""
+    own seeds in order, so no item repeats until a cell's seed range is spent. spread: each cell starts at a point
+    of its seed range drawn from `seed` (and wraps), so two seeds train on different prompts, not on one sequence
+    in another family order."""
     rng = random.Random(f"item_stream:{split}:{seed}")
+    seeds = tasks.SPLITS[split]
     next_index: Counter = Counter()
     while True:
         fam, diff = cell_of(rng)
+        if spread and (fam, diff) not in next_index:
+            next_index[(fam, diff)] = random.Random(f"cell_start:{split}:{seed}:{fam}:{diff}").randrange(len(seeds))
         idx = next_index[(fam, diff)]
         next_index[(fam, diff)] += 1
-        yield tasks.make_item(fam, diff, tasks.SPLITS[split][idx])
+        yield tasks.make_item(fam, diff, seeds[idx % len(seeds)])
 
 
 def held_out(model, items: list[tasks.Item], task_params: dict, dtype: str, batch_size: int, device, ex, ey,

@@ -37,7 +37,7 @@ from dormouse.engine.stage import check_raw_input, input_artifact, parse_job, su
 from dormouse.posttrain import chat, mc, quant, task_eval, tasks
 from dormouse.train.runtime import deterministic_cpu, device_for, evaluate, load_model, model_config_of
 
-BENCH_FORMAT = 2  # the layout of bench.json (documented in docs/posttraining.md); 2: items_correct and paired
+BENCH_FORMAT = 3  # the layout of bench.json (documented in docs/posttraining.md); 2: items_correct and paired; 3: paired per distinct prompt (units)
 
 
 def task_mc_items(items: list[tasks.Item], k: int) -> list[mc.McItem]:
@@ -57,23 +57,25 @@ def score_model(model, suites: dict[str, list[mc.McItem]], heldout, params, devi
     return scores
 
 
-def paired(base: dict, new: dict) -> dict:
-    """`new` against `base` on the same held-out items, greedy: the paired sign test (task_eval.paired_sign), the
-    accuracy difference, and the standard error of base's accuracy (what "within one standard error" reads)."""
+def paired(base: dict, new: dict, prompts: list[str]) -> dict:
+    """`new` against `base` on the same held-out items, greedy: the paired sign test over distinct prompts
+    (task_eval.paired_sign; `units` of them), the accuracy difference over every item, and the standard error of
+    base's accuracy (what "within one standard error" reads)."""
     b, n = base["tasks_gen"], new["tasks_gen"]
-    sign = task_eval.paired_sign([c == "1" for c in b["items_correct"]], [c == "1" for c in n["items_correct"]])
+    sign = task_eval.paired_sign([c == "1" for c in b["items_correct"]], [c == "1" for c in n["items_correct"]], prompts)
     p = b["correct"] / b["n"]
-    return {**sign, "z": round(sign["z"], 3), "n": b["n"], "delta_accuracy": round((sign["gained"] - sign["lost"]) / b["n"], 5),
+    return {**sign, "z": round(sign["z"], 3), "n": b["n"], "delta_accuracy": round((n["correct"] - b["correct"]) / b["n"], 5),
             "se_base": round((p * (1 - p) / b["n"]) ** 0.5, 5)}
 
 
-def comparisons(models: dict, rungs: dict, rungs_ptq: dict | None) -> dict:
+def comparisons(models: dict, rungs: dict, rungs_ptq: dict | None, prompts: list[str]) -> dict:
     """The paired comparisons a reader of bench.json asks for: did sft and rl each improve on the stage before (rl's
     acceptance: z >= 2 against sft), and does each rung keep the bf16 model's answers (QAT's acceptance)."""
-    out = {"sft_vs_pretrain": paired(models["pretrain"], models["sft"]), "rl_vs_sft": paired(models["sft"], models["rl"])}
+    out = {"sft_vs_pretrain": paired(models["pretrain"], models["sft"], prompts),
+           "rl_vs_sft": paired(models["sft"], models["rl"], prompts)}
     for key, rows in (("rungs_vs_bf16", rungs), ("rungs_ptq_vs_bf16", rungs_ptq)):
         if rows and "bf16" in rows:
-            out[key] = {r: paired(rows["bf16"], s) for r, s in rows.items() if r != "bf16"}
+            out[key] = {r: paired(rows["bf16"], s, prompts) for r, s in rows.items() if r != "bf16"}
     return out
 
 
@@ -156,7 +158,7 @@ def main(argv=None) -> int:
             "rungs": rungs,
             "rungs_of": "rl",
             **twin,
-            "paired": comparisons(models, rungs, twin.get("rungs_ptq")),
+            "paired": comparisons(models, rungs, twin.get("rungs_ptq"), [it.prompt for it in heldout]),
             **({"qat": export["qat"]} if "qat" in export else {}),
             "reference_bpb_fp32": export["reference_bpb"],
             "suites": {name: {"items": len(items)} for name, items in suites.items()},

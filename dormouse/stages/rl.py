@@ -14,14 +14,17 @@ that do (DAPO's dynamic sampling), so most of a batch is signal even when most g
 a fresh AdamW's first steps are sign steps of the full lr on every parameter, and on small they moved
 the policy so far that the second PPO epoch's loss was 3.6 instead of ~0.
 `loss_norm: token` weighs every reply byte of the batch alike instead (DAPO).
-Prompts (`prompts`): `curriculum`: each family starts at `curriculum.start` and moves up one difficulty when its
-mean reward over the last `window` groups reaches `promote_at`; `pass_rate`: each prompt's (family, difficulty)
-is drawn in proportion to the measured share of that cell's recent groups that teach (PassRateSampler), so the
-prompts follow the policy's per-prompt pass rates instead of a fixed threshold. Counted per cell either way
-(rl.cell_groups.<family>.<difficulty>, rl.cell_groups_teaching.*).
+Prompts (`prompts`), over difficulties curriculum.start..max (max null: the largest of tasks.difficulties, what the
+dev and held-out sets ask): `curriculum`: each family unlocks `curriculum.start` first, a prompt's difficulty drawn
+uniformly from the unlocked ones, and unlocks the next when the frontier's mean reward over its last `window` groups
+reaches `promote_at`; `pass_rate`: each prompt's (family, difficulty) is drawn in proportion to the measured share
+of that cell's recent groups that teach (PassRateSampler), so the prompts follow the policy's per-prompt pass rates
+instead of a fixed threshold. Counted per cell either way (rl.cell_groups.<family>.<difficulty>,
+rl.cell_groups_teaching.*). Each seed starts at its own place in every cell's prompts (task_eval.cell_stream).
 Model selection: every `select.every` steps (and at step 0, the SFT model) greedy exact match on the
 dev split (task_eval.dev_items: prompts rl never trains on and the held-out set never asks); a
-checkpoint ships only if it beats the SFT model on those items by a paired sign test (`select.min_z`),
+checkpoint ships only if it beats the SFT model on those items by a paired sign test (`select.min_z`; each
+distinct prompt counted once: small cells repeat prompts),
 else the SFT weights ship, so neither an update that hurts greedy decoding nor dev noise is shipped.
 Reports held-out task accuracy and corpus BPB at start and end (of the selected model), as sft does.
 `rl.qat: <rung>`: the policy runs through the rung's export forward everywhere in the stage (sampling, the old and
@@ -43,7 +46,7 @@ import torch.nn.functional as F
 from dormouse.data import shards as layout
 from dormouse.data.byte_stream import eval_window
 from dormouse.engine import progress
-from dormouse.engine.registry import RL_LATER_DEFAULTS
+from dormouse.engine.registry import RL_LATER_DEFAULTS, rl_difficulties
 from dormouse.engine.stage import input_artifact, parse_job, summary, writer
 from dormouse.posttrain import chat, task_eval
 from dormouse.posttrain.decode import generate
@@ -64,19 +67,25 @@ from dormouse.train.runtime import (
 
 
 class Curriculum:
-    def __init__(self, families: list[str], cur: dict):
-        self.cur = cur
-        self.level = {f: cur["start"] for f in families}
+    """Per family, the unlocked difficulties start..level; a prompt's difficulty is drawn uniformly from them, so
+    a promoted family keeps training the cells below (the dev and held-out sets ask them too). The frontier moves
+    up one when the mean reward of its last `window` groups reaches `promote_at`."""
+
+    def __init__(self, families: list[str], cur: dict, difficulties: range):
+        self.cur, self.low, self.top = cur, difficulties[0], difficulties[-1]
+        self.level = {f: self.low for f in families}
         self.recent = {f: deque(maxlen=cur["window"]) for f in families}
 
     def __call__(self, family: str, rng) -> int:
-        return self.level[family]
+        return rng.randint(self.low, self.level[family])
 
-    def record(self, family: str, mean_reward: float) -> bool:
-        """Record one group's mean reward; True when the family moved up a difficulty."""
+    def record(self, family: str, difficulty: int, mean_reward: float) -> bool:
+        """Record one group's mean reward (only the frontier's count); True when the family moved up a difficulty."""
+        if difficulty != self.level[family]:
+            return False
         q = self.recent[family]
         q.append(mean_reward)
-        if len(q) == q.maxlen and statistics.fmean(q) >= self.cur["promote_at"] and self.level[family] < self.cur["max"]:
+        if len(q) == q.maxlen and statistics.fmean(q) >= self.cur["promote_at"] and self.level[family] < self.top:
             self.level[family] += 1
             q.clear()
             return True
@@ -144,7 +153,7 @@ class Selection:
         if self.base is None:
             self.base, eligible = right, True
         else:
-            paired = task_eval.paired_sign(self.base, right)
+            paired = task_eval.paired_sign(self.base, right, [it.prompt for it in self.dev])
             eligible = paired["z"] >= self.min_z
             self.paired.append({"step": step, **paired, "z": round(paired["z"], 3)})
         if eligible and acc > self.best:
@@ -229,14 +238,14 @@ def main(argv=None) -> int:
     lineage = qat.upstream_lineage(sft_art)
     families = task_params["families"]
     later = {k: rl.get(k, v) for k, v in RL_LATER_DEFAULTS.items()}  # keys left out of the digest at their defaults
-    curriculum = Curriculum(families, rl["curriculum"])
+    difficulties = rl_difficulties(rl["curriculum"], task_params)
+    curriculum = Curriculum(families, rl["curriculum"], difficulties)
     sampler = None
     if later["prompts"] == "pass_rate":
-        cur = rl["curriculum"]
-        sampler = PassRateSampler(families, range(cur["start"], cur["max"] + 1), rl["pass_rate"])
-        stream = task_eval.cell_stream("rl", sampler, rl["seed"])
+        sampler = PassRateSampler(families, difficulties, rl["pass_rate"])
+        stream = task_eval.cell_stream("rl", sampler, rl["seed"], spread=True)
     else:
-        stream = task_eval.item_stream("rl", families, curriculum, rl["seed"])
+        stream = task_eval.item_stream("rl", families, curriculum, rl["seed"], spread=True)
     gen = torch.Generator().manual_seed(rl["seed"])  # a CPU generator: the same draws on any device
     G, temp, max_new = rl["group_size"], rl["temperature"], task_params["max_new_bytes"]
     dev = task_eval.dev_items(task_params, rl["select"]["items_per_cell"]) if rl["select"]["every"] else []
@@ -272,7 +281,7 @@ def main(argv=None) -> int:
                 c[f"rl.cell_groups_teaching.{cell}"] += int(float(rewards[i].std()) > 0.0)
                 if sampler is not None:
                     sampler.record(it.family, it.difficulty, rewards[i])
-                elif curriculum.record(it.family, float(rewards[i].mean())):
+                elif curriculum.record(it.family, it.difficulty, float(rewards[i].mean())):
                     c[f"rl.promotions.{it.family}"] += 1
             tally = Counter(grades)
             for k in ("correct", "wrong", "malformed"):
