@@ -134,6 +134,21 @@ def test_two_processes_train_like_one(shards, tmp_path):
     assert out.count("[pretrain] step:30 eval_bpb") == 1  # rank 0 reports; the others stay quiet
 
 
+@pytest.mark.slow  # ~40 s
+def test_two_processes_of_micro_batches_train_like_one_whole_batch(shards, tmp_path):
+    """train.micro_batch_size 1: each rank's 2 rows as 2 micro-batches, DDP's all-reduce on the second only (no_sync
+    on the first); the same run as one process taking the 4 rows at once."""
+    job, out_dir = job_json(shards, set_model(shards, TINY_MODEL, ADAMW))
+    run_stage(shards, job)
+    one = result(shards, out_dir)
+    job, out_dir = job_json(shards, set_model(shards, TINY_MODEL, {**ADAMW, "micro_batch_size": 1}))
+    finish(torchrun(shards, job, tmp_path / "w2.log"), tmp_path / "w2.log")
+    two = result(shards, out_dir)
+    assert_same_run(one, two)
+    assert two["manifest"]["counters"]["train.micro_batches"] == 2 * 2 * 30  # ranks x parts x steps
+    assert "train.micro_batches" not in one["manifest"]["counters"]
+
+
 @pytest.mark.slow  # ~30 s
 def test_checkpoint_of_two_processes_resumes_in_one(shards, tmp_path):
     config = set_model(shards, TINY_MODEL, ADAMW)  # a checkpoint every 5 steps

@@ -62,7 +62,7 @@ def _anchors(preset: dict) -> dict:  # the ladder scores the model's eval window
 # Keys added to a section after digests were pinned, with the default that runs the code as it was: at that value
 # they stay out of the params, so adding them rebuilt nothing (the stage reads them with these defaults; the schema
 # holds the same, tested).
-TRAIN_LATER_DEFAULTS = {"qat": None}  # quantization-aware finish (issue #28)
+TRAIN_LATER_DEFAULTS = {"qat": None, "micro_batch_size": None}  # quantization-aware finish (issue #28); accumulation
 POSTTRAIN_LATER_DEFAULTS = {"qat": None}  # sft and rl
 QAT_SECTIONS = ("train", "sft", "rl")
 
@@ -82,7 +82,11 @@ def _pretrain(preset: dict) -> dict:
         model = ModelConfig.from_dict(preset["model"]).to_dict()
     except (TypeError, ValueError) as e:
         raise ConfigError(f"model: {e}") from None
-    return {"model": model, "train": omit_defaults(preset["train"], TRAIN_LATER_DEFAULTS)}
+    train = preset["train"]
+    micro = train.get("micro_batch_size")
+    if micro and micro < train["batch_size"] and train["batch_size"] % micro:
+        raise ConfigError(f"train.micro_batch_size {micro} does not divide train.batch_size {train['batch_size']}")
+    return {"model": model, "train": omit_defaults(train, TRAIN_LATER_DEFAULTS)}
 
 
 def _run(preset: dict) -> dict:

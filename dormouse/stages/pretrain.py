@@ -63,6 +63,10 @@ def main(argv=None) -> int:
     if train["batch_size"] % world.size:
         raise SystemExit(f"pretrain: train.batch_size {train['batch_size']} is not divisible by the world size {world.size} "
                          f"(WORLD_SIZE): every rank trains on an equal slice of the global batch; use a multiple of the GPU count")
+    rows, micro = train["batch_size"] // world.size, train.get("micro_batch_size")
+    if micro and micro < rows and rows % micro:
+        raise SystemExit(f"pretrain: train.micro_batch_size {micro} does not divide each rank's {rows} rows "
+                         f"(train.batch_size {train['batch_size']} over {world.size} processes)")
     shards = input_artifact(job, "shard")
     check_epochs(job, train, shards)  # before any device is touched
     device = distributed.init(world, device_for(train["device"]))

@@ -58,7 +58,7 @@ def guarded_step(opt: torch.optim.Optimizer, ok: torch.Tensor) -> None:
 
 
 class Firewall:
-    """backward, gradient clipping, the optimizer steps (or none of them) and zero_grad, for one step."""
+    """backward (of each micro-batch), gradient clipping, the optimizer steps (or none of them) and zero_grad, for one step."""
 
     def __init__(self, opts, params, grad_clip: float, max_bad_steps: int, world: distributed.World,
                  on_device: bool):
@@ -67,6 +67,9 @@ class Firewall:
         self.bad_in_row = 0  # host path; the device path keeps tensors until read()
         self.skipped = 0  # skipped steps not yet handed out by take_skipped()
         self.last_loss: float | torch.Tensor | None = None
+        self._loss: torch.Tensor | None = None  # the step's logged loss so far (its micro-batches' mean)
+        self._part_bad = False  # host path: a micro-batch of this step was not finite
+        self._nonfinite: torch.Tensor | None = None  # device path: the same, as a count on the device
         if on_device:
             dev = self.params[0].device
             if dev.type != "cpu" and any(isinstance(o, (torch.optim.Adam, torch.optim.AdamW)) and not _fused_adam(o)
@@ -84,22 +87,47 @@ class Firewall:
             self._bad.fill_(bad_in_row)
 
     def step(self, loss: torch.Tensor, total: torch.Tensor, where: str) -> None:
-        """`loss` is what is logged, `total` what is minimised (loss + auxiliary terms)."""
-        if self.on_device:
-            self._step_device(loss, total)
-        else:
-            self._step_host(loss, total, where)
-        for opt in self.opts:
-            opt.zero_grad(set_to_none=True)
+        """A whole step from one forward: `loss` is what is logged, `total` what is minimised (loss + auxiliary terms)."""
+        self.backward(loss, total)
+        self.finish(where)
 
-    def _step_host(self, loss, total, where: str) -> None:
-        # Every rank takes the decision together, before backward: DDP's all-reduce in backward needs
-        # all of them or it hangs. Summed with it: the loss, for the global mean.
-        loss_sum, nonfinite = distributed.all_sum(torch.stack([loss.detach().float(), (~torch.isfinite(total.detach())).float()]), self.world)
-        self.last_loss = loss_sum / self.world.size  # every rank holds the same number of rows
-        ok = nonfinite == 0
+    def backward(self, loss: torch.Tensor, total: torch.Tensor, parts: int = 1) -> None:
+        """One of a step's `parts` micro-batches (equal rows each; gradient accumulation): total / parts is
+        backpropagated into the summed gradients, the logged loss is the parts' mean, and one non-finite part makes
+        the whole step bad. `finish` then clips and steps once."""
+        if self.on_device:
+            nonfinite = (~torch.isfinite(total.detach())).float()
+            if self.world.size > 1:  # a collective on the device: no host wait
+                dist.all_reduce(nonfinite, op=dist.ReduceOp.SUM)
+            self._nonfinite = nonfinite if self._nonfinite is None else self._nonfinite + nonfinite
+            (total if parts == 1 else total / parts).backward()  # always: DDP's gradient all-reduce needs every rank
+            part = loss.detach() if parts == 1 else loss.detach() / parts
+        else:
+            # Every rank takes the decision together, before backward: DDP's all-reduce in backward needs
+            # all of them or it hangs. Summed with it: the loss, for the global mean.
+            loss_sum, nonfinite = distributed.all_sum(torch.stack([loss.detach().float(), (~torch.isfinite(total.detach())).float()]), self.world)
+            part = loss_sum / self.world.size if parts == 1 else loss_sum / self.world.size / parts
+            if nonfinite != 0:
+                self._part_bad = True
+            elif not self._part_bad:
+                (total if parts == 1 else total / parts).backward()
+        self._loss = part if self._loss is None else self._loss + part
+
+    def finish(self, where: str, keep_grads: bool = False) -> None:
+        """Clip, the optimizer steps (or none of them) and zero_grad, once the step's micro-batches are backpropagated.
+        keep_grads: zero the gradient buffers instead of freeing them (a graphed backward's gradients alias the graph's
+        own buffers until something else holds them, so a second micro-batch's replay would overwrite the first's)."""
+        if self.on_device:
+            self._finish_device()
+        else:
+            self._finish_host(where)
+        for opt in self.opts:
+            opt.zero_grad(set_to_none=not keep_grads)
+
+    def _finish_host(self, where: str) -> None:
+        self.last_loss, self._loss = self._loss, None
+        ok, self._part_bad = not self._part_bad, False
         if ok:
-            total.backward()
             grad_norm = torch.nn.utils.clip_grad_norm_(self.params, self.grad_clip)
             ok = bool(torch.isfinite(grad_norm))  # the same on every rank: the gradients were all-reduced
         if ok:
@@ -112,20 +140,16 @@ class Firewall:
         if self.bad_in_row > self.max_bad:
             raise BadStepsError(f"pretrain: {self.bad_in_row} non-finite steps in a row at {where}; aborting")
 
-    def _step_device(self, loss, total) -> None:
-        nonfinite = (~torch.isfinite(total.detach())).float()
-        if self.world.size > 1:  # a collective on the device: no host wait
-            dist.all_reduce(nonfinite, op=dist.ReduceOp.SUM)
-        total.backward()  # always: DDP's gradient all-reduce needs every rank, finite or not
+    def _finish_device(self) -> None:
         grad_norm = torch.nn.utils.clip_grad_norm_(self.params, self.grad_clip, foreach=True)
-        ok = torch.isfinite(grad_norm) & (nonfinite == 0)
+        ok = torch.isfinite(grad_norm) & (self._nonfinite == 0)
         for opt in self.opts:
             guarded_step(opt, ok)
         bad = ~ok
         self._skipped += bad
         self._bad = (self._bad + 1) * bad
         torch.maximum(self._bad_max, self._bad, out=self._bad_max)
-        self.last_loss = loss.detach()
+        self.last_loss, self._loss, self._nonfinite = self._loss, None, None
 
     def read(self, where: str) -> float:
         """The last step's loss (mean over ranks) as a float; on the device path, also the counts (one

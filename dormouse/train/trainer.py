@@ -2,7 +2,9 @@
 that a benchmark cannot drift from the stage.
 
 The learning rate stays the caller's (the stage's schedule runs on steps, quality_h200's on a clock); the data
-too. The step is the forward (replayed from CUDA graphs where `train.cuda_graphs` decides so, else under autocast
+too. With train.micro_batch_size the step's rows run as micro-batches whose gradients add up before one optimizer
+step (gradient accumulation: the same recipe on a card that cannot hold the whole batch, or more tokens per step).
+The step is the forward (replayed from CUDA graphs where `train.cuda_graphs` decides so, else under autocast
 through `net`, DDP's wrapper under torchrun), the MoE balancing loss, and the NaN firewall's backward, clip and
 guarded optimizer steps (dormouse/train/firewall.py).
 
@@ -14,9 +16,11 @@ runs eagerly instead, counted in `eager_steps_qat` (the caller files it in the m
 from __future__ import annotations
 
 from collections import Counter
+from contextlib import nullcontext
 from pathlib import Path
 
 import torch
+from torch.nn.parallel import DistributedDataParallel
 
 from dormouse.model.config import ModelConfig
 from dormouse.train import checkpoint, cuda_graphs, distributed, qat
@@ -58,10 +62,38 @@ class PretrainStep:
             _, loss = self.net(x, y, counters=counters)
             return loss, self.total_of(loss)
 
+    def parts(self, rows: int) -> int:
+        """How many micro-batches this rank's `rows` run as (train.micro_batch_size; 1 when null or not smaller)."""
+        micro = self.train.get("micro_batch_size")
+        if not micro or micro >= rows:
+            return 1
+        if rows % micro:
+            raise ValueError(f"train.micro_batch_size {micro} does not divide this rank's {rows} rows of the batch")
+        return rows // micro
+
     def __call__(self, x: torch.Tensor, y: torch.Tensor, counters: Counter, where: str) -> torch.Tensor:
-        loss, total = self.forward(x, y, counters)
-        self.firewall.step(loss, total, where)
-        return loss
+        """One optimizer step on this rank's rows; with train.micro_batch_size, as micro-batches whose gradients add
+        up first (DDP all-reduces once, on the last). Returns the step's loss (the micro-batches' mean)."""
+        parts = self.parts(x.shape[0])
+        if parts == 1:
+            loss, total = self.forward(x, y, counters)
+            self.firewall.step(loss, total, where)
+            return loss
+        keep = self.graphs == "graphed" and self.qat is None
+        if keep:  # gradients summed into buffers of their own, never into a graph's (Firewall.finish)
+            for p in self.model.parameters():
+                if p.grad is None and p.requires_grad:
+                    p.grad = torch.zeros_like(p)
+        mean = 0.0
+        for i, (xi, yi) in enumerate(zip(x.split(x.shape[0] // parts), y.split(y.shape[0] // parts))):
+            last = i == parts - 1
+            with nullcontext() if last or not isinstance(self.net, DistributedDataParallel) else self.net.no_sync():
+                loss, total = self.forward(xi, yi, counters)
+                self.firewall.backward(loss, total, parts)
+            mean = mean + loss.detach() / parts
+        counters["micro_batches"] += parts
+        self.firewall.finish(where, keep_grads=keep)
+        return mean
 
     @property
     def replays(self) -> int:
