@@ -6,9 +6,11 @@
 # and only when the call has the stage's MIN time left (rl does not resume: a killed rl starts over), so the same
 # command is called again on the warm machine until it prints "all arms benched". Then
 # benchmarks/rl_acceptance.py reads each recipe's seeds (arms named <recipe>_s<seed>).
-#   after `STAGES="pretrain sft" WHL=.whl_chain bash benchmarks/gpu_small_chain.sh` on the same warm machine:
+#   after `STAGES="pretrain sft" WHL=.whl_chain bash benchmarks/gpu_small_chain.sh` on the same warm machine
+#   (carried: .whl_chain, .job and the shard and anchors artifacts prepare_device.sh names; the sft stays there):
 #   WHL=.whl_chain ARMS="rl_s0 rl_s1 rlx_s0 rlx_s1" bash benchmarks/gpu_rl_acceptance.sh
-# Back in $OUT: <arm>_<stage>.log, bench_<arm>.json, rl_acceptance_<recipe>.json.
+# Back in $OUT: rl_acceptance.tar (the device returns 8 files a call), holding every call's <arm>_<stage>.log and, once
+# benched, bench_<arm>.json and rl_acceptance_<recipe>.json; they accumulate in $LOGS while the machine stays warm.
 # Here (CPU, tiny jobs; tests/test_rl_acceptance.py): PY=.venv/bin/python PRESET=tiny ARMS="a_s0 a_s1" bash ...
 set -uo pipefail
 PY=${PY:-python3}
@@ -16,6 +18,8 @@ PRESET=${PRESET:-small}
 ARMS=${ARMS:-rl_s0 rl_s1 rlx_s0 rlx_s1}
 JOBS=${JOBS:-.job}
 OUT=${OUT:-/tmp/rl_out}; mkdir -p "$OUT"
+LOGS=${LOGS:-/tmp/rl_logs}; mkdir -p "$LOGS"
+trap 'tar -cf "$OUT/rl_acceptance.tar" -C "$LOGS" .' EXIT
 deadline=$(( $(date +%s) + ${CALL_S:-570} ))
 if [ "$PY" = python3 ]; then
   source "$(dirname "$0")/gpu_env.sh"  # its last test may return non-zero: not chained
@@ -36,27 +40,27 @@ for stage in rl export bench; do
   echo "$stage: ${todo[*]} side by side (at most ${left}s)"
   pids=()
   for a in "${todo[@]}"; do
-    timeout "$left" $PY -m dormouse.cli "$stage" --job "@$JOBS/$a/${PRESET}_$stage.json" > "$OUT/${a}_$stage.log" 2>&1 &
+    timeout "$left" $PY -m dormouse.cli "$stage" --job "@$JOBS/$a/${PRESET}_$stage.json" > "$LOGS/${a}_$stage.log" 2>&1 &
     pids+=($!)
   done
   failed=0
   for i in "${!todo[@]}"; do
     wait "${pids[$i]}"; rc=$?
     a=${todo[$i]}
-    grep -E "^\[$stage\] (start|end|selected)" "$OUT/${a}_$stage.log" | sed "s/^/$a: /"
-    if [ "$rc" -ne 0 ]; then echo "$a: $stage exit $rc (${a}_$stage.log)"; tail -3 "$OUT/${a}_$stage.log"; failed=1; fi
+    grep -E "^\[$stage\] (start|end|selected)" "$LOGS/${a}_$stage.log" | sed "s/^/$a: /"
+    if [ "$rc" -ne 0 ]; then echo "$a: $stage exit $rc (${a}_$stage.log)"; tail -3 "$LOGS/${a}_$stage.log"; failed=1; fi
   done
   [ "$failed" -eq 0 ] || exit 1
 done
 echo "all arms benched"
 recipes=()
 for a in $ARMS; do
-  cp "$(out_of "$JOBS/$a/${PRESET}_bench.json")/bench.json" "$OUT/bench_$a.json"
+  cp "$(out_of "$JOBS/$a/${PRESET}_bench.json")/bench.json" "$LOGS/bench_$a.json"
   r=${a%_s*}; [[ " ${recipes[*]-} " == *" $r "* ]] || recipes+=("$r")
 done
 for r in "${recipes[@]}"; do
   benches=()
-  for a in $ARMS; do [ "${a%_s*}" = "$r" ] && benches+=("$OUT/bench_$a.json"); done
-  $PY "$(dirname "$0")/rl_acceptance.py" --bench "${benches[@]}" --out "$OUT/rl_acceptance_$r.json"
+  for a in $ARMS; do [ "${a%_s*}" = "$r" ] && benches+=("$LOGS/bench_$a.json"); done
+  $PY "$(dirname "$0")/rl_acceptance.py" --bench "${benches[@]}" --out "$LOGS/rl_acceptance_$r.json"
   echo "$r: rl_acceptance exit $? (0 accepted, 1 not)"
 done

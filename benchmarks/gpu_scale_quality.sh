@@ -18,6 +18,9 @@ start=$(date +%s)
 deadline=$(( start + ${CALL_S:-570} ))
 if [ "$PY" = python3 ]; then
   export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 TRITON_CACHE_DIR=${TRITON_CACHE_DIR:-$PWD/.triton}
+  # a replacement machine has neither: fail now, not after the unpack or a cold autotune (150-400 s)
+  [ -d /tmp/site/zstandard ] || { echo "no /tmp/site/zstandard: source benchmarks/gpu_env.sh (WHL=.whl_chain) first"; exit 2; }
+  mkdir -p "$TRITON_CACHE_DIR" && tar -xzf "$(dirname "$0")/triton_autotune_h200.tgz" -C "$TRITON_CACHE_DIR"
 fi
 shard=$($PY -c "import json, sys; print(json.load(open(sys.argv[1]))['inputs']['shard']['digest'])" "$JOB") || exit 2
 if [ ! -f "results/store/shard/$shard/manifest.json" ]; then
@@ -29,7 +32,9 @@ for run in $RUNS; do
   done_flag=$STATE/q_done/$preset-$system
   if [ -f "$done_flag" ]; then echo "$run: done"; continue; fi
   # the call's time left, less a margin for the warm-up (compiles, a throwaway model) and the evals off the clock
-  left=$(( deadline - $(date +%s) - ${MARGIN_S:-180} ))
+  # a run's first call compiles cold (b1's spent 225 s off the clock), so it keeps the larger margin
+  margin=${MARGIN_S:-$([ -d "$STATE/q_$preset" ] && echo 180 || echo 240)}
+  left=$(( deadline - $(date +%s) - margin ))
   if [ "$left" -lt "${MIN_S:-60}" ]; then echo "$run: not enough time left in this call; call again"; exit 0; fi
   echo "$run: training for at most ${left}s of this call"
   $PY "$(dirname "$0")/quality_h200.py" --job "$JOB" --systems "$system" --model-preset "$preset" --budget-s "$BUDGET" \

@@ -3,8 +3,9 @@
 # (device tool), run from the repo root there. Made here first:
 #   for s in pretrain sft rl export bench; do dormouse plan --preset small --stage $s > .job/small_$s.json; done
 # carried: $WHL (default .whl: fla-core, jsonschema + deps, zstandard, ml_dtypes for cp312; the
-# 64 MiB carry limit may need a smaller set), .job, and the input artifacts under results/store.
-# JOBDIR (default .job) holds the jobs, so an rl arm's chain (benchmarks/gpu_small_rl_arms.sh) runs the same way.
+# 64 MiB carry limit may need a smaller set), .job, and the input artifacts prepare_device.sh names (never all of
+# results/store/shard: a scale shard is 600 MB).
+# JOBDIR (default .job) holds the jobs (an rl arm of benchmarks/prepare_device.sh has only its rl, export and bench).
 # Stages already built on this (warm) machine are skipped and a killed pretrain resumes from its
 # scratch checkpoint, so a second call continues the first. Everything stops before BUDGET_S.
 # Back in $OUT: logs, art/small_chain.tar (manifests, metrics, bench.json), with WEIGHTS_BACK="sft"
@@ -29,6 +30,7 @@ for s in ${STAGES:-pretrain sft rl export bench}; do
 done
 mkdir -p "$OUT/art"
 for s in pretrain sft rl export bench; do
+  [ -f "$J/small_$s.json" ] || continue
   d=$(python3 -c "import json; print(json.load(open('$J/small_$s.json'))['out'])")
   [ -f "$d/manifest.json" ] || continue
   tar -rf "$OUT/art/small_chain.tar" -C "$d/.." "$(basename "$d")/manifest.json" \

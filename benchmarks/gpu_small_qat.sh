@@ -4,7 +4,7 @@
 # Made here first (repo root, after benchmarks/prepare_device.sh, which builds the small preset's data stages and
 # .whl_chain):
 #   EXP=small_qat_ternary bash benchmarks/gpu_small_qat.sh --plan   # .job/qat/<exp>.<arm>.s<seed>.json + <exp>.experiment.json
-# then, device tool, carry [".whl_chain", ".job", "results/store/shard"]:
+# then, device tool, carry [".whl_chain", ".job", "results/store/shard/<small's shard>"] (prepare_device.sh names it):
 #   EXP=small_qat_ternary WHL=.whl_chain bash benchmarks/gpu_small_qat.sh
 # Built runs are skipped and a killed one resumes from its scratch checkpoint (every 500 steps), so on a warm machine
 # call again until the verdict is written; everything stops before BUDGET_S. Back in $OUT: verdict.json, curves.png,

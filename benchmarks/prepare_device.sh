@@ -19,11 +19,20 @@ mkdir -p .whl && cp .whl_chain/*.whl .whl/
 get .whl flash-linear-attention==0.6.0
 get .whl_serve fastapi==0.165.0 uvicorn==0.55.0 starlette==1.10.0 pydantic==2.14.4 pydantic-core==2.50.5 \
   annotated-types==0.8.0 annotated-doc==0.0.7 typing-inspection==0.4.5 anyio==4.16.0 sniffio==1.3.1 h11==0.16.0 \
-  click==8.5.1 httpx==0.29.0 httpcore==1.0.9 httpcore2==2.16.2 certifi==2026.10.19.post1 idna==3.20 opentelemetry-api==1.45.3
+  click==8.5.1 httpx==0.29.0 httpcore==1.0.9 httpcore2==2.16.2 certifi==2026.10.19.post1 idna==3.20 opentelemetry-api==1.45.3 \
+  typing-extensions==4.16.0
 PATH=$PWD/.venv/bin:$PATH snakemake --cores 2 --quiet rules -- results/small/anchors.json
 mkdir -p .job
 for s in pretrain sft rl export bench; do .venv/bin/python -m dormouse.cli plan --preset small --stage $s > .job/small_$s.json; done
-du -sh .whl_chain .whl .job results/store/shard/* | cat
+# what a small-chain call carries beside its wheels and .job (never all of results/store/shard: a scale shard is 600 MB)
+carry=$(.venv/bin/python - <<'PY'
+import json
+inputs = json.load(open(".job/small_bench.json"))["inputs"]
+print(" ".join(f"results/store/{s}/{inputs[s]['digest']}" for s in ("shard", "anchors")))
+PY
+)
+du -sh .whl_chain .whl .whl_serve .job $carry | cat
+echo "carry for the small chain (gpu_small_chain.sh, gpu_rl_acceptance.sh, gpu_small_qat.sh): .job $carry"
 # issue #23's acceptance: two rl seeds from the one small sft model, with the defaults (rl_s<seed>) and with the
 # published small-scale recipe (rlx_s<seed>: Dr. GRPO advantage, token-level loss, prompts drawn by measured pass
 # rate, no KL); each dir holds small_{rl,export,bench}.json for benchmarks/gpu_rl_acceptance.sh (all four side by side,

@@ -144,7 +144,7 @@ def train_for(system: str, cfg: ModelConfig, train: dict, shards, device, budget
     if graphs == "graphed":  # captured off the clock; any batch of the shape will do (a capture changes no weight)
         blank = torch.zeros((train["batch_size"], train["seq_len"]), dtype=torch.long, device=device)
         step_fn.capture(blank, blank)
-    note += f"; cuda_graphs {graphs}"
+    note += f"; cuda_graphs {graphs}; {torch.cuda.get_device_name(device) if device.type == 'cuda' else 'cpu'}"  # H100 or H200
     ckpt_root = state_dir / name.replace(":", "_") if state_dir else None
     last, snap = resume(ckpt_root, model, opts)
     if last is not None:
