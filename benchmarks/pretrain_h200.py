@@ -1008,6 +1008,8 @@ def preset_setup(name: str, args, dry: bool):
         train["device"] = "cpu"
     batch = args.batch_size or batch
     seq_len = args.seq_len or seq_len
+    if args.micro_batch_size:  # the stage's gradient accumulation (dormouse.train.trainer.PretrainStep)
+        train["micro_batch_size"] = args.micro_batch_size
     return cfg, train, batch, seq_len
 
 
@@ -1023,6 +1025,9 @@ def parse_args(argv=None):
     ap.add_argument("--kernel-warmup", type=int, default=None, help="warm-up calls per kernel/layer row (default 5; dry run 1)")
     ap.add_argument("--batch-size", type=int, default=None, help="override the preset's train.batch_size")
     ap.add_argument("--seq-len", type=int, default=None, help="override the preset's train.seq_len")
+    ap.add_argument("--micro-batch-size", type=int, default=None,
+                    help="train.micro_batch_size: rows per forward; the batch's gradients add up before one optimizer step "
+                         "(e.g. b1 at --batch-size 32 --micro-batch-size 16: Muon's cost over twice the tokens)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--muon", choices=["torch", "stacked"], default="stacked",
                     help="every row's Muon: dormouse.train.optim.StackedMuon (the stages') or torch.optim.Muon")

@@ -44,8 +44,10 @@ class PretrainStep:
 
     def capture(self, x: torch.Tensor, y: torch.Tensor) -> None:
         """Capture the graphs now (a benchmark does it off its clock; a capture changes no weight); otherwise the
-        first graphed step does. The balancing term is captured with the forward: a replay trains as eager does."""
-        self.graphed = cuda_graphs.GraphedLoss(self.net, x, y, self.train, total_of=self.total_of)
+        first graphed step does. The balancing term is captured with the forward: a replay trains as eager does. A whole
+        batch is captured at its micro-batch's shape (train.micro_batch_size)."""
+        n = x.shape[0] // self.parts(x.shape[0])
+        self.graphed = cuda_graphs.GraphedLoss(self.net, x[:n], y[:n], self.train, total_of=self.total_of)
 
     def total_of(self, loss: torch.Tensor) -> torch.Tensor:
         return with_moe_aux(loss, self.model, self.cfg, self.train["moe_aux_coef"])
