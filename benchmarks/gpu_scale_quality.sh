@@ -33,7 +33,7 @@ for run in $RUNS; do
   if [ -f "$done_flag" ]; then echo "$run: done"; continue; fi
   # the call's time left, less a margin for the warm-up (compiles, a throwaway model) and the evals off the clock
   # a run's first call compiles cold (b1's spent 225 s off the clock), so it keeps the larger margin
-  margin=${MARGIN_S:-$([ -d "$STATE/q_$preset" ] && echo 180 || echo 240)}
+  margin=${MARGIN_S:-$([ -d "$STATE/q_$preset/${system}_$preset" ] && echo 180 || echo 240)}  # quality_h200's state
   left=$(( deadline - $(date +%s) - margin ))
   if [ "$left" -lt "${MIN_S:-60}" ]; then echo "$run: not enough time left in this call; call again"; exit 0; fi
   echo "$run: training for at most ${left}s of this call"

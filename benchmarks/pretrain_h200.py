@@ -159,6 +159,7 @@ FLA_CHUNK = 64  # FLA's chunk length (BT) in chunk_kda
 ORDER = ["kda_kernel", "kda_layer_ours", "kda_layer_eager", "fla_kda", "kda_layer_fla", "ours", "ours_eager", "sdpa",
          "ours_nosync", "ours_graphed", "kda_kernel_graphed", "kda_layer_graphed", "kda_layer_torch_gates_graphed"]
 DEFAULT_SYSTEMS = list(ORDER)
+MICRO_SYSTEMS = {"ours", "ours_graphed"}  # the rows whose step is the stage's (PretrainStep.__call__), micro-batches and all
 CUDA_ONLY = {"fla_kda": "FLA needs CUDA", "kda_layer_fla": "FLA needs CUDA", "ours_graphed": "CUDA graphs need CUDA",
              "kda_kernel_graphed": "CUDA graphs need CUDA", "kda_layer_graphed": "CUDA graphs need CUDA",
              "kda_layer_torch_gates_graphed": "FLA needs CUDA"}
@@ -1009,6 +1010,10 @@ def preset_setup(name: str, args, dry: bool):
     batch = args.batch_size or batch
     seq_len = args.seq_len or seq_len
     if args.micro_batch_size:  # the stage's gradient accumulation (dormouse.train.trainer.PretrainStep)
+        others = set(args.systems or DEFAULT_SYSTEMS) - MICRO_SYSTEMS
+        if others:  # they call the forward on the whole batch, or are another system: rows that would not compare
+            raise SystemExit(f"pretrain_h200: --micro-batch-size runs only with --systems among {sorted(MICRO_SYSTEMS)}; "
+                             f"not {sorted(others)}")
         train["micro_batch_size"] = args.micro_batch_size
     return cfg, train, batch, seq_len
 

@@ -87,6 +87,9 @@ def test_rl_difficulties_default_to_what_the_sets_ask():
     tasks_ = {"difficulties": [1, 2]}
     assert rl_difficulties({"start": 1, "max": None}, tasks_) == range(1, 3)
     assert rl_difficulties({"start": 1, "max": 3}, tasks_) == range(1, 4)  # asked for: trains cells no set measures
+    with pytest.raises(ConfigError, match=r"difficulties \[1\] that tasks.difficulties \[2, 3\] does not ask"):
+        rl_difficulties({"start": 1, "max": None}, {"difficulties": [2, 3]})
+    assert rl_difficulties({"start": 1, "max": 3}, {"difficulties": [2, 3]}) == range(1, 4)  # explicit: on purpose
     preset = load_preset("small", Path(__file__).resolve().parents[1])
     preset["rl"]["curriculum"] = {**preset["rl"]["curriculum"], "start": 3}
     with pytest.raises(ConfigError, match=r"max 2 \(the largest of tasks.difficulties\) is below start 3"):

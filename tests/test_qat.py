@@ -184,6 +184,20 @@ def test_a_pretrain_finish_runs_through_the_rung_and_export_reproduces_its_bpb(w
     assert evaluate(model, ex, ey, 4, torch.device("cpu"), "bfloat16", Counter()) == pytest.approx(final["eval_bpb_master"], abs=1e-5)
 
 
+def test_a_finish_of_micro_batches_counts_each_forward_through_the_rung(workdir, small_corpus, quality_examples):
+    """train.micro_batch_size with a finish: each micro-batch enters the rung's forward, so the stage's check that
+    the finish ran counts steps x micro-batches (it once failed the run after its last step)."""
+    config = configure(workdir, small_corpus, *quality_examples)
+    path = workdir / "config" / "presets" / "tiny.yaml"
+    preset = yaml.safe_load(path.read_text())
+    preset["model"], preset["train"] = QAT_MODEL, {**QAT_TRAIN, "micro_batch_size": 2}
+    path.write_text(yaml.safe_dump(preset, sort_keys=False))
+    plan = run_chain(workdir, config, stages=("filter", "shard", "pretrain"))
+    c = json.loads((workdir / plan.manifest_path("pretrain", plan.chain["tiny"]["pretrain"])).read_text())["counters"]
+    assert c["train.qat.steps"] == 4 and c["train.micro_batches"] == 16 * 2
+    assert c["qat.contexts"] == 4 * 2 + c["eval.qat.evals"]
+
+
 def test_a_run_killed_inside_the_finish_resumes_to_the_same_weights_and_counts(workdir, small_corpus, quality_examples,
                                                                                  monkeypatch):
     """A checkpoint taken inside the finish (step 14 of 16; the finish is 12..15) resumes through the rung: the same

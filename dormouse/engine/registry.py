@@ -109,6 +109,11 @@ def rl_difficulties(cur: dict, task_params: dict) -> range:
     if top < cur["start"]:
         raise ConfigError(f"rl.curriculum: max {top}{'' if cur['max'] is not None else ' (the largest of tasks.difficulties)'} "
                           f"is below start {cur['start']}")
+    unasked = sorted(set(range(cur["start"], top + 1)) - set(task_params["difficulties"]))
+    if unasked and cur["max"] is None:  # an explicit max asks for unmeasured cells on purpose
+        raise ConfigError(f"rl.curriculum: start {cur['start']}..max {top} (the largest of tasks.difficulties) holds "
+                          f"difficulties {unasked} that tasks.difficulties {task_params['difficulties']} does not ask: set "
+                          "rl.curriculum.start to the smallest asked, or max explicitly")
     return range(cur["start"], top + 1)
 
 

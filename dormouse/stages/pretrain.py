@@ -215,7 +215,8 @@ def run(job: dict, cfg: ModelConfig, train: dict, shards, world: distributed.Wor
             lineage = []
             if fq is not None:
                 final["eval_bpb_master"] = round(master_bpb, 5)
-                here = train_counters["qat.steps"] + eval_counters["qat.evals"]  # this process's, rank 0's
+                # this process's forwards through the rung (rank 0's): a step's micro-batches each enter it
+                here = train_counters["qat.steps"] * step_fn.parts(len(world.rows(train["batch_size"]))) + eval_counters["qat.evals"]
                 final["qat"] = qat_summary(c, fq, train, qat_from, train_total, step_fn, here)
                 lineage.append(qat.lineage_entry("pretrain", final["qat"]))
             if compiled:  # the eval's graphs too, when this process compiled them
@@ -247,7 +248,7 @@ def qat_summary(c, fq: FakeQuant, train: dict, start: int, train_total, step_fn:
     if ran != planned:
         raise SystemExit(f"pretrain: the quantization-aware finish planned {planned} steps through {fq.rung}, ran {ran}")
     if fq.applications != here:
-        raise SystemExit(f"pretrain: {here} steps and evals through {fq.rung} in this process entered its forward "
+        raise SystemExit(f"pretrain: {here} forwards (steps x micro-batches, evals) through {fq.rung} in this process entered its forward "
                          f"{fq.applications} times")
     summary = qat.file_counters(c, fq, "pretrain", ran)
     if step_fn.graphs == "graphed":

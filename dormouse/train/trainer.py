@@ -58,8 +58,6 @@ class PretrainStep:
             if self.graphed is None:
                 self.capture(x, y)
             return self.graphed(x, y, counters)
-        if self.graphs == "graphed":
-            self.eager_steps_qat += 1
         with qat.through(self.qat), autocast(self.device, self.train["dtype"]):
             _, loss = self.net(x, y, counters=counters)
             return loss, self.total_of(loss)
@@ -77,6 +75,8 @@ class PretrainStep:
         """One optimizer step on this rank's rows; with train.micro_batch_size, as micro-batches whose gradients add
         up first (DDP all-reduces once, on the last). Returns the step's loss (the micro-batches' mean)."""
         parts = self.parts(x.shape[0])
+        if self.graphs == "graphed" and self.qat is not None:
+            self.eager_steps_qat += 1
         if parts == 1:
             loss, total = self.forward(x, y, counters)
             self.firewall.step(loss, total, where)
