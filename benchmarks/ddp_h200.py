@@ -219,7 +219,7 @@ def parse_args(argv=None):
     args.steps = args.steps or (2 if dry else 30)
     args.warmup = args.warmup if args.warmup is not None else (1 if dry else 10)
     # preset_setup reads these (pretrain_h200's overrides)
-    args.batch_size, args.seq_len = None, None
+    args.batch_size, args.seq_len, args.micro_batch_size = None, None, None
     if args.out is None:
         args.out = Path(tempfile.gettempdir()) / "ddp_h200.dry.tsv" if dry else DEFAULT_OUT
     return args

@@ -9,8 +9,9 @@
 #   after `STAGES="pretrain sft" WHL=.whl_chain bash benchmarks/gpu_small_chain.sh` on the same warm machine
 #   (carried: .whl_chain, .job and the shard and anchors artifacts prepare_device.sh names; the sft stays there):
 #   WHL=.whl_chain ARMS="rl_s0 rl_s1 rlx_s0 rlx_s1" bash benchmarks/gpu_rl_acceptance.sh
-# Back in $OUT: rl_acceptance.tar (the device returns 8 files a call), holding every call's <arm>_<stage>.log and, once
-# benched, bench_<arm>.json and rl_acceptance_<recipe>.json; they accumulate in $LOGS while the machine stays warm.
+# Back in $OUT: rl_acceptance.tar (the device returns 8 files a call), holding every call's <arm>_<stage>.log, the sft
+# model's rl_diagnosis.{tsv,json,log} (run beside the rl arms; DIAG=0 skips it) and, once benched, bench_<arm>.json and
+# rl_acceptance_<recipe>.json; they accumulate in $LOGS while the machine stays warm.
 # Here (CPU, tiny jobs; tests/test_rl_acceptance.py): PY=.venv/bin/python PRESET=tiny ARMS="a_s0 a_s1" bash ...
 set -uo pipefail
 PY=${PY:-python3}
@@ -39,6 +40,15 @@ for stage in rl export bench; do
   if [ "$left" -lt "$(min_s $stage)" ]; then echo "$stage: ${left}s left, under $(min_s $stage)s; call again"; exit 0; fi
   echo "$stage: ${todo[*]} side by side (at most ${left}s)"
   pids=()
+  diag=
+  if [ "$stage" = rl ] && [ "${DIAG:-1}" = 1 ] && [ ! -f "$LOGS/rl_diagnosis.json" ]; then
+    # #23 item 1 beside the arms: the sft model's per-prompt pass rates per cell, on the GPU's spare share
+    sft=$($PY -c "import json, sys; print(json.load(open(sys.argv[1]))['inputs']['sft']['digest'])" "$JOBS/${todo[0]}/${PRESET}_rl.json")
+    timeout "$left" $PY "$(dirname "$0")/rl_diagnosis.py" --artifact "results/store/sft/$sft" --group-size "${DIAG_G:-8}" \
+      --prompts-per-cell "${DIAG_PROMPTS:-64}" --out "$LOGS/rl_diagnosis.tsv" --json "$LOGS/rl_diagnosis.json" \
+      > "$LOGS/rl_diagnosis.log" 2>&1 &
+    diag=$!
+  fi
   for a in "${todo[@]}"; do
     timeout "$left" $PY -m dormouse.cli "$stage" --job "@$JOBS/$a/${PRESET}_$stage.json" > "$LOGS/${a}_$stage.log" 2>&1 &
     pids+=($!)
@@ -51,6 +61,9 @@ for stage in rl export bench; do
     if [ "$rc" -eq 124 ]; then echo "$a: $stage ran out of this call's time; call again"; late=1
     elif [ "$rc" -ne 0 ]; then echo "$a: $stage exit $rc (${a}_$stage.log)"; tail -3 "$LOGS/${a}_$stage.log"; failed=1; fi
   done
+  if [ -n "$diag" ]; then
+    wait "$diag" && grep "cells where" "$LOGS/rl_diagnosis.log" || { echo "rl_diagnosis failed (rl_diagnosis.log)"; tail -3 "$LOGS/rl_diagnosis.log"; }
+  fi
   [ "$failed" -eq 0 ] || exit 1
   [ "$late" -eq 0 ] || exit 0
 done

@@ -150,7 +150,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     dry = args.dry_run_cpu
     device = torch.device("cpu" if dry else "cuda")
-    cfg, train, batch, seq_len = preset_setup(args.preset, argparse.Namespace(batch_size=None, seq_len=None), dry)
+    cfg, train, batch, seq_len = preset_setup(args.preset, argparse.Namespace(batch_size=None, seq_len=None, micro_batch_size=None), dry)
     backend = "aot_eager" if dry else "inductor"  # aot_eager traces the same fullgraph regions, without a C++ build
     graph = (lambda fn, device: fn) if dry else as_graph
     print(f"[kda_layer] {args.preset}: B {batch} T {seq_len} D {cfg.d_model} H {cfg.n_heads} K {cfg.head_dim} "

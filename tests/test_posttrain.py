@@ -446,7 +446,7 @@ def test_gpu_rl_acceptance_script_runs_the_arms_side_by_side(chain, tmp_path):
         for stage in ("rl", "export", "bench"):
             (d / f"tiny_{stage}.json").write_text(arm_plan.job_json(stage, arm_plan.chain["tiny"][stage]))
     env = dict(os.environ, PY=sys.executable, PRESET="tiny", ARMS="a_s1 a_s2", JOBS=str(jobs), OUT=str(tmp_path / "out"),
-               LOGS=str(tmp_path / "logs"), MIN_RL_S="1", MIN_EXPORT_S="1", MIN_BENCH_S="1")
+               LOGS=str(tmp_path / "logs"), MIN_RL_S="1", MIN_EXPORT_S="1", MIN_BENCH_S="1", DIAG_G="2", DIAG_PROMPTS="2")
     script = [os.environ.get("BASH", "bash"), str(Path(__file__).resolve().parents[1] / "benchmarks" / "gpu_rl_acceptance.sh")]
     first = subprocess.run(script, cwd=work, env=env, capture_output=True, text=True, timeout=600)
     assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
@@ -455,7 +455,8 @@ def test_gpu_rl_acceptance_script_runs_the_arms_side_by_side(chain, tmp_path):
 
     with tarfile.open(tmp_path / "out" / "rl_acceptance.tar") as tar:  # one file back from the device
         names = {Path(n).name for n in tar.getnames()}
-    assert {"a_s1_rl.log", "a_s2_bench.log", "bench_a_s1.json", "rl_acceptance_a.json"} <= names
+    assert {"a_s1_rl.log", "a_s2_bench.log", "bench_a_s1.json", "rl_acceptance_a.json", "rl_diagnosis.json"} <= names
+    assert "cells where" in first.stdout  # the diagnosis of the sft model ran beside the rl arms
     result = json.loads((tmp_path / "logs" / "rl_acceptance_a.json").read_text())
     assert len(result["seeds"]) == 2 and result["one_sft"] and result["distinct_rl"]
     assert f"a: rl_acceptance exit {0 if result['accepted'] else 1}" in first.stdout
