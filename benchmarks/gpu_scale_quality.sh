@@ -15,7 +15,7 @@ BUDGET=${BUDGET:-600}
 OUT=${OUT:-/tmp/scale_out}; mkdir -p "$OUT"
 STATE=${STATE:-/tmp}  # paused runs in $STATE/q_<preset>, finished ones marked in $STATE/q_done
 start=$(date +%s)
-deadline=$(( start + ${CALL_S:-570} ))
+deadline=${DEADLINE:-$(( start + ${CALL_S:-570} ))}  # DEADLINE: epoch seconds, when a call runs other things first
 if [ "$PY" = python3 ]; then
   export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 TRITON_CACHE_DIR=${TRITON_CACHE_DIR:-$PWD/.triton}
   # a replacement machine has neither: fail now, not after the unpack or a cold autotune (150-400 s)

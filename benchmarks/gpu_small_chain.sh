@@ -16,7 +16,7 @@
 set -uo pipefail
 source benchmarks/gpu_env.sh
 J=${JOBDIR:-.job}
-deadline=$(( $(date +%s) + ${BUDGET_S:-560} ))
+deadline=${DEADLINE:-$(( $(date +%s) + ${BUDGET_S:-560} ))}  # DEADLINE: epoch seconds, when a call runs other things first
 for s in ${STAGES:-pretrain sft rl export bench}; do
   out=$(python3 -c "import json; print(json.load(open('$J/small_$s.json'))['out'])")
   if [ -f "$out/manifest.json" ]; then echo "$s: already built ($out)"; continue; fi
