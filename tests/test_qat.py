@@ -138,15 +138,22 @@ def run_job(work, stage: str, spec: dict) -> dict:
     return json.loads((work / spec["out"] / "manifest.json").read_text())
 
 
-def test_a_pretrain_finish_runs_through_the_rung_and_export_reproduces_its_bpb(workdir, small_corpus, quality_examples):
-    """The acceptance of issue #28 item 2 on CPU: pretrain with a ternary finish over its last 4 of 16 steps; the
-    export stage's ternary file (export run on that artifact) scores the pretrain's final eval BPB on the same window."""
+def configure_qat(workdir, small_corpus, quality_examples, export: dict | None = None, **train) -> dict:
+    """The workflow copy's tiny preset as QAT_MODEL with QAT_TRAIN (and `train`'s overrides); its config."""
     config = configure(workdir, small_corpus, *quality_examples)
     path = workdir / "config" / "presets" / "tiny.yaml"
     preset = yaml.safe_load(path.read_text())
-    preset["model"], preset["train"] = QAT_MODEL, QAT_TRAIN
-    preset["export"] = {"rungs": ["bf16", "ternary", "nvfp4"]}
+    preset["model"], preset["train"] = QAT_MODEL, {**QAT_TRAIN, **train}
+    if export is not None:
+        preset["export"] = export
     path.write_text(yaml.safe_dump(preset, sort_keys=False))
+    return config
+
+
+def test_a_pretrain_finish_runs_through_the_rung_and_export_reproduces_its_bpb(workdir, small_corpus, quality_examples):
+    """The acceptance of issue #28 item 2 on CPU: pretrain with a ternary finish over its last 4 of 16 steps; the
+    export stage's ternary file (export run on that artifact) scores the pretrain's final eval BPB on the same window."""
+    config = configure_qat(workdir, small_corpus, quality_examples, export={"rungs": ["bf16", "ternary", "nvfp4"]})
     plan = run_chain(workdir, config, stages=("filter", "shard", "pretrain"))
     pre_digest = plan.chain["tiny"]["pretrain"]
     m = json.loads((workdir / plan.manifest_path("pretrain", pre_digest)).read_text())
@@ -187,11 +194,7 @@ def test_a_pretrain_finish_runs_through_the_rung_and_export_reproduces_its_bpb(w
 def test_a_finish_of_micro_batches_counts_each_forward_through_the_rung(workdir, small_corpus, quality_examples):
     """train.micro_batch_size with a finish: each micro-batch enters the rung's forward, so the stage's check that
     the finish ran counts steps x micro-batches (it once failed the run after its last step)."""
-    config = configure(workdir, small_corpus, *quality_examples)
-    path = workdir / "config" / "presets" / "tiny.yaml"
-    preset = yaml.safe_load(path.read_text())
-    preset["model"], preset["train"] = QAT_MODEL, {**QAT_TRAIN, "micro_batch_size": 2}
-    path.write_text(yaml.safe_dump(preset, sort_keys=False))
+    config = configure_qat(workdir, small_corpus, quality_examples, micro_batch_size=2)
     plan = run_chain(workdir, config, stages=("filter", "shard", "pretrain"))
     c = json.loads((workdir / plan.manifest_path("pretrain", plan.chain["tiny"]["pretrain"])).read_text())["counters"]
     assert c["train.qat.steps"] == 4 and c["train.micro_batches"] == 16 * 2
@@ -204,11 +207,7 @@ def test_a_run_killed_inside_the_finish_resumes_to_the_same_weights_and_counts(w
     weights, metrics and qat counts as an uninterrupted run (CPU: bit for bit)."""
     from dormouse.stages import pretrain
 
-    config = configure(workdir, small_corpus, *quality_examples)
-    path = workdir / "config" / "presets" / "tiny.yaml"
-    preset = yaml.safe_load(path.read_text())
-    preset["model"], preset["train"] = QAT_MODEL, {**QAT_TRAIN, "ckpt_every": 7}
-    path.write_text(yaml.safe_dump(preset, sort_keys=False))
+    config = configure_qat(workdir, small_corpus, quality_examples, ckpt_every=7)
     plan = run_chain(workdir, config, stages=("filter", "shard", "pretrain"))
     out = workdir / plan.artifact_dir("pretrain", plan.chain["tiny"]["pretrain"])
     reference = {f: (out / f).read_bytes() for f in ("model.safetensors", "metrics.jsonl")}
