@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Issue #28's acceptance on one H200 (device tool): every pretrain run of an experiment (EXP, default
-# small_qat_ternary; then small_qat_mxfp4), then its verdict, from the repo root there.
+# small_qat_ternary; then small_qat_mxfp4, small_qat_nvfp4), then its verdict (with #28's bar, qat_acceptance), from
+# the repo root there.
 # Made here first (repo root, after benchmarks/prepare_device.sh, which builds the small preset's data stages and
 # .whl_chain):
 #   EXP=small_qat_ternary bash benchmarks/gpu_small_qat.sh --plan   # .job/qat/<exp>.<arm>.s<seed>.json + <exp>.experiment.json

@@ -80,6 +80,47 @@ def test_a_qat_verdict_sets_each_rung_against_the_controls_bf16_model():
     assert "delta_bpb_vs_control_bf16" not in plain["arms"]["a"]  # not a QAT experiment
 
 
+@pytest.mark.parametrize("arm_bpb, expected", [
+    ((1.64, 1.64), "PASS"),           # +0.03 over the control's bf16 against a limit of 0.05; spreads 0.01
+    ((1.70, 1.70), "FAIL"),           # +0.09
+    ((1.655, 1.665), "WITHIN_SPREAD"),  # +0.05: at the limit, inside the spread
+])
+def test_a_qat_acceptance_judges_each_rung_against_its_limit_by_the_spread_rule(arm_bpb, expected):
+    """Issue #28's pass criterion: the arm's rung BPB minus the control's bf16 (master) BPB, at most the limit (ternary
+    0.05), judged by the larger of the control's bf16 spread and the arm's own, as the verdict is. The WIN against the
+    PTQ control says nothing about it: an arm 10x over the limit still beats +2.98."""
+    ptq, finish = {"rung": "ternary", "fraction": 0}, {"rung": "ternary", "fraction": 0.2}
+    runs = {"control": {str(s): run(4.0, qat=ptq, qat_evals=1) for s in range(2)},
+            "a": {str(s): run(b, qat=finish, qat_steps=20, qat_evals=2) for s, b in enumerate(arm_bpb)}}
+    for seed, (ctl_master, arm_master) in enumerate([(1.60, 1.61), (1.62, 1.63)]):
+        runs["control"][str(seed)]["manifest"]["final"]["eval_bpb_master"] = ctl_master
+        runs["a"][str(seed)]["manifest"]["final"]["eval_bpb_master"] = arm_master
+    spec = {**SPEC, "seeds": [0, 1], "arms": {"a": {}}, "qat_acceptance": {"max_delta_bpb_vs_bf16": 0.05, "max_finish_fraction": 0.2}}
+    out = verdict(spec, runs)
+    arm = out["arms"]["a"]
+    assert arm["verdict"] == "WIN" and arm["qat_acceptance"]["verdict"] == expected
+    assert arm["qat_acceptance"]["margin"] == pytest.approx(max(0.02, abs(arm_bpb[1] - arm_bpb[0])))
+    assert out["qat_acceptance"]["max_delta_bpb_vs_bf16"] == 0.05 and "qat_acceptance" not in out["arms"]["control"]
+
+
+def test_a_qat_acceptance_refuses_a_finish_longer_than_its_fraction(tmp_path):
+    from dormouse.engine.config import ConfigError
+    from dormouse.engine.experiments import load_experiments
+
+    root = tmp_path
+    (root / "config" / "experiments").mkdir(parents=True)
+    spec = {"base": "small", "seeds": [0], "steps": 100, "control": {"train": {"qat": {"rung": "ternary", "fraction": 0}}},
+            "arms": {"long": {"train": {"qat": {"rung": "ternary", "fraction": 0.3}}}},
+            "qat_acceptance": {"max_delta_bpb_vs_bf16": 0.05}}
+    (root / "config" / "experiments" / "x.yaml").write_text(yaml.safe_dump(spec))
+    with pytest.raises(ConfigError, match="arm long finishes 0.3 of the steps through its rung, more than "
+                                          r"qat_acceptance.max_finish_fraction 0.2"):
+        load_experiments(root)
+    spec["arms"]["long"]["train"]["qat"]["fraction"] = 0.2
+    (root / "config" / "experiments" / "x.yaml").write_text(yaml.safe_dump(spec))
+    assert load_experiments(root)[0].spec["qat_acceptance"]["max_finish_fraction"] == 0.2
+
+
 def test_verdict_names_window_budget_seeds_and_digests():
     runs = {"control": {str(s): run(2.0 + s / 100) for s in range(3)},
             "a": {str(s): run(1.8 + s / 100, engram=False, engram_rows=0) for s in range(3)}}

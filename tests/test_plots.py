@@ -80,7 +80,7 @@ def make_bench(tmp_path: Path, with_bf16: bool = True, null_accs: bool = False) 
                     **scores(bpbs[r], 0.41, None if null_accs else 0.52, None if null_accs else 0.38)}
     acc = (lambda v: None if null_accs else v)
     bench = {
-        "preset": "tiny", "format": 3, "eval_window": {"bytes": 65536, "seq_len": 512},
+        "preset": "tiny", "format": 4, "eval_window": {"bytes": 65536, "seq_len": 512},
         "anchors": {"preset": "tiny", "ladder": ladder()},
         "stages": {"pretrain": scores(2.25, 0.02, acc(0.31), acc(0.36)),
                    "sft": scores(2.31, 0.35, acc(0.47), acc(0.35)),

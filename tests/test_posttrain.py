@@ -167,7 +167,8 @@ def test_bench_json_matches_its_schema_and_names_the_chain(chain, bench_view):
     assert p["delta_accuracy"] == round((rl_gen["correct"] - sft_gen["correct"]) / rl_gen["n"], 5) and p["n"] == rl_gen["n"]
     task_params = plan.job("bench", plan.chain["tiny"]["bench"]).spec(plan.store)["params"]["tasks"]
     assert p["units"] == len({it.prompt for it in task_eval.heldout_items(task_params)}) and p["gained"] + p["lost"] <= p["units"]
-    assert set(view["paired"]["rungs_vs_bf16"]) == {"int8", "mxfp4", "ternary"}
+    assert set(view["paired"]["rungs_vs_bf16"]) == {"int8", "mxfp4", "ternary"} and "rungs_vs_twin_bf16" not in view["paired"]
+    assert all(r["within_one_se"] == (abs(r["delta_accuracy"]) <= r["se_base"]) for r in view["paired"]["rungs_vs_bf16"].values())
 
 
 def test_paired_sign_counts_gains_and_losses_item_by_item():

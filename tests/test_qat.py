@@ -310,6 +310,12 @@ def test_a_qat_chain_to_bench_scores_its_rungs_beside_its_ptq_twin(tmp_path, sma
     assert twin["export"] in {link["digest"] for link in bench["digest_chain"]}  # the twin is in the chain it rests on
     # the QAT rung and the PTQ rung, each against its own bf16, item by item
     assert set(bench["paired"]["rungs_vs_bf16"]) == set(bench["paired"]["rungs_ptq_vs_bf16"]) == {"ternary"}
+    # #28's bar: every rung of the QAT chain against the twin's bf16, the bf16 model of the same budget
+    twin_bf16 = bench["paired"]["rungs_vs_twin_bf16"]
+    assert set(twin_bf16) == {"bf16", "ternary"}
+    for rung, p in twin_bf16.items():
+        got = bench["rungs"][rung]["tasks_gen"]["correct"] - bench["rungs_ptq"]["bf16"]["tasks_gen"]["correct"]
+        assert p["delta_accuracy"] == round(got / p["n"], 5) and p["within_one_se"] == (abs(got / p["n"]) <= p["se_base"])
 
 
 @pytest.mark.gpu

@@ -72,8 +72,21 @@ def load_experiments(root: Path = Path(".")) -> list[Experiment]:
         spec = validate(load_yaml(path) or {}, "experiment.schema.yaml", rel)
         if "control" in spec["arms"]:
             raise ConfigError(f"{rel}: 'control' is the control arm's name; rename that arm")
+        check_finish_fraction(rel, spec)
         out.append(Experiment(path.stem, rel, spec))
     return out
+
+
+def check_finish_fraction(rel: str, spec: dict) -> None:
+    """A QAT acceptance judges a finish of at most `max_finish_fraction` of the steps (issue #28: 20%)."""
+    acc = spec.get("qat_acceptance")
+    if not acc:
+        return
+    for arm, over in {"control": spec["control"], **spec["arms"]}.items():
+        fraction = ((over.get("train") or {}).get("qat") or {}).get("fraction", 0)
+        if fraction > acc["max_finish_fraction"]:
+            raise ConfigError(f"{rel}: arm {arm} finishes {fraction} of the steps through its rung, more than "
+                              f"qat_acceptance.max_finish_fraction {acc['max_finish_fraction']}")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -127,11 +140,14 @@ def verdict(spec: dict, runs: dict[str, dict[str, dict]]) -> dict:
             continue
         a["verdict"], delta = judge(control, [v["eval_bpb"] for v in a["seeds"].values()])
         a["delta_bpb"] = round(delta, 5)
-    quantized_vs_bf16(runs, arms)
+    quantized_vs_bf16(runs, arms, spec.get("qat_acceptance"))
     return {
         "rule": "per arm: mean and spread (max - min) of final eval BPB over seeds on one eval window; "
                 "delta = arm mean - control mean; WIN if delta < 0 and |delta| > control spread and arm spread, "
                 "LOSE if delta > 0 likewise, else TIE; INVALID if any run shows an enabled arm inert",
+        **({"qat_acceptance": {**spec["qat_acceptance"], "rule": "per arm: delta = its mean rung BPB - the control's "
+                               "mean bf16 (master) BPB; PASS if limit - delta > max(control bf16 spread, arm spread), "
+                               "FAIL if delta - limit exceeds it, else WITHIN_SPREAD"}} if spec.get("qat_acceptance") else {}),
         "eval_window_bytes": next(iter(windows))[1],
         "eval_window_shard": next(iter(windows))[0],
         "budget": {"steps": spec["steps"], "base": spec["base"]},
@@ -141,21 +157,37 @@ def verdict(spec: dict, runs: dict[str, dict[str, dict]]) -> dict:
     }
 
 
-def quantized_vs_bf16(runs: dict[str, dict[str, dict]], arms: dict) -> None:
+def quantized_vs_bf16(runs: dict[str, dict[str, dict]], arms: dict, acceptance: dict | None = None) -> None:
     """QAT experiments (every run evaluated through a rung, final.eval_bpb_master beside): each arm's rung BPB
     against the control's bf16 (master) BPB of the same budget, the figure a quantized rung is judged by, and
-    the finish's cost to the bf16 weights themselves (arm master - control master)."""
+    the finish's cost to the bf16 weights themselves (arm master - control master). With `acceptance`
+    (the experiment's qat_acceptance) each arm is judged against its limit by the spread rule: PASS when
+    delta_bpb_vs_control_bf16 is below max_delta_bpb_vs_bf16 by more than the larger of the control's bf16 spread and
+    the arm's rung spread, FAIL when above it by more, else WITHIN_SPREAD."""
     finals = [r["manifest"]["final"] for seeds in runs.values() for r in seeds.values()]
     if not all("eval_bpb_master" in f for f in finals):
+        if acceptance:
+            raise ValueError("qat_acceptance: every run must be evaluated through its rung (train.qat set, "
+                             "final.eval_bpb_master beside its rung BPB)")
         return
-    master = {arm: statistics.fmean(r["manifest"]["final"]["eval_bpb_master"] for r in seeds.values())
-              for arm, seeds in runs.items()}
+    masters = {arm: [r["manifest"]["final"]["eval_bpb_master"] for r in seeds.values()] for arm, seeds in runs.items()}
+    master = {arm: statistics.fmean(v) for arm, v in masters.items()}
     for arm, a in arms.items():
         a["mean_bpb_master"] = round(master[arm], 5)
         for s, r in runs[arm].items():
             a["seeds"][s]["eval_bpb_master"] = r["manifest"]["final"]["eval_bpb_master"]
-        a["delta_bpb_vs_control_bf16"] = round(a["mean_bpb"] - master["control"], 5)
+        delta = a["mean_bpb"] - master["control"]
+        a["delta_bpb_vs_control_bf16"] = round(delta, 5)
         a["bf16_cost_of_finish"] = round(master[arm] - master["control"], 5)
+        if acceptance and arm != "control" and a.get("verdict") == "INVALID":
+            a["qat_acceptance"] = {"limit": acceptance["max_delta_bpb_vs_bf16"], "verdict": "INVALID"}
+        elif acceptance and arm != "control":
+            limit = acceptance["max_delta_bpb_vs_bf16"]
+            margin = max(spread(masters["control"]), a["spread_bpb"])
+            a["qat_acceptance"] = {
+                "limit": limit, "delta_bpb_vs_control_bf16": round(delta, 5), "margin": round(margin, 5),
+                "control_bf16_spread": round(spread(masters["control"]), 5),
+                "verdict": "PASS" if limit - delta > margin else "FAIL" if delta - limit > margin else "WITHIN_SPREAD"}
 
 
 def plot_curves(runs: dict[str, dict[str, dict]], path: Path, title: str) -> None:
@@ -202,5 +234,8 @@ def main(argv=None) -> int:
     out.write_text(json.dumps(result, indent=2) + "\n")
     plot_curves(runs, Path(args.plot), f"{exp['name']}: eval BPB per seed ({result['eval_window_bytes']:,} bytes)")
     for arm, a in result["arms"].items():
-        print(f"[verdict] {arm}: mean {a['mean_bpb']} spread {a['spread_bpb']} {a.get('verdict', '(control)')}")
+        acc = a.get("qat_acceptance")
+        against = (f"; rung vs the control's bf16 {acc['delta_bpb_vs_control_bf16']:+.4f} against the limit "
+                   f"{acc['limit']} (spread {acc['margin']}): {acc['verdict']}") if acc else ""
+        print(f"[verdict] {arm}: mean {a['mean_bpb']} spread {a['spread_bpb']} {a.get('verdict', '(control)')}{against}")
     return 0

@@ -183,11 +183,12 @@ STAGES: dict[str, Stage] = {s.name: s for s in (
           _export, (
         "2: reference_bpb computed in fp32 (it ran under the bf16 autocast on CUDA)",
         "3: ternary's mean |W| summed in fp64 (a scale's last bit moved with the summation order)")),
-    Stage("bench", "score every stage and rung: BPB, task accuracy, multiple choice, cloze", 4,
+    Stage("bench", "score every stage and rung: BPB, task accuracy, multiple choice, cloze", 5,
           ("pretrain", "sft", "rl", "export", "anchors", "shard"), _bench, (
         "2: as sft 2",
         "3: per-item greedy correctness and the paired sign tests (bench.json format 2)",
-        "4: the sign tests count each distinct prompt once (bench.json format 3)")),
+        "4: the sign tests count each distinct prompt once (bench.json format 3)",
+        "5: within_one_se; a QAT chain's rungs against its twin's bf16 (bench.json format 4)")),
 )}
 
 

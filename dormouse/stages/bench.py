@@ -37,7 +37,8 @@ from dormouse.engine.stage import check_raw_input, input_artifact, parse_job, su
 from dormouse.posttrain import chat, mc, quant, task_eval, tasks
 from dormouse.train.runtime import deterministic_cpu, device_for, evaluate, load_model, model_config_of
 
-BENCH_FORMAT = 3  # the layout of bench.json (documented in docs/posttraining.md); 2: items_correct and paired; 3: paired per distinct prompt (units)
+BENCH_FORMAT = 4  # the layout of bench.json (documented in docs/posttraining.md); 2: items_correct and paired; 3: paired per
+# distinct prompt (units); 4: within_one_se, and a QAT chain's rungs against its twin's bf16 (rungs_vs_twin_bf16)
 
 
 def task_mc_items(items: list[tasks.Item], k: int) -> list[mc.McItem]:
@@ -64,8 +65,9 @@ def paired(base: dict, new: dict, prompts: list[str]) -> dict:
     b, n = base["tasks_gen"], new["tasks_gen"]
     sign = task_eval.paired_sign([c == "1" for c in b["items_correct"]], [c == "1" for c in n["items_correct"]], prompts)
     p = b["correct"] / b["n"]
-    return {**sign, "z": round(sign["z"], 3), "n": b["n"], "delta_accuracy": round((n["correct"] - b["correct"]) / b["n"], 5),
-            "se_base": round((p * (1 - p) / b["n"]) ** 0.5, 5)}
+    delta, se = (n["correct"] - b["correct"]) / b["n"], (p * (1 - p) / b["n"]) ** 0.5
+    return {**sign, "z": round(sign["z"], 3), "n": b["n"], "delta_accuracy": round(delta, 5), "se_base": round(se, 5),
+            "within_one_se": abs(delta) <= se}
 
 
 def comparisons(models: dict, rungs: dict, rungs_ptq: dict | None, prompts: list[str]) -> dict:
@@ -76,6 +78,9 @@ def comparisons(models: dict, rungs: dict, rungs_ptq: dict | None, prompts: list
     for key, rows in (("rungs_vs_bf16", rungs), ("rungs_ptq_vs_bf16", rungs_ptq)):
         if rows and "bf16" in rows:
             out[key] = {r: paired(rows["bf16"], s, prompts) for r, s in rows.items() if r != "bf16"}
+    if rungs_ptq and "bf16" in rungs_ptq:  # #28's bar: each rung against the bf16 model of the same budget (the twin's
+        # bf16, trained without any qat key), not this chain's own bf16, which the finish may already have moved
+        out["rungs_vs_twin_bf16"] = {r: paired(rungs_ptq["bf16"], s, prompts) for r, s in rungs.items()}
     return out
 
 
