@@ -293,3 +293,106 @@ def test_the_load_benchmark_runs_both_arms(tmp_path):
     rows = {r["arm"]: r for r in csv.DictReader(out.open(), delimiter="\t")}
     assert rows["batched"]["bytes"] == rows["unbatched"]["bytes"] == str(8 * 6)
     assert int(rows["batched"]["steps"]) < int(rows["unbatched"]["steps"]) and rows["batched"]["max_batch_seen"] == "4"
+
+
+@pytest.mark.parametrize("path,body,status,param", [
+    ("/v1/completions", {"prompt": "x", "stop": ["a"] * 5}, 400, "stop"),  # at most 4 stop sequences
+    ("/v1/completions", {"prompt": "x", "stop": "y" * 65}, 400, "stop"),  # a stop is matched on every byte
+    ("/v1/completions", {"prompt": "x", "seed": 2**64}, 400, "seed"),  # over torch.Generator's range: was a 500
+    ("/v1/completions", {"prompt": "\ud800"}, 400, "prompt"),  # a lone surrogate: valid JSON, no UTF-8 (was a 500)
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "\udfff"}]}, 400, "messages"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "logprobs": True}, 400, "logprobs"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "top_logprobs": 2}, 400, "top_logprobs"),
+])
+def test_requests_that_once_crashed_or_stalled_get_a_4xx(server, path, body, status, param):
+    r = httpx.post(server.url + path, content=json.dumps(body).encode(), headers={"content-type": "application/json"})
+    assert r.status_code == status, r.text
+    assert r.json()["error"]["param"] == param
+
+
+def test_deep_json_an_over_large_body_and_unknown_routes_get_error_bodies(server):
+    r = httpx.post(server.url + "/v1/completions", content=b"[" * 100_000 + b"]" * 100_000)
+    assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_json"  # RecursionError: was a 500
+    r = httpx.post(server.url + "/v1/completions", content=b" " * ((1 << 20) + 1))
+    assert r.status_code == 413 and r.json()["error"]["code"] == "request_too_large"
+    r = httpx.get(server.url + "/v1/nothing")
+    assert r.status_code == 404 and r.json()["error"]["code"] == "http_404"
+    assert server.health()["status"] == "ok"
+
+
+def test_a_decode_error_fails_its_streams_and_the_server_goes_on(model, monkeypatch):
+    """A failed prefill (an out-of-memory on a long prompt) or step fails the streams it took down with a 500 (an SSE
+    error event once streaming), counted; the decode thread lives and the next request is served (it once hung every
+    request forever)."""
+    from dormouse.serve import batcher as batcher_mod
+
+    real_prefill = batcher_mod.prefill_prompts
+
+    def prefill(model_, prompts, counters=None):
+        if any(b"BOOM" in p for p in prompts):
+            raise RuntimeError("CUDA out of memory (injected)")
+        return real_prefill(model_, prompts, counters)
+
+    monkeypatch.setattr(batcher_mod, "prefill_prompts", prefill)
+    s = Server(model)
+    try:
+        r = httpx.post(s.url + "/v1/completions", json={"prompt": "BOOM", "max_tokens": 4}, timeout=30)
+        assert r.status_code == 500 and "out of memory" in r.json()["error"]["message"]
+        real_step, calls = model.step, {"n": 0}
+
+        def step(*a, **kw):
+            calls["n"] += 1
+            if calls["n"] == 3:
+                raise RuntimeError("a kernel failed (injected)")
+            return real_step(*a, **kw)
+
+        monkeypatch.setattr(model, "step", step)
+        with httpx.stream("POST", s.url + "/v1/completions", json={"prompt": "go", "max_tokens": 50, "stream": True},
+                          timeout=30) as resp:
+            events = [line for line in resp.iter_lines() if line.startswith("data: ")]
+        assert "a kernel failed" in events[-2] and events[-1] == "data: [DONE]"
+        ok = httpx.post(s.url + "/v1/completions", json={"prompt": "fine", "max_tokens": 4}, timeout=30)
+        assert ok.status_code == 200 and ok.json()["usage"]["completion_tokens"] == 4
+        h = s.health()
+        assert h["status"] == "ok" and h["counters"]["serve.errors"] == 2 and "kernel failed" in h["last_error"]
+    finally:
+        s.close()
+
+
+def test_a_client_that_leaves_a_whole_reply_frees_its_row(monkeypatch):
+    """A non-streaming client that gives up: the server notices within a second (it polls) and cancels the stream
+    (it once decoded on to max_tokens). Steps slowed to 5 ms so the reply cannot end first."""
+    model = tiny_model()
+    real_step = model.step
+
+    def slow_step(*a, **kw):
+        time.sleep(0.005)
+        return real_step(*a, **kw)
+
+    monkeypatch.setattr(model, "step", slow_step)
+    s = Server(model)
+    try:
+        with pytest.raises(httpx.TimeoutException):
+            httpx.post(s.url + "/v1/completions", json={"prompt": "go on", "max_tokens": 4000, "temperature": 1.0},
+                       timeout=0.5)
+        deadline = time.monotonic() + 30
+        while (h := s.health())["counters"].get("serve.streams_cancelled", 0) < 1:
+            assert time.monotonic() < deadline, h
+            time.sleep(0.05)
+        assert h["live_streams"] == 0 and h["counters"].get("serve.finished.length", 0) == 0
+        assert h["counters"]["serve.clients_gone"] == 1 and h["counters"]["serve.steps"] < 1000
+    finally:
+        s.close()
+
+
+def test_a_chat_reply_stops_at_a_byte_that_would_open_a_turn_and_tiny_temperatures_are_greedy():
+    from dormouse.serve.batcher import sample_with_uniforms
+
+    got, chat_stops = [], frozenset({chat.USER, chat.ASSISTANT, chat.END})
+    s = Stream(b"p", 100, emit=got.append, finish=lambda *a: None, stop_bytes=chat_stops)
+    assert s.take(ord("a")) is None and s.take(chat.ASSISTANT) == "stop" and got == ["a"]  # 0x02 is not sent on
+    logits = torch.tensor([[0.0, 5.0, 1.0, 2.0]])
+    assert sample_with_uniforms(logits, 1.0, 2, torch.zeros(1)).item() == 1  # u = 0: the first byte top-k keeps, not 0
+    server_batcher = Batcher(tiny_model(), torch.device("cpu"), bf16=False)
+    rows = [Stream(b"p", 4, emit=lambda t: None, finish=lambda *a: None, temperature=1e-40)]
+    assert server_batcher._sample(rows, logits).tolist() == [1]  # greedy, not a NaN softmax's 0xFF

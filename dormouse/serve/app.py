@@ -8,8 +8,9 @@ Endpoints: POST /v1/chat/completions and /v1/completions (OpenAI's request and r
 server-sent events, `usage` counted in bytes: this is a byte model), GET /v1/models, /health (live streams, the
 decode state's bytes per stream, counters) and / (a chat page). Chat turns go through the chat template
 (dormouse/posttrain/chat.py: user and assistant roles); completions continue the raw prompt text. Every live
-stream decodes in one batched step (dormouse/serve/batcher.py). Bad requests get a 400 with OpenAI's error body
-({"error": {"message", "type", "param", "code"}}); a client that goes away mid-stream frees its row (counted).
+stream decodes in one batched step (dormouse/serve/batcher.py). Bad requests get a 400 (413 for a body over
+`max_body_bytes`) with OpenAI's error body ({"error": {"message", "type", "param", "code"}}); a client that goes away
+frees its row (counted); a decode error fails only its streams (500, or an SSE error event).
 """
 
 from __future__ import annotations
@@ -24,17 +25,20 @@ from typing import Literal
 
 from fastapi import FastAPI, Request
 from fastapi.responses import HTMLResponse, JSONResponse, StreamingResponse
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from dormouse.posttrain import chat
 from dormouse.serve.batcher import Batcher, Stream
 from dormouse.serve.page import PAGE
 
 MAX_NEW_BYTES = 4096  # max_tokens ceiling (bytes)
+MAX_STOPS, MAX_STOP_CHARS = 4, 64  # OpenAI's up-to-4 stop sequences; a stop is matched on every byte decoded
 
 
 class Limits(BaseModel):
     max_prompt_bytes: int = 16384
+    max_body_bytes: int = 1 << 20  # the request body before it is parsed (413 above)
     max_messages: int = 64
     default_max_tokens: int = 256
 
@@ -66,8 +70,16 @@ class Sampling(BaseModel):
     n: int = Field(1, ge=1, le=1)
     stream: bool = False
     stop: str | list[str] | None = None
-    seed: int | None = None
+    seed: int | None = Field(None, ge=-(2**63), le=2**64 - 1, description="torch.Generator's range")
     stream_options: dict | None = None
+
+    @field_validator("stop")
+    @classmethod
+    def _few_short_stops(cls, v):
+        stops = [v] if isinstance(v, str) else (v or [])
+        if len(stops) > MAX_STOPS or any(len(x) > MAX_STOP_CHARS for x in stops):
+            raise ValueError(f"at most {MAX_STOPS} stop sequences of at most {MAX_STOP_CHARS} characters")
+        return v
 
     def stops(self) -> tuple[str, ...]:
         s = [self.stop] if isinstance(self.stop, str) else (self.stop or [])
@@ -77,12 +89,18 @@ class Sampling(BaseModel):
 class ChatRequest(Sampling):
     messages: list[Message] = Field(min_length=1)
     max_completion_tokens: int | None = Field(None, ge=1, le=MAX_NEW_BYTES)
+    logprobs: bool | None = None  # refused when true: log-probs are not served
+    top_logprobs: int | None = None
 
 
 class CompletionRequest(Sampling):
     prompt: str | list[str] = Field(min_length=1)
     echo: bool = False
     logprobs: int | None = Field(None, le=0, description="log-probs are not served")
+
+
+class ClientGone(Exception):
+    """The client closed its connection before its reply was whole (its stream is cancelled)."""
 
 
 class BadRequest(Exception):
@@ -116,6 +134,8 @@ def chat_prompt(req: ChatRequest, limits: Limits) -> bytes:
         return chat.encode_turns(turns) + bytes([chat.ASSISTANT])
     except chat.ChatTemplateError as e:
         raise BadRequest(f"messages: {e}", "messages") from None
+    except UnicodeEncodeError as e:  # a lone surrogate ("\ud800") is valid JSON and no UTF-8
+        raise BadRequest(f"messages: not encodable as UTF-8 ({e.reason} at index {e.start})", "messages") from None
 
 
 def completion_prompts(req: CompletionRequest) -> list[bytes]:
@@ -133,7 +153,10 @@ def completion_prompts(req: CompletionRequest) -> list[bytes]:
                              "for the chat template's turn boundaries", "prompt")
         if not p:
             raise BadRequest(f"prompt: prompt {i} is empty (there is no context to continue)", "prompt")
-        out.append(p.encode("utf-8"))
+        try:
+            out.append(p.encode("utf-8"))
+        except UnicodeEncodeError as e:  # a lone surrogate is valid JSON and no UTF-8
+            raise BadRequest(f"prompt: prompt {i} is not encodable as UTF-8 ({e.reason} at index {e.start})", "prompt") from None
     return out
 
 
@@ -146,12 +169,20 @@ def create_app(batcher: Batcher, model_id: str, limits: Limits | None = None, in
         batcher.counters[f"serve.rejected.{e.code}"] += 1
         return JSONResponse(error_body(e.message, e.param, e.code), status_code=e.status)
 
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(request, e: StarletteHTTPException):  # 404, 405: OpenAI's error body, not FastAPI's {"detail"}
+        return JSONResponse(error_body(str(e.detail), code=f"http_{e.status_code}"), status_code=e.status_code)
+
     async def parse(request: Request, kind: type[Sampling]) -> Sampling:
-        raw = await request.body()
+        size = int(request.headers.get("content-length") or 0)
+        raw = await request.body() if size <= limits.max_body_bytes else b""
+        if max(size, len(raw)) > limits.max_body_bytes:
+            raise BadRequest(f"the request body is {max(size, len(raw))} bytes, at most {limits.max_body_bytes}",
+                             code="request_too_large", status=413)
         try:
             body = json.loads(raw)
-        except (json.JSONDecodeError, UnicodeDecodeError) as e:
-            raise BadRequest(f"the request body is not JSON: {e}", code="invalid_json") from None
+        except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as e:
+            raise BadRequest(f"the request body is not JSON: {type(e).__name__}: {e}", code="invalid_json") from None
         if not isinstance(body, dict):
             raise BadRequest("the request body must be a JSON object", code="invalid_json")
         try:
@@ -164,22 +195,46 @@ def create_app(batcher: Batcher, model_id: str, limits: Limits | None = None, in
             raise BadRequest(f"the prompt is {len(prompt)} bytes, at most {limits.max_prompt_bytes}",
                              code="context_length_exceeded")
 
-    def start(prompt: bytes, req: Sampling, max_new: int) -> tuple[Stream, asyncio.Queue]:
+    def start(prompt: bytes, req: Sampling, max_new: int, stop_bytes=frozenset({chat.END})) -> tuple[Stream, asyncio.Queue]:
         loop, q = asyncio.get_running_loop(), asyncio.Queue()
         stream = Stream(prompt, max_new, emit=lambda text: loop.call_soon_threadsafe(q.put_nowait, ("text", text)),
                         finish=lambda reason, usage: loop.call_soon_threadsafe(q.put_nowait, ("done", reason, usage)),
-                        temperature=req.temperature, top_k=req.top_k, stops=req.stops(), seed=req.seed)
+                        temperature=req.temperature, top_k=req.top_k, stops=req.stops(), seed=req.seed,
+                        stop_bytes=stop_bytes)
         batcher.submit(stream)
         return stream, q
 
-    async def collect(q: asyncio.Queue) -> tuple[str, str, dict]:
-        parts = []
-        while True:
-            item = await q.get()
-            if item[0] == "text":
-                parts.append(item[1])
-            else:
-                return "".join(parts), item[1], item[2]
+    async def collect(request: Request, stream: Stream, q: asyncio.Queue) -> tuple[str, str, dict]:
+        """A whole reply; a client that went away meanwhile (polled every second) cancels its stream, freeing its row."""
+        parts, checked = [], time.monotonic()
+        try:
+            while True:
+                try:
+                    item = await asyncio.wait_for(q.get(), timeout=1.0)
+                except asyncio.TimeoutError:
+                    item = None
+                if time.monotonic() - checked >= 1.0:  # text arrives every step: poll by the clock, not on silence
+                    checked = time.monotonic()
+                    if await request.is_disconnected():
+                        raise ClientGone()
+                if item is None:
+                    continue
+                if item[0] == "text":
+                    parts.append(item[1])
+                elif item[1] == "error":
+                    raise BadRequest(f"the model failed to decode this request: {item[2]['error']}", code="server_error",
+                                     status=500)
+                else:
+                    return "".join(parts), item[1], item[2]
+        finally:
+            stream.cancel()  # a no-op for a stream that finished
+
+    async def collect_all(request: Request, started) -> list[tuple[str, str, dict]]:
+        try:
+            return [await collect(request, stream, q) for stream, q in started]
+        finally:
+            for stream, _ in started:  # a client gone or an error: the prompts not yet collected stop too
+                stream.cancel()
 
     def sse(obj) -> str:
         return f"data: {json.dumps(obj, ensure_ascii=False)}\n\n"
@@ -197,6 +252,11 @@ def create_app(batcher: Batcher, model_id: str, limits: Limits | None = None, in
                         yield sse(chunk(item[1], None))
                         continue
                     done = True
+                    if item[1] == "error":  # the stream is already open: the error goes in it, then it ends
+                        yield sse(error_body(f"the model failed to decode this request: {item[2]['error']}",
+                                             code="server_error"))
+                        yield "data: [DONE]\n\n"
+                        return
                     yield sse(chunk(None, item[1]))
                     if include_usage:
                         yield sse({**chunk(None, None, usage_only=True), "usage": item[2]})
@@ -211,13 +271,16 @@ def create_app(batcher: Batcher, model_id: str, limits: Limits | None = None, in
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request):
         req = await parse(request, ChatRequest)
+        if req.logprobs or req.top_logprobs is not None:
+            raise BadRequest("logprobs are not served", "logprobs" if req.logprobs else "top_logprobs")
         prompt = chat_prompt(req, limits)
         check_length(prompt)
         max_new = req.max_completion_tokens or req.max_tokens or limits.default_max_tokens
-        stream, q = start(prompt, req, max_new)
+        # a reply ends at the turn's END, or at a byte that would open another turn (the next request would refuse it)
+        stream, q = start(prompt, req, max_new, stop_bytes=frozenset({chat.USER, chat.ASSISTANT, chat.END}))
         rid, created = f"chatcmpl-{uuid.uuid4().hex[:24]}", int(time.time())
         if not req.stream:
-            text, reason, usage = await collect(q)
+            text, reason, usage = (await collect_all(request, [(stream, q)]))[0]
             return {"id": rid, "object": "chat.completion", "created": created, "model": model_id,
                     "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": reason}],
                     "usage": usage}
@@ -240,7 +303,7 @@ def create_app(batcher: Batcher, model_id: str, limits: Limits | None = None, in
         started = [start(prompt, req, req.max_tokens or limits.default_max_tokens) for prompt in prompts]
         rid, created = f"cmpl-{uuid.uuid4().hex[:24]}", int(time.time())
         if not req.stream:
-            done = [await collect(q) for _, q in started]
+            done = await collect_all(request, started)
             usage = {k: sum(u[k] for _, _, u in done) for k in ("prompt_tokens", "completion_tokens", "total_tokens")}
             return {"id": rid, "object": "text_completion", "created": created, "model": model_id, "usage": usage,
                     "choices": [{"index": i, "text": text, "logprobs": None, "finish_reason": reason}
@@ -263,14 +326,22 @@ def create_app(batcher: Batcher, model_id: str, limits: Limits | None = None, in
 
     @app.get("/health")
     async def health():
-        return {"status": "ok", "model": model_id, **(info or {}), "live_streams": batcher.live,
+        alive = batcher.alive()  # the decode thread: without it nothing decodes
+        body = {"status": "ok" if alive else "error", "model": model_id, **(info or {}), "live_streams": batcher.live,
                 "waiting_streams": len(batcher.waiting), "max_batch": batcher.max_batch,
                 "state_bytes_per_stream": batcher.state_bytes_per_stream,
+                "last_error": batcher.last_error,
                 "counters": {k: v for k, v in sorted(batcher.counters.items()) if k.startswith("serve.")}}
+        return body if alive else JSONResponse(body, status_code=503)
 
     @app.get("/", response_class=HTMLResponse)
     async def page():
         return PAGE.replace("{{MODEL}}", model_id)
+
+    @app.exception_handler(ClientGone)
+    async def _gone(request, e: ClientGone):
+        batcher.counters["serve.clients_gone"] += 1
+        return JSONResponse(error_body("client closed the request", code="client_closed_request"), status_code=499)
 
     return app
 
