@@ -42,12 +42,12 @@ def metric_rows(steps=200, log_every=10, tokens_per_s=300_000.0, warm=1_700.0):
 
 def make_run(store: Path, *, rows=None, tokens_per_s=300_000.0, peak=7.7, device="cuda", gpu="NVIDIA H200",
              batch_size=32, seq_len=1024, created=T0, torch_version="2.11.0+cu130", steps=None, counters=None,
-             env_device=None, qat=None) -> Path:
+             env_device=None, qat=None, **train_keys) -> Path:
     """A finished pretrain artifact under store/pretrain/<digest>/ shaped like the stage's own."""
     rows = rows if rows is not None else metric_rows(tokens_per_s=tokens_per_s)
     steps = steps or rows[-1]["step"]
     train = {**SMALL_TRAIN, "device": device, "batch_size": batch_size, "seq_len": seq_len, "steps": steps,
-             **({"qat": qat} if qat else {})}
+             **({"qat": qat} if qat else {}), **train_keys}
     params = {"model": SMALL_MODEL, "train": train}
     inputs = {"shard": f"{next(_serial):020d}"}  # a distinct digest per run
     digest = artifact_digest("pretrain", 3, params, inputs, [])
@@ -94,6 +94,11 @@ def test_entry_from_the_real_h200_metrics(tmp_path):
     # a quantization-aware finish (eager, quantizing every step) is compared only with its like
     q = history.entry_from_artifact(make_run(tmp_path, rows=rows, peak=7.7, qat={"rung": "ternary", "fraction": 0.2}))
     assert q["key"] == {**e["key"], "qat": "ternary@0.2"} and history.comparable_key(q) != history.comparable_key(e)
+    # so are gradient accumulation and a compile setting other than the default
+    m = history.entry_from_artifact(make_run(tmp_path, rows=rows, micro_batch_size=8, compile="never"))
+    assert m["key"] == {**e["key"], "micro_batch_size": 8, "compile": "never"}
+    assert history.comparable_key(m) != history.comparable_key(e)
+    assert history.entry_from_artifact(make_run(tmp_path, rows=rows, micro_batch_size=None, compile="cuda"))["key"] == e["key"]
 
 
 def test_warm_up_rule():

@@ -270,3 +270,29 @@ def test_a_second_machine_starts_from_the_first_ones_compile_cache(shards, tmp_p
     assert second["counters"]["compile_cache.files_loaded"] == 2 and second["counters"]["compile_cache.loaded_artifacts"] > 0
     assert "compile_cache.saved_files" not in second["counters"]  # every graph a cache hit: nothing compiled here
     assert "[compile_cache] loaded 2 files" in logs[1] and w1 == w2
+
+
+def test_an_unreadable_newest_checkpoint_falls_back_to_the_one_before(tmp_path):
+    """A crash can leave the newest checkpoint's files short behind a complete name: resume passes it over for the
+    one before, says so and counts it; with none readable it fails rather than start over."""
+    from dormouse.model.gpt import ByteLM
+    from dormouse.train.optim import build_optimizers
+    from dormouse.train.trainer import resume
+
+    cfg = ModelConfig.from_dict(TINY_MODEL)
+    train = {"optimizer": "adamw", "lr": 1e-3, "muon_lr": 0.02, "weight_decay": 0.0}
+    torch.manual_seed(0)
+    model = ByteLM(cfg)
+    opts = build_optimizers(model, train)
+    root = tmp_path / "ckpt"
+    checkpoint.save(root, 4, model, opts, {"mark": 4})
+    with torch.no_grad():
+        next(model.parameters()).add_(1.0)
+    checkpoint.save(root, 8, model, opts, {"mark": 8})
+    (root / "step-00000008" / checkpoint.WEIGHTS).write_bytes(b"")  # the rename survived, the data did not
+    fresh, counters = ByteLM(cfg), Counter()
+    path, snap = resume(root, fresh, build_optimizers(fresh, train), counters)
+    assert path.name == "step-00000004" and snap["mark"] == 4 and counters["checkpoints_unreadable"] == 1
+    (root / "step-00000004" / checkpoint.WEIGHTS).write_bytes(b"")
+    with pytest.raises(checkpoint.CheckpointError, match="no checkpoint could be read"):
+        resume(root, fresh, build_optimizers(fresh, train), counters)

@@ -139,6 +139,26 @@ def test_invalid_json_line_names_file_and_line(tmp_path):
     assert recs[1].nbytes == len(b'{"id": "b", "text": \n')
 
 
+def test_a_bad_record_stops_the_run_even_where_bad_files_are_skipped(tmp_path):
+    """on_bad_record: error with on_bad_file: skip: the bad line is an error, not a file error that drops the good
+    records after it (it once read one record of four and counted the rest as lost text of unknown size)."""
+    path = tmp_path / "x.jsonl"
+    path.write_bytes(b'{"id": "a", "text": "A"}\nnot json\n{"id": "c", "text": "C"}\n{"id": "d", "text": "D"}\n')
+    with pytest.raises(ReadError, match=r"x\.jsonl:2: invalid JSON"):
+        read(path, on_bad_file="skip")
+    recs, counters = read(path, on_bad_record="skip", on_bad_file="skip")
+    assert [r.text for r in recs if r.skip is None] == ["A", "C", "D"] and counters["reader.records_skipped.invalid_json"] == 1
+
+
+def test_an_id_that_is_no_unicode_is_a_bad_record_naming_its_line(tmp_path):
+    path = tmp_path / "x.jsonl"
+    path.write_bytes(b'{"id": "ok", "text": "A"}\n{"id": "doc-\\ud800", "text": "B"}\n')
+    with pytest.raises(ReadError, match=r"x\.jsonl:2: id 'id' is not valid Unicode"):
+        read(path)
+    recs, counters = read(path, on_bad_record="skip")
+    assert [r.skip for r in recs] == [None, "bad_record_invalid_utf8"] and counters["reader.records_skipped.invalid_utf8"] == 1
+
+
 def test_non_utf8_bytes(tmp_path):
     path = tmp_path / "x.jsonl"
     path.write_bytes(b'{"id": "a", "text": "caf\xe9"}\n')

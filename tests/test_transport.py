@@ -59,6 +59,40 @@ def test_a_missing_or_damaged_part_is_named_and_nothing_is_written(tmp_path):
     assert not (tmp_path / "there" / "shard" / src.name).exists()
 
 
+def test_a_crafted_listing_cannot_place_an_artifact_elsewhere_or_carry_a_link(tmp_path):
+    """The listing's stage and digest become paths, and a link verified where it was unpacked breaks once moved: both
+    are refused before anything reaches the store."""
+    import hashlib
+    import io
+    import tarfile
+
+    import zstandard
+
+    src = make_artifact(tmp_path / "here")
+    listing = transport.pack(src, tmp_path / "parts", part_mib=1)
+    spec = json.loads(listing.read_text())
+    bad = tmp_path / "parts" / "bad.parts.json"
+    bad.write_text(json.dumps({**spec, "digest": f"../pretrain/{spec['digest']}"}))
+    with pytest.raises(ArtifactError, match="is not a stage of the chain and a digest"):
+        transport.unpack(bad, tmp_path / "there")
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        for name in ["manifest.json", "train/00001.bin", "eval/tail.bin"]:
+            tar.add(src / name, arcname=f"shard/{src.name}/{name}")
+        link = tarfile.TarInfo(f"shard/{src.name}/train/00000.bin")
+        link.type, link.linkname = tarfile.SYMTYPE, "../../../../here/shard/" + src.name + "/train/00000.bin"
+        tar.addfile(link)
+    part = tmp_path / "evil" / "x.tar.zst.000"
+    part.parent.mkdir()
+    part.write_bytes(zstandard.ZstdCompressor().compress(buf.getvalue()))
+    evil = tmp_path / "evil" / "x.parts.json"
+    evil.write_text(json.dumps({**spec, "parts": [{"name": part.name, "size": part.stat().st_size,
+                                                   "sha256": hashlib.sha256(part.read_bytes()).hexdigest()}]}))
+    with pytest.raises(ArtifactError, match="is not a regular file or folder"):
+        transport.unpack(evil, tmp_path / "there")
+    assert not (tmp_path / "there" / "shard" / src.name).exists() and not (tmp_path / "there" / "pretrain").exists()
+
+
 def test_an_artifact_that_fails_its_own_manifest_is_not_packed(tmp_path):
     src = make_artifact(tmp_path / "here")
     (src / "eval" / "tail.bin").write_bytes(b"changed")

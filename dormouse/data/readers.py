@@ -128,9 +128,14 @@ def _open_lines(path: Path):
     return raw
 
 
+class RecordError(ReadError):
+    """A bad record under on_bad_record: error. It stops the run whatever on_bad_file says (caught as a file error,
+    it once dropped the rest of the file's good records under on_bad_file: skip)."""
+
+
 def _bad(policy: str, reason: str, message: str, counters: Counter, prefix: str) -> None:
     if policy == "error":
-        raise ReadError(message)
+        raise (RecordError if prefix == "reader.records_skipped" else ReadError)(message)
     counters[f"{prefix}.{reason}"] += 1
 
 
@@ -164,6 +169,13 @@ def _read_jsonl(path: Path, rel: str, cfg: ReaderConfig, counters: Counter) -> I
                 if doc_id is None:
                     counters["reader.ids_derived"] += 1
                     doc_id = f"{rel}:{lineno}"
+                try:
+                    str(doc_id).encode("utf-8")
+                except UnicodeEncodeError as e:  # a lone surrogate from a JSON escape: the shard writer cannot store it
+                    _bad(cfg.on_bad_record, "invalid_utf8", f"{path}:{lineno}: id {cfg.id_field!r} is not valid Unicode: {e}",
+                         counters, "reader.records_skipped")
+                    yield Record(f"{rel}:{lineno}", "", rel, len(line), "bad_record_invalid_utf8")
+                    continue
                 yield from _text_record(str(doc_id), text, rel, f"{path}:{lineno}", cfg, counters, len(line))
         except (EOFError, OSError, zlib.error) as e:  # gzip: truncated or corrupt stream
             raise ReadError(f"{path}: unreadable after line {lineno} (the record at line {lineno + 1} is cut off; "
@@ -327,7 +339,7 @@ def read_file(path: Path, rel: str, cfg: ReaderConfig, counters: Counter) -> Ite
             n_bad += (rec.skip or "").startswith("bad_record")
             yield rec
     except ReadError as e:
-        if cfg.on_bad_file == "error":
+        if cfg.on_bad_file == "error" or isinstance(e, RecordError):
             raise
         # Records already yielded were read intact and stay counted; the rest of the file is lost, loudly.
         counters["reader.files_skipped.unreadable"] += 1

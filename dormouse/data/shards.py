@@ -64,14 +64,22 @@ def train_bytes(manifest: dict) -> int:
     return sum(m["size"] for name, m in manifest["files"].items() if name.startswith(TRAIN_DIR) and name.endswith(".bin"))
 
 
-def iter_docs(bin_path: Path, idx_path: Path) -> Iterator[bytes]:
-    data = np.fromfile(bin_path, dtype=np.uint8)
+def doc_offsets(bin_path: Path, idx_path: Path) -> np.ndarray:
+    """A shard's document offsets, checked to span its .bin (the documents are the file's bytes, as the eval window
+    reads them)."""
     offsets = np.load(idx_path)
-    if offsets[0] != 0 or offsets[-1] != len(data):  # the documents are the file's bytes, as the eval window reads them
-        raise SystemExit(f"{idx_path}: offsets {offsets[0]}..{offsets[-1]} do not span the {len(data)} bytes of {bin_path}")
-    buf = data.tobytes()
-    for a, b in zip(offsets[:-1].tolist(), offsets[1:].tolist()):
-        yield buf[a:b]
+    size = bin_path.stat().st_size
+    if offsets[0] != 0 or offsets[-1] != size:
+        raise SystemExit(f"{idx_path}: offsets {offsets[0]}..{offsets[-1]} do not span the {size} bytes of {bin_path}")
+    return offsets
+
+
+def iter_docs(bin_path: Path, idx_path: Path) -> Iterator[bytes]:
+    """The documents in order, read one at a time: memory is one document, not the shard (it held the shard twice)."""
+    offsets = doc_offsets(bin_path, idx_path)
+    with open(bin_path, "rb", buffering=1 << 20) as f:
+        for a, b in zip(offsets[:-1].tolist(), offsets[1:].tolist()):
+            yield f.read(b - a)
 
 
 def docs(art, stems: list[str]) -> Iterator[bytes]:

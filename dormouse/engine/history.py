@@ -20,6 +20,8 @@ Comparability key (`KEY_FIELDS`), built from the manifest, never from the preset
                cuda_graphs.captures), else None: their private pools leave the allocated peak incomparable
   qat          "<rung>@<fraction>" of train.qat (a quantization-aware finish runs eagerly and quantizes every
                step, dormouse/train/qat.py); absent (None) without one
+  micro_batch_size, compile   train.micro_batch_size (gradient accumulation) and train.compile when not the
+               default cuda; absent (None) at their defaults, so earlier entries stay comparable
 Two entries are compared only when every key field is equal.
 
 Throughput: median `tokens_per_s` (bytes/s: the model is byte-level) over the logged rows of
@@ -56,7 +58,7 @@ DEFAULT_HISTORY = Path("results/history.jsonl")
 DEFAULT_TOLERANCE = 0.10
 WARMUP_FRAC = 0.10  # rows at step <= this fraction of train.steps are warm-up
 KEY_FIELDS = ("device", "model", "batch_size", "seq_len", "dtype", "optimizer", "torch", "cpu_threads", "world_size",
-              "cuda_graphs", "qat")
+              "cuda_graphs", "qat", "micro_batch_size", "compile")
 
 
 # -----------------------------------------------------------------------------
@@ -112,6 +114,10 @@ def entry_from_artifact(art_dir: Path) -> dict:
             "cuda_graphs": True if counters.get("cuda_graphs.captures") else None,  # None: entries before it compare
             # only when on: entries without it (every run before it, every run without a finish) read as None
             **({"qat": f"{train['qat']['rung']}@{train['qat']['fraction']}"} if train.get("qat") else {}),
+            # likewise only when set: accumulation changes the step's time and memory by design; compile off or
+            # everywhere is another program than the default (cuda)
+            **({"micro_batch_size": train["micro_batch_size"]} if train.get("micro_batch_size") else {}),
+            **({"compile": train["compile"]} if train.get("compile", "cuda") != "cuda" else {}),
         },
         "tokens_per_s": tokens_per_s,
         "tokens_per_s_rows": n_rows,

@@ -134,9 +134,19 @@ def check_parts(listing_path: Path) -> tuple[dict, list[Path]]:
 
 def unpack(listing_path: Path, store: Path) -> Path:
     """Verify the parts, rebuild the artifact under `store` and verify it; returns its directory."""
+    from dormouse.engine.registry import STAGES
+
     listing, paths = check_parts(listing_path)
     stage, digest = listing["stage"], listing["digest"]
+    # the listing's names become paths: a stage of the chain and a digest's 20 hex digits, nothing else ("../")
+    if stage not in STAGES or not (isinstance(digest, str) and len(digest) == 20 and all(ch in "0123456789abcdef" for ch in digest)):
+        raise ArtifactError(f"{listing_path}: stage {stage!r} / digest {digest!r} is not a stage of the chain and a digest")
     final = store / stage / digest
+
+    def files_only(member: tarfile.TarInfo, dest: str) -> tarfile.TarInfo:
+        if not (member.isfile() or member.isdir()):  # an artifact holds files; a link verified in tmp breaks in place
+            raise ArtifactError(f"{listing_path}: {member.name} is not a regular file or folder")
+        return tarfile.data_filter(member, dest)
     if (final / "manifest.json").exists():
         open_artifact(final, stage=stage, verify=True)
         return final
@@ -146,13 +156,13 @@ def unpack(listing_path: Path, store: Path) -> Path:
     try:
         with zstandard.ZstdDecompressor().stream_reader(_Concat(paths)) as zr:
             with tarfile.open(fileobj=zr, mode="r|") as tar:
-                tar.extractall(tmp, filter="data")  # refuses absolute paths, links out of tmp, devices
+                tar.extractall(tmp, filter=files_only)  # and "data"'s: no absolute paths, nothing out of tmp
         got = tmp / stage / digest
         art = open_artifact(got, stage=stage, verify=True)
         if sorted([*art.files(), "manifest.json"]) != sorted(str(p.relative_to(got)) for p in got.rglob("*") if p.is_file()):
             raise ArtifactError(f"{listing_path}: the unpacked files are not exactly the manifest's")
+        published(got)  # verified whole where it was unpacked (and the hidden manifest link added), then moved in
         got.rename(final)
-        published(final)  # adds the hidden manifest link (store.MANIFEST_KEEP)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return final

@@ -111,7 +111,9 @@ class MoE(nn.Module):
 
     def expert_rows(self, xs: torch.Tensor, sorted_e: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
         """Rows sorted by expert (sorted_e: each row's expert; counts: rows per expert) -> each row through its
-        expert's SwiGLU, in xs's dtype. Three exact ways (tests/test_model.py holds them to one another):
+        expert's SwiGLU, in xs's dtype. Three ways, the same outputs and gradients in fp32 (tests/test_model.py holds
+        them to one another); in bf16 blocked_bmm rounds each block's bank gradient before summing the blocks (~0.3%
+        apart for an expert of more than BLOCK_ROWS rows), so bf16 takes grouped_mm, equal to the loop there:
         - grouped_mm: one grouped GEMM per bank over the rows (`F.grouped_mm`, offsets on the device);
         - blocked_bmm: every expert's rows zero-padded to whole blocks of BLOCK_ROWS, then one bmm per bank with
           each block's expert matrix gathered (any dtype; the pad rows cost FLOPs and the gather bytes);

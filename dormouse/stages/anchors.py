@@ -28,16 +28,25 @@ from dormouse.engine import progress
 from dormouse.engine.stage import input_artifact, parse_job, summary, writer
 
 
-def capped(docs, cap: int | None, c):
-    """Whole documents until the next would pass `cap` bytes (None: all); the rest counted as not counted."""
-    seen = 0
-    for d in docs:
-        if cap is not None and (seen + len(d) > cap or c["train_docs_beyond_cap"]):
-            c["train_docs_beyond_cap"] += 1
-            c["train_bytes_beyond_cap"] += len(d)
+def capped(shards, stems: list[str], cap: int | None, c):
+    """Whole train documents until the next would pass `cap` bytes (None: all); the rest counted as not counted,
+    from the shards' offsets without reading them (reading them only to count held memory and time)."""
+    seen, full = 0, False
+    for stem in stems:
+        bin_path, idx_path = shards.file(f"{stem}.bin"), shards.file(f"{stem}.idx.npy")
+        sizes = np.diff(layout.doc_offsets(bin_path, idx_path))
+        if full:
+            c["train_docs_beyond_cap"] += len(sizes)
+            c["train_bytes_beyond_cap"] += int(sizes.sum())
             continue
-        seen += len(d)
-        yield d
+        for i, d in enumerate(layout.iter_docs(bin_path, idx_path)):
+            if cap is not None and seen + len(d) > cap:
+                full = True
+                c["train_docs_beyond_cap"] += len(sizes) - i
+                c["train_bytes_beyond_cap"] += int(sizes[i:].sum())
+                break
+            seen += len(d)
+            yield d
 
 
 def main(argv=None) -> int:
@@ -50,7 +59,7 @@ def main(argv=None) -> int:
         t0 = time.time()
         cap = p["max_train_bytes"]
         c.update({"train_docs_beyond_cap": 0, "train_bytes_beyond_cap": 0})  # listed at 0 too
-        counts = ngram.count_ngrams(progress.track(capped(layout.docs(shards, train_stems), cap, c), "anchors", "doc", label="n-gram counts"),
+        counts = ngram.count_ngrams(progress.track(capped(shards, train_stems, cap, c), "anchors", "doc", label="n-gram counts"),
                                       p["max_order"])
         c["train_bytes_counted"] = int(counts.n_bytes)
         t1 = time.time()

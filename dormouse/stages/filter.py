@@ -138,7 +138,8 @@ def train_classifier(job, art, qcfg, reader_cfg, counters) -> tuple[object, dict
     examples = {"train": [], "valid": []}
     for side, label in (("positive", qcfg["label_hq"]), ("negative", quality.LABEL_LQ)):
         specs = check_raw_input(job, side)
-        for rec in iter_records(specs, reader_cfg, Counter()):
+        read = Counter()  # the example sets' reader counts (skips, ignored files) into the manifest, by side
+        for rec in iter_records(specs, reader_cfg, read):
             if rec.skip or not rec.text.strip():
                 counters[f"quality.examples_skipped.{side}"] += 1
                 continue
@@ -147,6 +148,8 @@ def train_classifier(job, art, qcfg, reader_cfg, counters) -> tuple[object, dict
             examples[split].extend((label, piece) for piece in pieces)
             counters[f"quality.example_docs_{split}.{side}"] += 1
             counters[f"quality.example_pieces_{split}.{side}"] += len(pieces)
+        for k, v in read.items():
+            counters[f"quality.examples.{side}.{k}"] += v
     for side in ("positive", "negative"):
         if not counters[f"quality.example_pieces_train.{side}"]:
             raise SystemExit(f"filter: the {side} example set {job['inputs'][side]['specs']} yields no text")

@@ -112,7 +112,7 @@ def run(job: dict, cfg: ModelConfig, train: dict, shards, world: distributed.Wor
         resumed_train, resumed_eval = Counter(), Counter()  # every rank's counts up to the checkpoint resumed from
         train_counters, eval_counters = Counter(), Counter()  # this process's counts since it started
 
-        last, snap = resume(ckpt_root, model, opts)
+        last, snap = resume(ckpt_root, model, opts, c)
         if last is not None:
             stream.state = StreamState(**snap["stream"])
             start, metrics, bad_in_row = snap["step"], snap["metrics"], snap["bad_in_row"]

@@ -102,13 +102,28 @@ class PretrainStep:
         return self.graphed.replays if self.graphed is not None else 0
 
 
-def resume(root: Path | None, model: torch.nn.Module, opts: list) -> tuple[Path, dict] | tuple[None, None]:
-    """Load the latest checkpoint under `root` into the model and optimizers: (its path, its snapshot, which holds
-    the caller's own state: data position, metrics, counters), or (None, None) when there is none."""
-    last = checkpoint.latest(root) if root is not None else None
-    if last is None:
-        return None, None
-    snap = checkpoint.load_snapshot(last)
-    checkpoint.load_weights(model, last / checkpoint.WEIGHTS)
-    checkpoint.load_optimizers(opts, last / checkpoint.OPTIM)
-    return last, snap
+def resume(root: Path | None, model: torch.nn.Module, opts: list, counters: Counter | None = None
+           ) -> tuple[Path, dict] | tuple[None, None]:
+    """Load the latest readable checkpoint under `root` into the model and optimizers: (its path, its snapshot, which
+    holds the caller's own state: data position, metrics, counters), or (None, None) when there is none. One that
+    cannot be read (files a crash left short) is passed over for the one before, named and counted
+    (`checkpoints_unreadable`); when none can be read, the error says so, never a silent fresh start."""
+    errors = []
+    for path in checkpoint.complete(root):
+        try:
+            snap = checkpoint.load_snapshot(path)
+            checkpoint.load_weights(model, path / checkpoint.WEIGHTS)
+            checkpoint.load_optimizers(opts, path / checkpoint.OPTIM)
+        except checkpoint.CheckpointError:
+            raise  # a checkpoint of another model: not damage, and an older one would not fit either
+        except Exception as e:  # noqa: BLE001 - safetensors, torch.load and json each raise their own
+            errors.append(f"{path.name}: {type(e).__name__}: {e}")
+            print(f"[resume] WARNING: cannot read {path} ({type(e).__name__}: {e}); trying the one before", flush=True)
+            if counters is not None:
+                counters["checkpoints_unreadable"] += 1
+            continue
+        return path, snap
+    if errors:
+        raise checkpoint.CheckpointError(f"{root}: no checkpoint could be read ({'; '.join(errors)}); "
+                                         "remove them to start over")
+    return None, None
