@@ -33,12 +33,14 @@ def capped(shards, stems: list[str], cap: int | None, c):
     from the shards' offsets without reading them (reading them only to count held memory and time)."""
     seen, full = 0, False
     for stem in stems:
-        bin_path, idx_path = shards.file(f"{stem}.bin"), shards.file(f"{stem}.idx.npy")
-        sizes = np.diff(layout.doc_offsets(bin_path, idx_path))
-        if full:
+        idx_path = shards.file(f"{stem}.idx.npy")
+        if full:  # counted from the offsets: the .bin is neither read nor hashed
+            sizes = np.diff(layout.doc_offsets(shards.path / f"{stem}.bin", idx_path))
             c["train_docs_beyond_cap"] += len(sizes)
             c["train_bytes_beyond_cap"] += int(sizes.sum())
             continue
+        bin_path = shards.file(f"{stem}.bin")
+        sizes = np.diff(layout.doc_offsets(bin_path, idx_path))
         for i, d in enumerate(layout.iter_docs(bin_path, idx_path)):
             if cap is not None and seen + len(d) > cap:
                 full = True

@@ -95,12 +95,13 @@ class Firewall:
         """One of a step's `parts` micro-batches (equal rows each; gradient accumulation): total / parts is
         backpropagated into the summed gradients, the logged loss is the parts' mean, and one non-finite part makes
         the whole step bad. `finish` then clips and steps once."""
+        scaled = total if parts == 1 else total / parts  # the parts' gradients add up to the whole batch's mean
         if self.on_device:
             nonfinite = (~torch.isfinite(total.detach())).float()
             if self.world.size > 1:  # a collective on the device: no host wait
                 dist.all_reduce(nonfinite, op=dist.ReduceOp.SUM)
             self._nonfinite = nonfinite if self._nonfinite is None else self._nonfinite + nonfinite
-            (total if parts == 1 else total / parts).backward()  # always: DDP's gradient all-reduce needs every rank
+            scaled.backward()  # always: DDP's gradient all-reduce needs every rank
             part = loss.detach() if parts == 1 else loss.detach() / parts
         else:
             # Every rank takes the decision together, before backward: DDP's all-reduce in backward needs
@@ -110,7 +111,7 @@ class Firewall:
             if nonfinite != 0:
                 self._part_bad = True
             elif not self._part_bad:
-                (total if parts == 1 else total / parts).backward()
+                scaled.backward()
         self._loss = part if self._loss is None else self._loss + part
 
     def finish(self, where: str, keep_grads: bool = False) -> None:
