@@ -1,17 +1,20 @@
 #!/usr/bin/env bash
-# Issue #28's acceptance on one H200 (device tool): every pretrain run of an experiment (EXP, default
-# small_qat_ternary; then small_qat_mxfp4, small_qat_nvfp4), then its verdict (with #28's bar, qat_acceptance), from
-# the repo root there.
+# Issue #28's acceptance on one GPU (device tool): every pretrain run of an experiment (EXP, default small_qat: a
+# control that measures each rung after training, train.ptq_rungs, and one QAT-finish arm per rung; 3 seeds, 12
+# runs), then its verdict (with #28's bars, qat_acceptance), from the repo root there.
 # Made here first (repo root, after benchmarks/prepare_device.sh, which builds the small preset's data stages and
 # .whl_chain):
-#   EXP=small_qat_ternary bash benchmarks/gpu_small_qat.sh --plan   # .job/qat/<exp>.<arm>.s<seed>.json + <exp>.experiment.json
+#   bash benchmarks/gpu_small_qat.sh --plan   # .job/qat/<exp>.<arm>.s<seed>.json + <exp>.experiment.json
 # then, device tool, carry [".whl_chain", ".job", "results/store/shard/<small's shard>"] (prepare_device.sh names it):
-#   EXP=small_qat_ternary WHL=.whl_chain bash benchmarks/gpu_small_qat.sh
-# Built runs are skipped and a killed one resumes from its scratch checkpoint (every 500 steps), so on a warm machine
-# call again until the verdict is written; everything stops before BUDGET_S. Back in $OUT: verdict.json, curves.png,
-# runs.tar (each run's manifest and metrics.jsonl), logs.tar.
+#   WHL=.whl_chain bash benchmarks/gpu_small_qat.sh
+# Runs go seed by seed; built runs are skipped and a killed one resumes from its scratch checkpoint (every 500
+# steps), so on a warm machine call again until the verdict is written; everything stops before BUDGET_S (or
+# DEADLINE). Back in $OUT: runs.tar (every finished run's manifest and metrics.jsonl: all the verdict reads),
+# logs.tar, and once every run is in, verdict.json and curves.png. 12 runs of ~3-4 min outlast one session's device
+# time: here, `mkdir -p .job/qat/runs && tar -xf runs.tar -C .job/qat/runs`; the next session carries .job and the
+# script skips those runs and judges them with the rest (each run's manifest names its GPU, final.gpu).
 set -uo pipefail
-EXP=${EXP:-small_qat_ternary}
+EXP=${EXP:-small_qat}
 J=.job/qat
 if [ "${1:-}" = "--plan" ]; then
   mkdir -p "$J"
@@ -35,25 +38,41 @@ fi
 source benchmarks/gpu_env.sh
 deadline=${DEADLINE:-$(( $(date +%s) + ${BUDGET_S:-560} ))}  # DEADLINE: epoch seconds, when a call runs other things first
 logs=/tmp/qat_logs && mkdir -p "$logs"
+# every finished run's manifest + metrics, as a store the verdict reads (it needs no weights): built here, or carried
+# from an earlier session's runs.tar under $J/runs (so an experiment longer than a session's device time goes on)
+runs=/tmp/qat_runs && mkdir -p "$runs/pretrain"
+[ -d "$J/runs/pretrain" ] && cp -rn "$J/runs/pretrain/." "$runs/pretrain/"
+collect() {  # $1: a run's artifact dir in the store
+  local d=$1 g; g=$(basename "$d")
+  [ -f "$d/manifest.json" ] && [ ! -f "$runs/pretrain/$g/manifest.json" ] && mkdir -p "$runs/pretrain/$g" \
+    && cp "$d/manifest.json" "$d/metrics.jsonl" "$runs/pretrain/$g/"
+  return 0
+}
 done_all=1
-for job in "$J/$EXP".*.s*.json; do
+# seed by seed (control s0, each arm s0, control s1, ...): a call cut short leaves whole seeds behind it
+jobs=$(python3 -c "
+import re, sys
+from pathlib import Path
+jobs = sorted(Path(sys.argv[1]).glob(sys.argv[2] + '.*.s*.json'), key=lambda p: (int(re.search(r'\.s(\d+)\.json$', p.name)[1]), '.control.' not in p.name, p.name))
+print(' '.join(map(str, jobs)))" "$J" "$EXP")
+for job in $jobs; do
   out=$(python3 -c "import json, sys; print(json.load(open(sys.argv[1]))['out'])" "$job")
   run=$(basename "$job" .json)
-  if [ -f "$out/manifest.json" ]; then echo "$run: built ($out)"; continue; fi
+  collect "$out"
+  if [ -f "$runs/pretrain/$(basename "$out")/manifest.json" ]; then echo "$run: built ($(basename "$out"))"; continue; fi
   left=$(( deadline - $(date +%s) ))
   if [ "$left" -lt 60 ]; then echo "$run: no time left in this call; call again"; done_all=0; break; fi
-  echo "$run: running (at most ${left}s)"
+  echo "$run: running (at most ${left}s) on $(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)"
   timeout "$left" python3 -m dormouse.cli pretrain --job @"$job" > "$logs/$run.log" 2>&1
   rc=$?
   grep -E "^\[pretrain\] (step:|qat|cuda_graphs)" "$logs/$run.log" | tail -6
   if [ "$rc" -ne 0 ]; then echo "$run: exit $rc (see logs.tar)"; tail -5 "$logs/$run.log"; done_all=0; break; fi
+  collect "$out"
 done
 tar -cf "$OUT/logs.tar" -C "$logs" .
-for job in "$J/$EXP".*.s*.json; do
-  d=$(python3 -c "import json, sys; print(json.load(open(sys.argv[1]))['out'])" "$job")
-  [ -f "$d/manifest.json" ] && tar -rf "$OUT/runs.tar" -C "$d/.." "$(basename "$d")/manifest.json" "$(basename "$d")/metrics.jsonl"
-done
+tar -cf "$OUT/runs.tar" -C "$runs" pretrain  # here: tar -xf runs.tar -C .job/qat/runs (carried next time)
+echo "runs finished so far: $(ls "$runs/pretrain" | wc -l) of $(echo $jobs | wc -w)"
 if [ "$done_all" = 1 ]; then
-  python3 -m dormouse.cli verdict --experiment "$(cat "$J/$EXP.experiment.json")" --store results/store \
+  python3 -m dormouse.cli verdict --experiment "$(cat "$J/$EXP.experiment.json")" --store "$runs" \
     --out "$OUT/verdict.json" --plot "$OUT/curves.png"
 fi

@@ -1,6 +1,7 @@
 """A/B experiments: the verdict rule on synthetic numbers, and the plumbing under Snakemake on CPU."""
 
 import json
+from pathlib import Path
 
 import pytest
 import yaml
@@ -119,6 +120,81 @@ def test_a_qat_acceptance_refuses_a_finish_longer_than_its_fraction(tmp_path):
     spec["arms"]["long"]["train"]["qat"]["fraction"] = 0.2
     (root / "config" / "experiments" / "x.yaml").write_text(yaml.safe_dump(spec))
     assert load_experiments(root)[0].spec["qat_acceptance"]["max_finish_fraction"] == 0.2
+
+
+def ptq_control(bpb: float, master: float, ptq: dict[str, float], evals: bool = True) -> dict:
+    """A control trained as usual whose final weights were also measured through `ptq`'s rungs (train.ptq_rungs)."""
+    r = run(master)
+    r["manifest"]["params"]["train"]["ptq_rungs"] = sorted(ptq)
+    r["manifest"]["final"]["eval_bpb_ptq"] = ptq
+    r["manifest"]["counters"].update({f"eval.ptq.{k}.evals": 1 for k in ptq} if evals else {})
+    return r
+
+
+def qat_arm(bpb: float, master: float, rung: str) -> dict:
+    r = run(bpb, qat={"rung": rung, "fraction": 0.2}, qat_steps=20, qat_evals=2)
+    r["manifest"]["final"]["eval_bpb_master"] = master
+    return r
+
+
+def test_one_control_serves_every_rung_through_its_ptq():
+    """small_qat's shape: the control measures each rung after training (train.ptq_rungs), each arm finishes through
+    one; the verdict sets an arm against the control's PTQ of its own rung, the acceptance against the control's bf16
+    BPB with that rung's limit."""
+    ptq = {"ternary": 4.6, "mxfp4": 1.64, "nvfp4": 1.63}
+    runs = {"control": {"0": ptq_control(1.60, 1.60, {k: v for k, v in ptq.items()}),
+                        "1": ptq_control(1.61, 1.61, {k: v + 0.01 for k, v in ptq.items()})},
+            "t": {str(s): qat_arm(1.64 + s / 1000, 1.605, "ternary") for s in range(2)},   # +0.04 vs bf16: limit 0.05
+            "m": {str(s): qat_arm(1.625 + s / 1000, 1.605, "mxfp4") for s in range(2)},     # +0.02: limit 0.01
+            "n": {str(s): qat_arm(1.66 + s / 1000, 1.605, "nvfp4") for s in range(2)}}      # worse than its PTQ
+    spec = {**SPEC, "seeds": [0, 1], "arms": {"t": {}, "m": {}, "n": {}},
+            "qat_acceptance": {"max_delta_bpb_vs_bf16": {"ternary": 0.05, "mxfp4": 0.01, "nvfp4": 0.01}}}
+    out = verdict(spec, runs)
+    arms = out["arms"]
+    assert arms["control"]["mean_bpb"] == pytest.approx(1.605)  # the control's own eval: bf16
+    assert arms["control"]["mean_bpb_ptq"] == {"mxfp4": 1.645, "nvfp4": 1.635, "ternary": 4.605}
+    assert [arms[a]["rung"] for a in "tmn"] == ["ternary", "mxfp4", "nvfp4"]
+    assert arms["t"]["control_mean_bpb"] == pytest.approx(4.605) and arms["t"]["verdict"] == "WIN"
+    assert arms["m"]["delta_bpb"] == pytest.approx(1.6255 - 1.645) and arms["m"]["verdict"] == "WIN"
+    assert arms["n"]["delta_bpb"] == pytest.approx(1.6605 - 1.635) and arms["n"]["verdict"] == "LOSE"
+    assert [arms[a]["qat_acceptance"]["limit"] for a in "tmn"] == [0.05, 0.01, 0.01]
+    assert [arms[a]["qat_acceptance"]["verdict"] for a in "tmn"] == ["PASS", "FAIL", "FAIL"]
+    assert arms["t"]["delta_bpb_vs_control_bf16"] == pytest.approx(1.6405 - 1.605)
+    assert arms["t"]["bf16_cost_of_finish"] == pytest.approx(0.0)
+
+    runs["control"]["1"] = ptq_control(1.61, 1.61, {"ternary": 4.61})  # seed 1 never measured mxfp4
+    with pytest.raises(ValueError, match="the control never measured mxfp4"):
+        verdict(spec, runs)
+    runs["control"]["1"] = ptq_control(1.61, 1.61, {k: v + 0.01 for k, v in ptq.items()}, evals=False)
+    out = verdict(spec, runs)
+    assert all(out["arms"][a]["verdict"] == "INVALID" for a in "tmn")
+    assert "control: seed 1: train.ptq_rungs lists mxfp4 but no eval ran through it" in out["arms"]["m"]["invalid_because"]
+
+
+def test_a_qat_acceptance_plans_only_arms_with_a_rung_the_control_measures():
+    """The plan (Experiment.runs) refuses what the verdict could not judge, before any GPU minute: an arm without a
+    rung, a rung without a limit, a control that never measures an arm's rung or that finishes through one."""
+    from dormouse.engine.config import ConfigError, validate
+    from dormouse.engine.experiments import Experiment
+
+    root = Path(__file__).resolve().parents[1]
+
+    def plan(control: dict, arms: dict, limit=0.05):
+        spec = validate({"base": "tiny", "seeds": [0], "steps": 10, "control": control, "arms": arms,
+                         "qat_acceptance": {"max_delta_bpb_vs_bf16": limit}}, "experiment.schema.yaml", "x.yaml")
+        return Experiment("x", "x.yaml", spec).runs(root)
+
+    finish = {"train": {"qat": {"rung": "mxfp4", "fraction": 0.2}}}
+    assert len(plan({"train": {"ptq_rungs": ["mxfp4"]}}, {"a": finish})) == 2
+    assert len(plan({"train": {"qat": {"rung": "mxfp4", "fraction": 0}}}, {"a": finish}, {"mxfp4": 0.01})) == 2
+    with pytest.raises(ConfigError, match="arm a sets no train.qat"):
+        plan({"train": {"ptq_rungs": ["mxfp4"]}}, {"a": {}})
+    with pytest.raises(ConfigError, match="has no limit for arm a's rung mxfp4"):
+        plan({"train": {"ptq_rungs": ["mxfp4"]}}, {"a": finish}, {"ternary": 0.05})
+    with pytest.raises(ConfigError, match=r"the control never measures mxfp4 \(arm a's rung\)"):
+        plan({"train": {"ptq_rungs": ["nvfp4"]}}, {"a": finish})
+    with pytest.raises(ConfigError, match="the control trains through ternary"):
+        plan({"train": {"qat": {"rung": "ternary", "fraction": 0.1}}}, {"a": finish})
 
 
 def test_verdict_names_window_budget_seeds_and_digests():

@@ -19,7 +19,7 @@ from pipeline_util import configure, run_chain
 from dormouse.cli import main as dormouse_main
 from dormouse.data import shards as layout
 from dormouse.data.byte_stream import eval_window
-from dormouse.engine.config import load_preset, load_yaml, validate
+from dormouse.engine.config import ConfigError, load_preset, load_yaml, validate
 from dormouse.engine.registry import POSTTRAIN_LATER_DEFAULTS, TRAIN_LATER_DEFAULTS, stage_params
 from dormouse.engine.store import artifact_digest, open_artifact
 from dormouse.engine.views import main as view_main
@@ -118,6 +118,13 @@ def test_qat_keys_at_their_default_stay_out_of_the_digest():
     preset = load_preset("tiny", ROOT, "train.qat={rung: ternary, fraction: 0.2},sft.qat=ternary,rl.qat=nvfp4")
     assert stage_params("pretrain", preset)["train"]["qat"] == {"rung": "ternary", "fraction": 0.2}
     assert stage_params("sft", preset)["sft"]["qat"] == "ternary" and stage_params("rl", preset)["rl"]["qat"] == "nvfp4"
+    assert "ptq_rungs" not in stage_params("pretrain", preset)["train"]
+    preset = load_preset("tiny", ROOT, "train.ptq_rungs=[mxfp4, nvfp4]")
+    assert stage_params("pretrain", preset)["train"]["ptq_rungs"] == ["mxfp4", "nvfp4"]
+    with pytest.raises(ConfigError, match="train.ptq_rungs lists ternary, the rung of train.qat"):
+        stage_params("pretrain", load_preset("tiny", ROOT, "train.qat={rung: ternary, fraction: 0.2},train.ptq_rungs=[ternary]"))
+    with pytest.raises(ConfigError, match="non-unique"):
+        load_preset("tiny", ROOT, "train.ptq_rungs=[mxfp4, mxfp4]")
 
 
 # --------------------------------------------------------------------------------------------------
@@ -153,7 +160,8 @@ def configure_qat(workdir, small_corpus, quality_examples, export: dict | None =
 def test_a_pretrain_finish_runs_through_the_rung_and_export_reproduces_its_bpb(workdir, small_corpus, quality_examples):
     """The acceptance of issue #28 item 2 on CPU: pretrain with a ternary finish over its last 4 of 16 steps; the
     export stage's ternary file (export run on that artifact) scores the pretrain's final eval BPB on the same window."""
-    config = configure_qat(workdir, small_corpus, quality_examples, export={"rungs": ["bf16", "ternary", "nvfp4"]})
+    config = configure_qat(workdir, small_corpus, quality_examples, export={"rungs": ["bf16", "ternary", "nvfp4"]},
+                           ptq_rungs=["nvfp4"])
     plan = run_chain(workdir, config, stages=("filter", "shard", "pretrain"))
     pre_digest = plan.chain["tiny"]["pretrain"]
     m = json.loads((workdir / plan.manifest_path("pretrain", pre_digest)).read_text())
@@ -179,6 +187,8 @@ def test_a_pretrain_finish_runs_through_the_rung_and_export_reproduces_its_bpb(w
     assert {r: v["method"] for r, v in rungs.items()} == {"bf16": "ptq", "ternary": "qat", "nvfp4": "ptq"}
     assert rungs["ternary"]["quantized_tensors"] == c["qat.tensors.ternary"]
     assert rungs["ternary"]["bpb"] == final["eval_bpb"]  # both rounded to 5 decimals
+    # train.ptq_rungs: pretrain's own PTQ figure of another rung is what export measures on that rung's file
+    assert c["eval.ptq.nvfp4.evals"] == 1 and final["eval_bpb_ptq"] == {"nvfp4": rungs["nvfp4"]["bpb"]}
     # unrounded: the exported file's BPB and the QAT forward's on the same window
     art = open_artifact(workdir / plan.artifact_dir("pretrain", pre_digest), stage="pretrain")
     shards = open_artifact(workdir / plan.artifact_dir("shard", plan.chain["tiny"]["shard"]), stage="shard")

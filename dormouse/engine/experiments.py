@@ -62,7 +62,44 @@ class Experiment:
                 merged = deep_merge(deep_merge(base, over), {"train": {"seed": seed, "steps": self.spec["steps"]}})
                 preset = validate(merged, "preset.schema.yaml", f"{self.path} arm {arm}")
                 out[self.run_name(arm, seed)] = (arm, seed, preset)
+        if self.spec.get("qat_acceptance"):
+            check_qat_runs(self.path, self.spec["qat_acceptance"], {a: p["train"] for a, _, p in out.values()})
         return out
+
+
+def rung_of(train: dict) -> str | None:
+    """The rung a run's final eval BPB is measured through (train.qat's; None: the bf16 weights)."""
+    return (train.get("qat") or {}).get("rung")
+
+
+def rungs_measured(train: dict) -> dict[str, str]:
+    """rung -> how a run measures it: "final" (its final eval runs through train.qat's rung) or "ptq"
+    (train.ptq_rungs: the final weights through that rung, beside the final eval)."""
+    return {**{r: "ptq" for r in train.get("ptq_rungs") or ()}, **({rung_of(train): "final"} if rung_of(train) else {})}
+
+
+def qat_limit(acceptance: dict, rung: str) -> float:
+    limit = acceptance["max_delta_bpb_vs_bf16"]
+    return limit[rung] if isinstance(limit, dict) else limit
+
+
+def check_qat_runs(rel: str, acceptance: dict, trains: dict[str, dict]) -> None:
+    """A QAT acceptance's runs, resolved (arm -> train section): every arm finishes through a rung that has a limit,
+    and the control measures that rung after training as usual (its PTQ, which the arm's verdict is set against)."""
+    control = trains["control"]
+    if (control.get("qat") or {}).get("fraction"):
+        raise ConfigError(f"{rel}: the control trains through {rung_of(control)}; a QAT acceptance's control trains as usual")
+    for arm, train in trains.items():
+        if arm == "control":
+            continue
+        rung = rung_of(train)
+        if rung is None:
+            raise ConfigError(f"{rel}: arm {arm} sets no train.qat; qat_acceptance judges arms that finish through a rung")
+        if isinstance(acceptance["max_delta_bpb_vs_bf16"], dict) and rung not in acceptance["max_delta_bpb_vs_bf16"]:
+            raise ConfigError(f"{rel}: qat_acceptance.max_delta_bpb_vs_bf16 has no limit for arm {arm}'s rung {rung}")
+        if rung not in rungs_measured(control):
+            raise ConfigError(f"{rel}: the control never measures {rung} (arm {arm}'s rung): set the control's "
+                              f"train.ptq_rungs to list it, or train.qat {{rung: {rung}, fraction: 0}}")
 
 
 def load_experiments(root: Path = Path(".")) -> list[Experiment]:
@@ -138,12 +175,20 @@ def verdict(spec: dict, runs: dict[str, dict[str, dict]]) -> dict:
             a["verdict"], a["invalid_because"] = "INVALID", invalid.get(arm, []) + [f"control: {p}" for p in invalid.get("control", [])]
             a["delta_bpb"] = None
             continue
-        a["verdict"], delta = judge(control, [v["eval_bpb"] for v in a["seeds"].values()])
+        rung, against = control_for(runs[arm], runs["control"])
+        a["rung"] = rung or "bf16"
+        a["control_mean_bpb"] = round(statistics.fmean(against), 5)  # the control through the arm's rung
+        a["verdict"], delta = judge(against, [v["eval_bpb"] for v in a["seeds"].values()])
         a["delta_bpb"] = round(delta, 5)
+    ptq = {r for s in runs["control"].values() for r in s["manifest"]["final"].get("eval_bpb_ptq", {})}
+    if ptq:
+        arms["control"]["mean_bpb_ptq"] = {r: round(statistics.fmean(bpb_through(s["manifest"], r) for s in runs["control"].values()), 5)
+                                           for r in sorted(ptq)}
     quantized_vs_bf16(runs, arms, spec.get("qat_acceptance"))
     return {
         "rule": "per arm: mean and spread (max - min) of final eval BPB over seeds on one eval window; "
-                "delta = arm mean - control mean; WIN if delta < 0 and |delta| > control spread and arm spread, "
+                "delta = arm mean - control mean, the control measured through the arm's rung (its final eval, or "
+                "train.ptq_rungs) when the arm has one; WIN if delta < 0 and |delta| > control spread and arm spread, "
                 "LOSE if delta > 0 likewise, else TIE; INVALID if any run shows an enabled arm inert",
         **({"qat_acceptance": {**spec["qat_acceptance"], "rule": "per arm: delta = its mean rung BPB - the control's "
                                "mean bf16 (master) BPB; PASS if limit - delta > max(control bf16 spread, arm spread), "
@@ -157,32 +202,58 @@ def verdict(spec: dict, runs: dict[str, dict[str, dict]]) -> dict:
     }
 
 
+def bpb_through(manifest: dict, rung: str | None) -> float | None:
+    """A run's final BPB through `rung` (None: its bf16 master weights); None when the run did not measure it."""
+    train, final = manifest["params"]["train"], manifest["final"]
+    if rung == rung_of(train):
+        return final["eval_bpb"]
+    if rung is None:
+        return final.get("eval_bpb_master")  # a run with train.qat reports its masters' BPB beside the rung's
+    return (final.get("eval_bpb_ptq") or {}).get(rung)
+
+
+def control_for(arm_seeds: dict[str, dict], control_seeds: dict[str, dict]) -> tuple[str | None, list[float]]:
+    """(the arm's rung, the control's BPB per seed through it): an arm is judged against the control measured the
+    same way, so a QAT arm against the control's post-training quantization of its rung."""
+    rungs = {rung_of(r["manifest"]["params"]["train"]) for r in arm_seeds.values()}
+    if len(rungs) != 1:
+        raise ValueError(f"an arm's seeds are measured through different rungs: {sorted(map(str, rungs))}")
+    rung = rungs.pop()
+    against = [bpb_through(control_seeds[s]["manifest"], rung) for s in sorted(control_seeds, key=int)]
+    if None in against:
+        raise ValueError(f"the control never measured {rung} (its final eval or train.ptq_rungs), the rung of an arm "
+                         "judged against it")
+    return rung, against
+
+
 def quantized_vs_bf16(runs: dict[str, dict[str, dict]], arms: dict, acceptance: dict | None = None) -> None:
-    """QAT experiments (every run evaluated through a rung, final.eval_bpb_master beside): each arm's rung BPB
+    """QAT experiments (a run evaluated through a rung, final.eval_bpb_master beside): each arm's rung BPB
     against the control's bf16 (master) BPB of the same budget, the figure a quantized rung is judged by, and
     the finish's cost to the bf16 weights themselves (arm master - control master). With `acceptance`
     (the experiment's qat_acceptance) each arm is judged against its limit by the spread rule: PASS when
     delta_bpb_vs_control_bf16 is below max_delta_bpb_vs_bf16 by more than the larger of the control's bf16 spread and
     the arm's rung spread, FAIL when above it by more, else WITHIN_SPREAD."""
-    finals = [r["manifest"]["final"] for seeds in runs.values() for r in seeds.values()]
-    if not all("eval_bpb_master" in f for f in finals):
+    if not any(rung_of(r["manifest"]["params"]["train"]) for seeds in runs.values() for r in seeds.values()):
         if acceptance:
-            raise ValueError("qat_acceptance: every run must be evaluated through its rung (train.qat set, "
-                             "final.eval_bpb_master beside its rung BPB)")
+            raise ValueError("qat_acceptance: no run trained or evaluated through a rung (train.qat)")
         return
-    masters = {arm: [r["manifest"]["final"]["eval_bpb_master"] for r in seeds.values()] for arm, seeds in runs.items()}
+    masters = {arm: [bpb_through(r["manifest"], None) for r in seeds.values()] for arm, seeds in runs.items()}
+    if any(None in m for m in masters.values()):
+        if acceptance:
+            raise ValueError("qat_acceptance: a run through a rung reports no final.eval_bpb_master (its bf16 BPB)")
+        return
     master = {arm: statistics.fmean(v) for arm, v in masters.items()}
     for arm, a in arms.items():
         a["mean_bpb_master"] = round(master[arm], 5)
         for s, r in runs[arm].items():
-            a["seeds"][s]["eval_bpb_master"] = r["manifest"]["final"]["eval_bpb_master"]
+            a["seeds"][s]["eval_bpb_master"] = bpb_through(r["manifest"], None)
         delta = a["mean_bpb"] - master["control"]
         a["delta_bpb_vs_control_bf16"] = round(delta, 5)
         a["bf16_cost_of_finish"] = round(master[arm] - master["control"], 5)
         if acceptance and arm != "control" and a.get("verdict") == "INVALID":
-            a["qat_acceptance"] = {"limit": acceptance["max_delta_bpb_vs_bf16"], "verdict": "INVALID"}
+            a["qat_acceptance"] = {"verdict": "INVALID"}
         elif acceptance and arm != "control":
-            limit = acceptance["max_delta_bpb_vs_bf16"]
+            limit = qat_limit(acceptance, a["rung"])
             margin = max(spread(masters["control"]), a["spread_bpb"])
             a["qat_acceptance"] = {
                 "limit": limit, "delta_bpb_vs_control_bf16": round(delta, 5), "margin": round(margin, 5),
@@ -197,11 +268,20 @@ def plot_curves(runs: dict[str, dict[str, dict]], path: Path, title: str) -> Non
     colors = {}
     for arm, seeds in runs.items():
         for seed, r in sorted(seeds.items()):
-            pts = [(m["step"], m["eval_bpb"]) for m in r["curve"] if "eval_bpb" in m]
-            if not pts:
-                continue
             color = colors.setdefault(arm, f"C{len(colors)}")
-            ax.plot(*zip(*pts), marker="o", color=color, alpha=0.8, label=f"{arm} seed {seed}")
+            # the line is the bf16 weights' BPB; a point through a rung (eval_rung) is an x, and a control's
+            # train.ptq_rungs are + at its last step: a PTQ point is no step of the bf16 curve
+            plain = [(m["step"], m["eval_bpb"]) for m in r["curve"] if "eval_bpb" in m and "eval_rung" not in m]
+            rung = [(m["step"], m["eval_bpb"]) for m in r["curve"] if "eval_bpb" in m and "eval_rung" in m]
+            if plain:
+                ax.plot(*zip(*plain), marker="o", color=color, alpha=0.8, label=f"{arm} seed {seed}")
+            if rung:
+                ax.plot(*zip(*rung), marker="x", linestyle=":", color=color, alpha=0.8,
+                        label=f"{arm} seed {seed} through {r['manifest']['params']['train']['qat']['rung']}")
+            last = r["curve"][-1]["step"] if r["curve"] else 0
+            for name, bpb in (r["manifest"]["final"].get("eval_bpb_ptq") or {}).items():
+                ax.plot([last], [bpb], marker="+", markersize=10, color=color)
+                ax.annotate(f"{name} (PTQ)", (last, bpb), fontsize="x-small", color=color)
     ax.set_xlabel("step")
     ax.set_ylabel("eval BPB")
     ax.set_title(title)

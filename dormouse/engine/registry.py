@@ -62,7 +62,8 @@ def _anchors(preset: dict) -> dict:  # the ladder scores the model's eval window
 # Keys added to a section after digests were pinned, with the default that runs the code as it was: at that value
 # they stay out of the params, so adding them rebuilt nothing (the stage reads them with these defaults; the schema
 # holds the same, tested).
-TRAIN_LATER_DEFAULTS = {"qat": None, "micro_batch_size": None}  # quantization-aware finish (issue #28); accumulation
+TRAIN_LATER_DEFAULTS = {"qat": None, "micro_batch_size": None,  # quantization-aware finish (issue #28); accumulation
+                        "ptq_rungs": []}  # the final weights' BPB through other rungs (a QAT experiment's control)
 POSTTRAIN_LATER_DEFAULTS = {"qat": None}  # sft and rl
 QAT_SECTIONS = ("train", "sft", "rl")
 
@@ -86,6 +87,9 @@ def _pretrain(preset: dict) -> dict:
     micro = train.get("micro_batch_size")
     if micro and micro < train["batch_size"] and train["batch_size"] % micro:
         raise ConfigError(f"train.micro_batch_size {micro} does not divide train.batch_size {train['batch_size']}")
+    rungs, qat = train.get("ptq_rungs") or [], train.get("qat")
+    if qat and qat["rung"] in rungs:
+        raise ConfigError(f"train.ptq_rungs lists {qat['rung']}, the rung of train.qat: its final eval already measures it")
     return {"model": model, "train": omit_defaults(train, TRAIN_LATER_DEFAULTS)}
 
 

@@ -25,6 +25,10 @@ says `eval_rung`), so `final.eval_bpb` is the rung's BPB, what export measures o
 post-training quantization of the final weights); `final.eval_bpb_master` is the master weights' own. The
 counters prove the finish ran: train.qat.steps, qat.tensors.<rung> (and .bf16), qat.tensors_moved, eval.qat.evals and
 cuda_graphs.eager_steps_qat for graphed steps that ran eagerly through the rung.
+
+`train.ptq_rungs: [...]` evaluates the final weights through each listed rung's forward as well (post-training
+quantization, what export measures on a PTQ rung file): `final.eval_bpb_ptq: {rung: BPB}`, counted as
+eval.ptq.<rung>.evals. One control run then serves a QAT experiment's arms of several rungs.
 """
 
 from __future__ import annotations
@@ -192,6 +196,12 @@ def run(job: dict, cfg: ModelConfig, train: dict, shards, world: distributed.Wor
         read_firewall(firewall, train_counters, world, "the end")
         # the master weights' own BPB beside the rung's (a collective: every rank evaluates)
         master_bpb = eval_bpb(model, ex, ey, train, device, eval_counters, world) if fq is not None else None
+        ptq_bpb = {}  # train.ptq_rungs: the final weights through other rungs' forwards (post-training quantization)
+        for rung in train.get("ptq_rungs") or ():
+            with FakeQuant(model, rung).applied():
+                ptq_bpb[rung] = round(eval_bpb(model, ex, ey, train, device, eval_counters, world), 5)
+            if world.is_main:
+                eval_counters[f"ptq.{rung}.evals"] += 1
         train_total, eval_total = totals(resumed_train, train_counters, world), totals(resumed_eval, eval_counters, world)
         if distributed.check_replicas(model, world):
             c["ddp.replica_checks"] += 1
@@ -212,6 +222,8 @@ def run(job: dict, cfg: ModelConfig, train: dict, shards, world: distributed.Wor
                 "epochs": round(stream.epochs_seen(), 4), "train_bytes_seen": stream.bytes_seen(),
                 "device": str(device), "world_size": world.size, "optimizers": [type(o).__name__ for o in opts],
             }
+            if ptq_bpb:
+                final["eval_bpb_ptq"] = ptq_bpb
             lineage = []
             if fq is not None:
                 final["eval_bpb_master"] = round(master_bpb, 5)

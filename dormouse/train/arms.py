@@ -24,9 +24,10 @@ def inert_qat(train: dict, counters: dict) -> list[str]:
     """Problems of a pretrain whose train.qat (params.train) left no trace in its manifest counters: no step through the
     rung although the finish has some, or no eval through it (the final eval always runs through it)."""
     qat = train.get("qat")
+    problems = [f"train.ptq_rungs lists {r} but no eval ran through it" for r in train.get("ptq_rungs") or ()
+                if not counters.get(f"eval.ptq.{r}.evals")]
     if not qat:
-        return []
-    problems = []
+        return problems
     if round(qat["fraction"] * train["steps"]) and not counters.get("train.qat.steps"):
         problems.append(f"train.qat on but no step trained through {qat['rung']}")
     if not counters.get("eval.qat.evals"):
