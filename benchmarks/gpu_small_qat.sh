@@ -49,12 +49,33 @@ collect() {  # $1: a run's artifact dir in the store
   return 0
 }
 done_all=1
-# seed by seed (control s0, each arm s0, control s1, ...): a call cut short leaves whole seeds behind it
-jobs=$(python3 -c "
-import re, sys
+# seed by seed (control s0, each arm s0, control s1, ...): a call cut short leaves whole seeds behind it. An arm that
+# branches (the experiment's branch) continues its control's artifact in this store: a control carried only as a
+# manifest is built again when an arm of its seed is still to run, and that seed's carried arms are dropped with it
+# (they continued the earlier build)
+jobs=$(python3 - "$J" "$EXP" "$runs/pretrain" <<'PY'
+import json, re, shutil, sys
 from pathlib import Path
-jobs = sorted(Path(sys.argv[1]).glob(sys.argv[2] + '.*.s*.json'), key=lambda p: (int(re.search(r'\.s(\d+)\.json$', p.name)[1]), '.control.' not in p.name, p.name))
-print(' '.join(map(str, jobs)))" "$J" "$EXP")
+
+J, exp, runs = Path(sys.argv[1]), sys.argv[2], Path(sys.argv[3])
+jobs = {}
+for p in J.glob(f"{exp}.*.s*.json"):
+    arm, seed = re.fullmatch(rf"{re.escape(exp)}\.(.+)\.s(\d+)\.json", p.name).groups()
+    jobs[(int(seed), arm != "control", arm)] = p
+spec = {k: json.loads(p.read_text()) for k, p in jobs.items()}
+for seed in sorted({k[0] for k in jobs}):
+    control = spec[(seed, False, "control")]
+    branches = [j for (s, is_arm, _), j in spec.items() if s == seed and is_arm and "trunk" in j["inputs"]]
+    todo = [j for j in branches if not (runs / Path(j["out"]).name / "manifest.json").exists()]
+    carried = [j for j in [control, *branches] if (runs / Path(j["out"]).name).exists()]
+    if todo and carried and not (Path(control["out"]) / "manifest.json").exists():
+        for j in carried:
+            shutil.rmtree(runs / Path(j["out"]).name)
+        print(f"seed {seed}: its control is not in this store and {len(todo)} arm(s) still branch from it: the control "
+              "runs again, and every arm of the seed after it", file=sys.stderr)
+print(" ".join(str(jobs[k]) for k in sorted(jobs)))
+PY
+)
 for job in $jobs; do
   out=$(python3 -c "import json, sys; print(json.load(open(sys.argv[1]))['out'])" "$job")
   run=$(basename "$job" .json)

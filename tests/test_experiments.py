@@ -197,6 +197,31 @@ def test_a_qat_acceptance_plans_only_arms_with_a_rung_the_control_measures():
         plan({"train": {"qat": {"rung": "ternary", "fraction": 0.1}}}, {"a": finish})
 
 
+def test_a_branching_experiment_plans_arms_that_continue_their_seeds_control():
+    """branch: the control keeps a checkpoint at every arm's finish start and each arm's pretrain takes its seed's
+    control as its trunk; an arm that is more than its control plus a finish, or has no finish, is refused."""
+    from dormouse.engine.config import ConfigError, validate
+    from dormouse.engine.experiments import Experiment
+
+    root = Path(__file__).resolve().parents[1]
+
+    def runs(arms: dict):
+        spec = validate({"base": "tiny", "seeds": [0, 1], "steps": 100, "branch": True,
+                         "control": {"train": {"ptq_rungs": ["mxfp4"]}}, "arms": arms}, "experiment.schema.yaml", "x.yaml")
+        exp = Experiment("x", "x.yaml", spec)
+        return exp, exp.runs(root)
+
+    exp, out = runs({"a": {"train": {"qat": {"rung": "mxfp4", "fraction": 0.2}}},
+                     "b": {"train": {"qat": {"rung": "ternary", "fraction": 0.1}}}})
+    assert out["ab/x/control/s1"][2]["train"]["keep_checkpoints"] == [80, 90]
+    assert "keep_checkpoints" not in out["ab/x/a/s1"][2]["train"] or out["ab/x/a/s1"][2]["train"]["keep_checkpoints"] == []
+    assert exp.trunk("a", 1) == "ab/x/control/s1" and exp.trunk("control", 1) is None
+    with pytest.raises(ConfigError, match=r"arm a differs from the control in \['train.lr'\] besides its finish"):
+        runs({"a": {"train": {"qat": {"rung": "mxfp4", "fraction": 0.2}, "lr": 0.5}}})
+    with pytest.raises(ConfigError, match="arm a has no finish"):
+        runs({"a": {"train": {"qat": {"rung": "mxfp4", "fraction": 0}}}})
+
+
 def test_verdict_names_window_budget_seeds_and_digests():
     runs = {"control": {str(s): run(2.0 + s / 100) for s in range(3)},
             "a": {str(s): run(1.8 + s / 100, engram=False, engram_rows=0) for s in range(3)}}

@@ -28,7 +28,8 @@ from dormouse.model.regions import compile_regions
 from dormouse.posttrain import quant
 from dormouse.stages.export import rung_source_state
 from dormouse.train.optim import build_optimizers
-from dormouse.train.qat import QAT_RUNGS, FakeQuant, finish_start
+from dormouse.train.arms import finish_start
+from dormouse.train.qat import QAT_RUNGS, FakeQuant
 from dormouse.train.runtime import evaluate, load_model
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -209,6 +210,40 @@ def test_a_finish_of_micro_batches_counts_each_forward_through_the_rung(workdir,
     c = json.loads((workdir / plan.manifest_path("pretrain", plan.chain["tiny"]["pretrain"])).read_text())["counters"]
     assert c["train.qat.steps"] == 4 and c["train.micro_batches"] == 16 * 2
     assert c["qat.contexts"] == 4 * 2 + c["eval.qat.evals"]
+
+
+def test_a_branched_finish_is_the_whole_run_continued_from_its_trunks_checkpoint(workdir, small_corpus, quality_examples):
+    """An experiment with branch: the control keeps its checkpoint at the finish start (step 12 of 16) in its artifact,
+    and the arm's pretrain (a trunk input) trains only steps 12..15 from there; on CPU its weights and curve are the
+    unbranched run's bit for bit. A trunk that trained other params is refused before any step."""
+    config = configure_qat(workdir, small_corpus, quality_examples)  # tiny: the finish over steps 12..15, unbranched
+    exp = {"base": "tiny", "seeds": [QAT_TRAIN.get("seed", 0)], "steps": 16, "branch": True,
+           "control": {"train": {"qat": None, "ptq_rungs": ["ternary"]}},
+           "arms": {"fin": {"train": {"qat": QAT_TRAIN["qat"]}}}}
+    (workdir / "config" / "experiments" / "br.yaml").write_text(yaml.safe_dump(exp))
+    plan = run_chain(workdir, config, stages=("filter", "shard", "pretrain"))
+    control, arm = plan.chain["ab/br/control/s0"]["pretrain"], plan.chain["ab/br/fin/s0"]["pretrain"]
+    assert plan.job("pretrain", control).params["train"]["keep_checkpoints"] == [12]
+    assert plan.job("pretrain", arm).inputs["trunk"]["digest"] == control
+    run_chain(workdir, config, "ab/br/control/s0", stages=("pretrain",))
+    run_chain(workdir, config, "ab/br/fin/s0", stages=("pretrain",))
+
+    whole, branched = (workdir / plan.artifact_dir("pretrain", d) for d in (plan.chain["tiny"]["pretrain"], arm))
+    trunk = json.loads((workdir / plan.manifest_path("pretrain", control)).read_text())
+    assert {f for f in trunk["files"] if f.startswith("checkpoints/")} == {
+        f"checkpoints/step-00000012/{f}" for f in ("model.safetensors", "optim.pt", "snapshot.json")}
+    c = json.loads((branched / "manifest.json").read_text())["counters"]
+    assert c["train.branched_from_step"] == 12 and c["train.steps_run_this_process"] == 4 and "resumed_from_step" not in c
+    assert c["train.qat.steps"] == 4
+    assert (branched / "model.safetensors").read_bytes() == (whole / "model.safetensors").read_bytes()
+    strip = lambda d: [{k: v for k, v in json.loads(r).items() if k != "tokens_per_s"} for r in (d / "metrics.jsonl").open()]
+    assert strip(branched) == strip(whole)
+
+    shutil.rmtree(branched)  # a trunk of other params (its manifest says so) is no trunk
+    trunk["params"]["train"]["lr"] = trunk["params"]["train"]["lr"] * 2
+    (workdir / plan.manifest_path("pretrain", control)).write_text(json.dumps(trunk))
+    with pytest.raises(SystemExit, match=r"trained other params than this run before its finish \(\['lr'\]\)"):
+        run_chain(workdir, config, "ab/br/fin/s0", stages=("pretrain",))
 
 
 def test_a_run_killed_inside_the_finish_resumes_to_the_same_weights_and_counts(workdir, small_corpus, quality_examples,

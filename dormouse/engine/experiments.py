@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from dormouse.engine.config import ConfigError, load_preset, load_yaml, validate
-from dormouse.train.arms import inert_arms, inert_qat
+from dormouse.train.arms import finish_start, inert_arms, inert_qat
 
 EXPERIMENTS_DIR = Path("config/experiments")
 
@@ -64,7 +64,13 @@ class Experiment:
                 out[self.run_name(arm, seed)] = (arm, seed, preset)
         if self.spec.get("qat_acceptance"):
             check_qat_runs(self.path, self.spec["qat_acceptance"], {a: p["train"] for a, _, p in out.values()})
+        if self.spec["branch"]:
+            branch_controls(self.path, out)
         return out
+
+    def trunk(self, arm: str, seed: int) -> str | None:
+        """The run whose pretrain an arm's finish continues (its seed's control) when the experiment branches."""
+        return self.run_name("control", seed) if self.spec["branch"] and arm != "control" else None
 
 
 def rung_of(train: dict) -> str | None:
@@ -100,6 +106,30 @@ def check_qat_runs(rel: str, acceptance: dict, trains: dict[str, dict]) -> None:
         if rung not in rungs_measured(control):
             raise ConfigError(f"{rel}: the control never measures {rung} (arm {arm}'s rung): set the control's "
                               f"train.ptq_rungs to list it, or train.qat {{rung: {rung}, fraction: 0}}")
+
+
+def branch_controls(rel: str, runs: dict[str, tuple[str, int, dict]]) -> None:
+    """An experiment with `branch`: every arm is its control plus a finish (train.qat with fraction > 0, and
+    train.ptq_rungs); the control keeps its checkpoints at the arms' finish starts, where they branch (in place)."""
+    free = ("qat", "ptq_rungs", "keep_checkpoints", "seed")
+    strip = lambda p: {**p, "train": {k: v for k, v in p["train"].items() if k not in free}}
+    control = next(p for a, _, p in runs.values() if a == "control")
+    starts = set()
+    for arm, _, preset in runs.values():
+        if arm == "control":
+            continue
+        qat = preset["train"]["qat"]
+        if not qat or not qat["fraction"]:
+            raise ConfigError(f"{rel}: branch: arm {arm} has no finish (train.qat with fraction > 0) to branch")
+        if strip(preset) != strip(control):
+            differ = sorted(f"{sec}.{k}" if isinstance(v, dict) else sec for sec, v in strip(preset).items()
+                            for k in (v if isinstance(v, dict) else {}) if strip(control)[sec].get(k) != v.get(k))
+            raise ConfigError(f"{rel}: branch: arm {arm} differs from the control in {differ or 'more'} besides its finish; "
+                              "a branch shares the control's steps before it")
+        starts.add(finish_start(preset["train"]["steps"], qat["fraction"]))
+    for arm, _, preset in runs.values():
+        if arm == "control":
+            preset["train"]["keep_checkpoints"] = sorted(set(preset["train"]["keep_checkpoints"]) | starts)
 
 
 def load_experiments(root: Path = Path(".")) -> list[Experiment]:

@@ -225,7 +225,7 @@ def build_plan(config: dict, root: Path = Path(".")) -> Plan:
     def raw(name: str, specs: list[str]) -> dict:
         return raw_input(specs, root, raw_cache)
 
-    def plan_chain(name: str, preset: dict, source: str, last: str = "bench") -> None:
+    def plan_chain(name: str, preset: dict, source: str, last: str = "bench", trunk: str | None = None) -> None:
         chain[name] = {}
         for stage, spec in STAGES.items():
             if stage in chain[name]:
@@ -245,6 +245,8 @@ def build_plan(config: dict, root: Path = Path(".")) -> Plan:
                         inputs[side] = raw(side, quality[side])
                 else:
                     inputs["quality_model"] = raw("quality_model", [quality["model"]])
+            if stage == "pretrain" and trunk is not None:  # a finish that continues another run's pretrain
+                inputs["trunk"] = {"kind": "artifact", "stage": "pretrain", "digest": chain[trunk]["pretrain"]}
             if stage == "bench" and expand_raw(config["bench_tasks"], root):
                 inputs["bench_tasks"] = raw("bench_tasks", [config["bench_tasks"]])
             twin = ptq_twin(preset) if stage == "bench" else None
@@ -269,7 +271,8 @@ def build_plan(config: dict, root: Path = Path(".")) -> Plan:
     for exp in load_experiments(root):
         experiments[exp.name] = exp
         for run_name, (arm, seed, preset) in exp.runs(root).items():
-            plan_chain(run_name, preset, f"{exp.path} arm {arm} seed {seed}", "bench" if exp.bench else "pretrain")
+            plan_chain(run_name, preset, f"{exp.path} arm {arm} seed {seed}", "bench" if exp.bench else "pretrain",
+                       exp.trunk(arm, seed))
     check_match_keys(retractions, jobs.values(), config["retractions"])
     return Plan(config, presets, jobs, chain, retractions, experiments)
 

@@ -63,7 +63,8 @@ def _anchors(preset: dict) -> dict:  # the ladder scores the model's eval window
 # they stay out of the params, so adding them rebuilt nothing (the stage reads them with these defaults; the schema
 # holds the same, tested).
 TRAIN_LATER_DEFAULTS = {"qat": None, "micro_batch_size": None,  # quantization-aware finish (issue #28); accumulation
-                        "ptq_rungs": []}  # the final weights' BPB through other rungs (a QAT experiment's control)
+                        "ptq_rungs": [],  # the final weights' BPB through other rungs (a QAT experiment's control)
+                        "keep_checkpoints": []}  # steps whose checkpoints the artifact keeps (a finish branches there)
 POSTTRAIN_LATER_DEFAULTS = {"qat": None}  # sft and rl
 QAT_SECTIONS = ("train", "sft", "rl")
 
@@ -90,6 +91,9 @@ def _pretrain(preset: dict) -> dict:
     rungs, qat = train.get("ptq_rungs") or [], train.get("qat")
     if qat and qat["rung"] in rungs:
         raise ConfigError(f"train.ptq_rungs lists {qat['rung']}, the rung of train.qat: its final eval already measures it")
+    outside = [k for k in train.get("keep_checkpoints") or () if not 0 < k < train["steps"]]
+    if outside:
+        raise ConfigError(f"train.keep_checkpoints {outside}: a kept checkpoint is a step inside the run (1 .. train.steps - 1)")
     return {"model": model, "train": omit_defaults(train, TRAIN_LATER_DEFAULTS)}
 
 

@@ -26,6 +26,11 @@ post-training quantization of the final weights); `final.eval_bpb_master` is the
 counters prove the finish ran: train.qat.steps, qat.tensors.<rung> (and .bf16), qat.tensors_moved, eval.qat.evals and
 cuda_graphs.eager_steps_qat for graphed steps that ran eagerly through the rung.
 
+`train.keep_checkpoints: [steps]` keeps those steps' checkpoints in the artifact (checkpoints/step-N/). A job with a
+`trunk` input (an experiment with `branch: true`: each QAT arm's trunk is its seed's control) starts from the trunk's
+kept checkpoint at its finish's first step, after checking that the trunk trained the same params up to there, so
+only the finish trains; counted as train.branched_from_step.
+
 `train.ptq_rungs: [...]` evaluates the final weights through each listed rung's forward as well (post-training
 quantization, what export measures on a PTQ rung file): `final.eval_bpb_ptq: {rung: BPB}`, counted as
 eval.ptq.<rung>.evals. One control run then serves a QAT experiment's arms of several rungs.
@@ -34,6 +39,7 @@ eval.ptq.<rung>.evals. One control run then serves a QAT experiment's arms of se
 from __future__ import annotations
 
 import json
+import shutil
 import time
 from collections import Counter
 from contextlib import nullcontext
@@ -54,7 +60,8 @@ from dormouse.model.kda import fla_op
 from dormouse.train import checkpoint, compile_cache, distributed, qat
 from dormouse.train.firewall import BadStepsError, Firewall  # noqa: F401 (BadStepsError: the stage's abort)
 from dormouse.train.optim import build_optimizers, set_lr, wsd_multiplier
-from dormouse.train.qat import FakeQuant, finish_start
+from dormouse.train.arms import finish_start
+from dormouse.train.qat import FakeQuant
 from dormouse.train.runtime import LN2, check_arms_active, compile_for, deterministic_cpu, device_for, evaluate
 from dormouse.train.trainer import PretrainStep, resume
 
@@ -102,6 +109,7 @@ def run(job: dict, cfg: ModelConfig, train: dict, shards, world: distributed.Wor
         progress.note("[pretrain] WARNING: fla-core is not importable, so KDA runs its torch path on the GPU "
                       "(several times slower): pip install '.[cuda]' (fla-core, triton and torch at the tested pins)")
     fq, qat_from = qat_finish(model, train, say)
+    keep_steps = set(train.get("keep_checkpoints") or ())
 
     with (writer(job) if world.is_main else nullcontext()) as art:
         c = art.counters if world.is_main else Counter()  # the manifest's own counters (rank 0)
@@ -118,11 +126,16 @@ def run(job: dict, cfg: ModelConfig, train: dict, shards, world: distributed.Wor
 
         last, snap = resume(ckpt_root, model, opts, c)
         if last is not None:
+            c["resumed_from_step"] = snap["step"]
+            say(f"[pretrain] resumed from {last}", flush=True)
+        elif "trunk" in job["inputs"]:  # a finish continues its trunk's steps from the trunk's kept checkpoint
+            last, snap = branch(job, model, opts, qat_from)
+            # in the train counters, so later checkpoints of this run carry it to the manifest (train.branched_from_step)
+            snap["train_counters"] = {**snap["train_counters"], "branched_from_step": snap["step"]}
+        if last is not None:
             stream.state = StreamState(**snap["stream"])
             start, metrics, bad_in_row = snap["step"], snap["metrics"], snap["bad_in_row"]
             resumed_train, resumed_eval = Counter(snap["train_counters"]), Counter(snap["eval_counters"])
-            c["resumed_from_step"] = start
-            say(f"[pretrain] resumed from {last}", flush=True)
         # DDP averages the gradients over ranks in backward (= the gradient of the global batch mean);
         # Muon and AdamW then step on identical full gradients on every rank.
         net = model if world.size == 1 else DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
@@ -154,7 +167,8 @@ def run(job: dict, cfg: ModelConfig, train: dict, shards, world: distributed.Wor
 
             done = step + 1
             row = None
-            if any(done % train[k] == 0 for k in ("log_every", "eval_every", "ckpt_every")) or done == train["steps"]:
+            kept = done in keep_steps
+            if any(done % train[k] == 0 for k in ("log_every", "eval_every", "ckpt_every")) or done == train["steps"] or kept:
                 model.take_routing(train_counters)  # one host read, and before eval counts its own
             if done % train["log_every"] == 0 or done == train["steps"]:
                 mean_loss = read_firewall(firewall, train_counters, world, f"step {done}")
@@ -179,7 +193,8 @@ def run(job: dict, cfg: ModelConfig, train: dict, shards, world: distributed.Wor
                 say(f"[pretrain] {json.dumps(row)}", flush=True)
                 meter.update(done, bpb=row.get("bpb"), eval_bpb=row.get("eval_bpb"),
                              **({"bytes/s": progress.rate(row["tokens_per_s"])} if "tokens_per_s" in row else {}))
-            if done % train["ckpt_every"] == 0 and done < train["steps"]:
+            periodic = done % train["ckpt_every"] == 0 and done < train["steps"]
+            if periodic or kept:
                 read_firewall(firewall, train_counters, world, f"step {done}")
                 if world.is_main:
                     train_counters["checkpoints_written"] += 1  # before the save, so a resumed run counts it too
@@ -187,10 +202,12 @@ def run(job: dict, cfg: ModelConfig, train: dict, shards, world: distributed.Wor
                 if distributed.check_replicas(model, world):  # rank 0 saves what every rank holds
                     c["ddp.replica_checks"] += 1
                 if world.is_main:
-                    checkpoint.save(ckpt_root, done, model, opts, {
-                        "stream": stream.state.to_dict(), "metrics": metrics, "bad_in_row": firewall.bad_in_row,
-                        "train_counters": dict(snap_train), "eval_counters": dict(snap_eval),
-                    })
+                    state = {"stream": stream.state.to_dict(), "metrics": metrics, "bad_in_row": firewall.bad_in_row,
+                             "train_counters": dict(snap_train), "eval_counters": dict(snap_eval)}
+                    if periodic:
+                        checkpoint.save(ckpt_root, done, model, opts, state)
+                    if kept:  # beside the rotating ones, never pruned: the artifact takes it at the end
+                        checkpoint.save(ckpt_root / KEPT, done, model, opts, state, keep=len(keep_steps))
                 distributed.barrier(world)
 
         read_firewall(firewall, train_counters, world, "the end")
@@ -234,6 +251,7 @@ def run(job: dict, cfg: ModelConfig, train: dict, shards, world: distributed.Wor
             if compiled:  # the eval's graphs too, when this process compiled them
                 compile_cache.save(device, c, say)
             write_artifact(art, model, cfg, train, formula, metrics, final, device, lineage)
+            keep_checkpoints(art, ckpt_root / KEPT, keep_steps)
             summary("pretrain", c)
     distributed.barrier(world)  # the other ranks wait until the artifact is in place
 
@@ -266,6 +284,45 @@ def qat_summary(c, fq: FakeQuant, train: dict, start: int, train_total, step_fn:
     if step_fn.graphs == "graphed":
         c["cuda_graphs.eager_steps_qat"] = step_fn.eager_steps_qat
     return {**summary, "fraction": train["qat"]["fraction"], "from_step": start}
+
+
+KEPT = "kept"  # the scratch folder of train.keep_checkpoints
+BRANCH_FREE = ("qat", "ptq_rungs", "keep_checkpoints")  # train keys a branch may differ in from its trunk
+
+
+def keep_checkpoints(art, kept_root: Path, steps: set[int]) -> None:
+    """train.keep_checkpoints: each kept step's checkpoint (weights, optimizer state, data position, counters) into
+    the artifact's checkpoints/, where a finish branches from it (an experiment's `branch`)."""
+    for step in sorted(steps):
+        src = kept_root / f"step-{step:08d}"
+        if not (src / checkpoint.SNAPSHOT).exists():
+            raise SystemExit(f"pretrain: train.keep_checkpoints lists step {step}, but {src} holds no checkpoint")
+        for name in (checkpoint.WEIGHTS, checkpoint.OPTIM, checkpoint.SNAPSHOT):
+            shutil.copyfile(src / name, art.path(f"checkpoints/{src.name}/{name}"))
+
+
+def branch(job: dict, model, opts, start: int) -> tuple[Path, dict]:
+    """Load the trunk's kept checkpoint at this run's finish start: the run continues the trunk's own steps, as a
+    resume would, so only the finish trains. The trunk must have trained exactly these params up to there (every
+    key but the finish's own, BRANCH_FREE), which the experiment's plan arranges and this checks."""
+    trunk = input_artifact(job, "trunk")
+    strip = lambda params: {**params, "train": {k: v for k, v in params["train"].items() if k not in BRANCH_FREE}}
+    mine, theirs = strip(job["params"]), strip(trunk.manifest["params"])
+    if mine != theirs:
+        differ = sorted(k for sec in ("model", "train") for k in {**mine[sec], **theirs[sec]}
+                        if mine[sec].get(k) != theirs[sec].get(k))
+        raise SystemExit(f"pretrain: trunk {trunk.path} trained other params than this run before its finish ({differ})")
+    name = f"checkpoints/step-{start:08d}"
+    if f"{name}/{checkpoint.SNAPSHOT}" not in trunk.manifest["files"]:
+        raise SystemExit(f"pretrain: trunk {trunk.path} keeps no checkpoint at step {start}, where this run's finish "
+                         f"starts (its kept: {sorted({f.split('/')[1] for f in trunk.files('checkpoints/')})})")
+    for f in (checkpoint.WEIGHTS, checkpoint.OPTIM, checkpoint.SNAPSHOT):
+        trunk.file(f"{name}/{f}")  # verified against the trunk's manifest
+    path = trunk.path / name
+    checkpoint.load_weights(model, path / checkpoint.WEIGHTS)
+    checkpoint.load_optimizers(opts, path / checkpoint.OPTIM)
+    print(f"[pretrain] branched from {path}: steps {start}.. train here", flush=True)
+    return path, checkpoint.load_snapshot(path)
 
 
 def write_artifact(art, model, cfg: ModelConfig, train: dict, formula: dict, metrics: list[dict], final: dict,

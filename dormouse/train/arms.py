@@ -3,6 +3,12 @@
 from __future__ import annotations
 
 
+def finish_start(steps: int, fraction: float) -> int:
+    """The first step of a quantization-aware finish over the last `fraction` of `steps` (steps from it on see the
+    rung); torch-free, for the plan's experiments too."""
+    return steps - round(fraction * steps)
+
+
 def inert_arms(model: dict, counters: dict, prefix: str = "") -> list[str]:
     """Problems for a model config (ModelConfig fields) and counters (keys under `prefix`)."""
     def total(start: str) -> int:
@@ -28,7 +34,7 @@ def inert_qat(train: dict, counters: dict) -> list[str]:
                 if not counters.get(f"eval.ptq.{r}.evals")]
     if not qat:
         return problems
-    if round(qat["fraction"] * train["steps"]) and not counters.get("train.qat.steps"):
+    if finish_start(train["steps"], qat["fraction"]) < train["steps"] and not counters.get("train.qat.steps"):
         problems.append(f"train.qat on but no step trained through {qat['rung']}")
     if not counters.get("eval.qat.evals"):
         problems.append(f"train.qat on but no eval ran through {qat['rung']}")

@@ -29,11 +29,6 @@ from dormouse.posttrain import quant
 QAT_RUNGS = tuple(r for r in quant.RUNGS if r != "bf16")  # a bf16 "finish" would be the autocast it already runs
 
 
-def finish_start(steps: int, fraction: float) -> int:
-    """The first step of a finish over the last `fraction` of `steps` (steps from it on see the rung)."""
-    return steps - round(fraction * steps)
-
-
 def through(fq: FakeQuant | None):
     """`fq.applied()`, or nothing when the stage has no QAT."""
     return fq.applied() if fq is not None else nullcontext()
