@@ -41,7 +41,11 @@ logs=/tmp/qat_logs && mkdir -p "$logs"
 # every finished run's manifest + metrics, as a store the verdict reads (it needs no weights): built here, or carried
 # from an earlier session's runs.tar under $J/runs (so an experiment longer than a session's device time goes on)
 runs=/tmp/qat_runs && mkdir -p "$runs/pretrain"
-[ -d "$J/runs/pretrain" ] && cp -rn "$J/runs/pretrain/." "$runs/pretrain/"
+# once per machine: a later call on it keeps what the first dropped (below), though each call carries .job again
+if [ ! -f "$runs/.carried" ]; then
+  [ -d "$J/runs/pretrain" ] && cp -rn "$J/runs/pretrain/." "$runs/pretrain/"
+  touch "$runs/.carried"
+fi
 collect() {  # $1: a run's artifact dir in the store
   local d=$1 g; g=$(basename "$d")
   [ -f "$d/manifest.json" ] && [ ! -f "$runs/pretrain/$g/manifest.json" ] && mkdir -p "$runs/pretrain/$g" \

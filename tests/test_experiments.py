@@ -207,7 +207,7 @@ def test_a_branching_experiment_plans_arms_that_continue_their_seeds_control():
 
     def runs(arms: dict):
         spec = validate({"base": "tiny", "seeds": [0, 1], "steps": 100, "branch": True,
-                         "control": {"train": {"ptq_rungs": ["mxfp4"]}}, "arms": arms}, "experiment.schema.yaml", "x.yaml")
+                         "control": {"train": {"ptq_rungs": ["mxfp4", "ternary"]}}, "arms": arms}, "experiment.schema.yaml", "x.yaml")
         exp = Experiment("x", "x.yaml", spec)
         return exp, exp.runs(root)
 
@@ -220,6 +220,65 @@ def test_a_branching_experiment_plans_arms_that_continue_their_seeds_control():
         runs({"a": {"train": {"qat": {"rung": "mxfp4", "fraction": 0.2}, "lr": 0.5}}})
     with pytest.raises(ConfigError, match="arm a has no finish"):
         runs({"a": {"train": {"qat": {"rung": "mxfp4", "fraction": 0}}}})
+
+
+def test_a_branch_trunk_trains_as_usual_and_a_rung_arm_needs_a_control_that_measures_it():
+    """Without qat_acceptance too: an arm through a rung against a control that never measured it would fail only at
+    the verdict, after every GPU run; a branched arm's trunk that itself trains through a rung is no trunk."""
+    from dormouse.engine.config import ConfigError, validate
+    from dormouse.engine.experiments import Experiment
+
+    root = Path(__file__).resolve().parents[1]
+
+    def runs(control: dict, branch: bool = False):
+        spec = validate({"base": "tiny", "seeds": [0], "steps": 100, "branch": branch, "control": control,
+                         "arms": {"a": {"train": {"qat": {"rung": "mxfp4", "fraction": 0.2}}}}}, "experiment.schema.yaml", "x")
+        return Experiment("x", "x.yaml", spec).runs(root)
+
+    with pytest.raises(ConfigError, match=r"the control never measures mxfp4 \(arm a's rung\)"):
+        runs({})
+    assert len(runs({"train": {"ptq_rungs": ["mxfp4"]}})) == 2
+    with pytest.raises(ConfigError, match="branch: the control trains through mxfp4"):
+        runs({"train": {"qat": {"rung": "mxfp4", "fraction": 0.5}}}, branch=True)
+
+
+def test_an_arm_branched_from_another_build_of_its_control_is_invalid():
+    """A control rebuilt on another GPU keeps its digest, not its weights: an arm that continued the earlier build
+    (final.branched_from) is no finish of the control the verdict reads."""
+    ptq = {"ternary": 4.0}
+    runs = {"control": {str(s): ptq_control(1.6, 1.6, ptq) for s in range(2)},
+            "a": {str(s): qat_arm(1.64, 1.6, "ternary") for s in range(2)}}
+    for s in ("0", "1"):
+        ctl = runs["control"][s]
+        ctl["digest"] = f"c{s}" * 10
+        ctl["manifest"]["files"] = {"checkpoints/step-00000080/model.safetensors": {"sha256": f"{s}" * 64, "size": 1}}
+        runs["a"][s]["manifest"]["final"]["branched_from"] = {"digest": ctl["digest"], "step": 80, "weights_sha256": f"{s}" * 64}
+    spec = {**SPEC, "seeds": [0, 1], "arms": {"a": {}}}
+    assert verdict(spec, runs)["arms"]["a"]["verdict"] == "WIN"
+    runs["a"]["1"]["manifest"]["final"]["branched_from"]["weights_sha256"] = "f" * 64
+    arm = verdict(spec, runs)["arms"]["a"]
+    assert arm["verdict"] == "INVALID" and arm["invalid_because"][0].startswith(
+        f"seed 1: branched from another build of its control {'c1' * 10}")
+
+
+def test_a_retracted_trunk_supersedes_its_branches_whatever_their_digests_sort():
+    """dormouse retractions: pretrain depends on pretrain now (a branch's trunk); the trunk's replacement must be known
+    before its branch's, which sorting by digest alone does not give."""
+    from dormouse.engine.retractions import superseded
+    from dormouse.engine.store import artifact_digest
+
+    arm_params = {"model": {"d": 1}, "train": {"qat": {"rung": "ternary", "fraction": 0.2}}}
+    for lr in range(500):
+        ctl_params = {"model": {"d": 1}, "train": {"keep_checkpoints": [80], "lr": lr}}
+        ctl = artifact_digest("pretrain", 1, ctl_params, {"shard": "s" * 20}, [])
+        arm = artifact_digest("pretrain", 1, arm_params, {"shard": "s" * 20, "trunk": ctl}, [])
+        if arm < ctl:
+            break
+    manifests = {("pretrain", ctl): {"params": ctl_params, "inputs": {"shard": "s" * 20}, "retractions": [], "format_version": 1},
+                 ("pretrain", arm): {"params": arm_params, "inputs": {"shard": "s" * 20, "trunk": ctl}, "retractions": [],
+                                     "format_version": 1}}
+    rows = superseded({"id": "R9", "stage": "pretrain", "match": {"train.lr": lr}}, manifests)
+    assert [(r["old"], r["why"]) for r in rows] == [(ctl, "matched"), (arm, "upstream")]
 
 
 def test_verdict_names_window_budget_seeds_and_digests():

@@ -235,6 +235,9 @@ def test_a_branched_finish_is_the_whole_run_continued_from_its_trunks_checkpoint
     c = json.loads((branched / "manifest.json").read_text())["counters"]
     assert c["train.branched_from_step"] == 12 and c["train.steps_run_this_process"] == 4 and "resumed_from_step" not in c
     assert c["train.qat.steps"] == 4
+    kept = trunk["files"]["checkpoints/step-00000012/model.safetensors"]["sha256"]
+    assert json.loads((branched / "manifest.json").read_text())["final"]["branched_from"] == {
+        "digest": control, "step": 12, "weights_sha256": kept}
     assert (branched / "model.safetensors").read_bytes() == (whole / "model.safetensors").read_bytes()
     strip = lambda d: [{k: v for k, v in json.loads(r).items() if k != "tokens_per_s"} for r in (d / "metrics.jsonl").open()]
     assert strip(branched) == strip(whole)
@@ -244,6 +247,37 @@ def test_a_branched_finish_is_the_whole_run_continued_from_its_trunks_checkpoint
     (workdir / plan.manifest_path("pretrain", control)).write_text(json.dumps(trunk))
     with pytest.raises(SystemExit, match=r"trained other params than this run before its finish \(\['lr'\]\)"):
         run_chain(workdir, config, "ab/br/fin/s0", stages=("pretrain",))
+
+
+def test_a_control_killed_between_its_kept_and_periodic_saves_still_keeps_its_checkpoint(workdir, small_corpus,
+                                                                                          quality_examples, monkeypatch):
+    """A kept step that is also a periodic checkpoint step (8 of 16, ckpt_every 8): a kill between the two saves must
+    not leave a resume that starts past the kept step (it would never keep it, and every rerun would fail)."""
+    from dormouse.stages import pretrain
+
+    config = configure_qat(workdir, small_corpus, quality_examples, qat={"rung": "ternary", "fraction": 0.5})
+    exp = {"base": "tiny", "seeds": [0], "steps": 16, "branch": True, "control": {"train": {"qat": None, "ptq_rungs": ["ternary"]}},
+           "arms": {"fin": {"train": {"qat": {"rung": "ternary", "fraction": 0.5}}}}}
+    (workdir / "config" / "experiments" / "br.yaml").write_text(yaml.safe_dump(exp))
+    plan = run_chain(workdir, config, stages=("filter", "shard"))
+    save, saved = pretrain.checkpoint.save, []
+
+    def die_after_the_first_save_at_8(root, step, *args, **kwargs):
+        out = save(root, step, *args, **kwargs)
+        saved.append((root.name, step))
+        if step == 8:
+            raise RuntimeError("killed between the two saves of step 8")
+        return out
+
+    monkeypatch.setattr(pretrain.checkpoint, "save", die_after_the_first_save_at_8)
+    with pytest.raises(RuntimeError, match="killed"):
+        run_chain(workdir, config, "ab/br/control/s0", stages=("pretrain",))
+    assert saved == [(pretrain.KEPT, 8)]
+    monkeypatch.setattr(pretrain.checkpoint, "save", save)
+    run_chain(workdir, config, "ab/br/control/s0", stages=("pretrain",))
+    m = json.loads((workdir / plan.manifest_path("pretrain", plan.chain["ab/br/control/s0"]["pretrain"])).read_text())
+    assert "checkpoints/step-00000008/snapshot.json" in m["files"] and m["counters"]["checkpoints_kept"] == 1
+    assert m["counters"]["train.checkpoints_written"] == 1  # the periodic one at 8; kept ones are counted apart
 
 
 def test_a_run_killed_inside_the_finish_resumes_to_the_same_weights_and_counts(workdir, small_corpus, quality_examples,

@@ -62,8 +62,7 @@ class Experiment:
                 merged = deep_merge(deep_merge(base, over), {"train": {"seed": seed, "steps": self.spec["steps"]}})
                 preset = validate(merged, "preset.schema.yaml", f"{self.path} arm {arm}")
                 out[self.run_name(arm, seed)] = (arm, seed, preset)
-        if self.spec.get("qat_acceptance"):
-            check_qat_runs(self.path, self.spec["qat_acceptance"], {a: p["train"] for a, _, p in out.values()})
+        check_qat_runs(self.path, self.spec.get("qat_acceptance"), {a: p["train"] for a, _, p in out.values()})
         if self.spec["branch"]:
             branch_controls(self.path, out)
         return out
@@ -89,19 +88,22 @@ def qat_limit(acceptance: dict, rung: str) -> float:
     return limit[rung] if isinstance(limit, dict) else limit
 
 
-def check_qat_runs(rel: str, acceptance: dict, trains: dict[str, dict]) -> None:
-    """A QAT acceptance's runs, resolved (arm -> train section): every arm finishes through a rung that has a limit,
-    and the control measures that rung after training as usual (its PTQ, which the arm's verdict is set against)."""
+def check_qat_runs(rel: str, acceptance: dict | None, trains: dict[str, dict]) -> None:
+    """An experiment's runs, resolved (arm -> train section), as the verdict will judge them: an arm measured through a
+    rung needs a control that measures that rung after training (its PTQ, which the arm is set against). Under a QAT
+    acceptance every arm finishes through a rung that has a limit, and the control trains as usual."""
     control = trains["control"]
-    if (control.get("qat") or {}).get("fraction"):
+    if acceptance and (control.get("qat") or {}).get("fraction"):
         raise ConfigError(f"{rel}: the control trains through {rung_of(control)}; a QAT acceptance's control trains as usual")
     for arm, train in trains.items():
         if arm == "control":
             continue
         rung = rung_of(train)
-        if rung is None:
+        if rung is None and acceptance:
             raise ConfigError(f"{rel}: arm {arm} sets no train.qat; qat_acceptance judges arms that finish through a rung")
-        if isinstance(acceptance["max_delta_bpb_vs_bf16"], dict) and rung not in acceptance["max_delta_bpb_vs_bf16"]:
+        if rung is None:
+            continue
+        if acceptance and isinstance(acceptance["max_delta_bpb_vs_bf16"], dict) and rung not in acceptance["max_delta_bpb_vs_bf16"]:
             raise ConfigError(f"{rel}: qat_acceptance.max_delta_bpb_vs_bf16 has no limit for arm {arm}'s rung {rung}")
         if rung not in rungs_measured(control):
             raise ConfigError(f"{rel}: the control never measures {rung} (arm {arm}'s rung): set the control's "
@@ -114,6 +116,9 @@ def branch_controls(rel: str, runs: dict[str, tuple[str, int, dict]]) -> None:
     free = ("qat", "ptq_rungs", "keep_checkpoints", "seed")
     strip = lambda p: {**p, "train": {k: v for k, v in p["train"].items() if k not in free}}
     control = next(p for a, _, p in runs.values() if a == "control")
+    if (control["train"]["qat"] or {}).get("fraction"):
+        raise ConfigError(f"{rel}: branch: the control trains through {control['train']['qat']['rung']}; the trunk of a "
+                          "finish trains as usual")
     starts = set()
     for arm, _, preset in runs.values():
         if arm == "control":
@@ -190,6 +195,7 @@ def verdict(spec: dict, runs: dict[str, dict[str, dict]]) -> dict:
             for where in ("train.", "eval."):
                 problems += [f"seed {seed} {where[:-1]}: {p}" for p in inert_arms(m["params"]["model"], m["counters"], where)]
             problems += [f"seed {seed}: {p}" for p in inert_qat(m["params"]["train"], m["counters"])]
+            problems += [f"seed {seed}: {p}" for p in other_build(m, runs["control"].get(seed))]
         bpb = [seeds[s]["manifest"]["final"]["eval_bpb"] for s in sorted(seeds, key=int)]
         arms[arm] = {"mean_bpb": round(statistics.fmean(bpb), 5), "spread_bpb": round(spread(bpb), 5),
                      "seeds": {s: {"eval_bpb": seeds[s]["manifest"]["final"]["eval_bpb"], "digest": seeds[s]["digest"]}
@@ -254,6 +260,17 @@ def control_for(arm_seeds: dict[str, dict], control_seeds: dict[str, dict]) -> t
         raise ValueError(f"the control never measured {rung} (its final eval or train.ptq_rungs), the rung of an arm "
                          "judged against it")
     return rung, against
+
+
+def other_build(manifest: dict, control: dict | None) -> list[str]:
+    """A branched run (final.branched_from) must continue the very build of its control the verdict reads: a GPU
+    rebuild of the control has the same digest and other weights."""
+    b = manifest["final"].get("branched_from")
+    if not b or control is None or control["digest"] != b["digest"]:
+        return []
+    kept = control["manifest"].get("files", {}).get(f"checkpoints/step-{b['step']:08d}/model.safetensors", {}).get("sha256")
+    return [] if kept == b["weights_sha256"] else [f"branched from another build of its control {b['digest']} "
+                                                   f"(its step-{b['step']} weights {b['weights_sha256'][:12]}, the control's {str(kept)[:12]})"]
 
 
 def quantized_vs_bf16(runs: dict[str, dict[str, dict]], arms: dict, acceptance: dict | None = None) -> None:
@@ -346,6 +363,7 @@ def main(argv=None) -> int:
     for arm, a in result["arms"].items():
         acc = a.get("qat_acceptance")
         against = (f"; rung vs the control's bf16 {acc['delta_bpb_vs_control_bf16']:+.4f} against the limit "
-                   f"{acc['limit']} (spread {acc['margin']}): {acc['verdict']}") if acc else ""
+                   f"{acc['limit']} (spread {acc['margin']}): {acc['verdict']}") if acc and acc["verdict"] != "INVALID" \
+            else "; qat_acceptance INVALID" if acc else ""
         print(f"[verdict] {arm}: mean {a['mean_bpb']} spread {a['spread_bpb']} {a.get('verdict', '(control)')}{against}")
     return 0

@@ -68,9 +68,11 @@ def model_hash(model_params: dict) -> str:
     return hashlib.sha256(canonical_json(model_params).encode()).hexdigest()[:12]
 
 
-def steady_throughput(rows: list[dict], steps: int, resumed_from_step: int = 0) -> tuple[float | None, int]:
-    """(median tokens/s after the warm-up rule in the module docstring, number of rows it used)."""
-    timed = [r for r in rows if r.get("tokens_per_s") is not None]
+def steady_throughput(rows: list[dict], steps: int, resumed_from_step: int = 0, branched_from_step: int = 0
+                      ) -> tuple[float | None, int]:
+    """(median tokens/s after the warm-up rule in the module docstring, number of rows it used). A run branched from
+    its trunk's checkpoint (train.branched_from_step) times only its own rows: the ones before are the trunk's."""
+    timed = [r for r in rows if r.get("tokens_per_s") is not None and r["step"] > branched_from_step]
     if not timed:
         return None, 0
     first_rows = {timed[0]["step"]}
@@ -95,7 +97,8 @@ def entry_from_artifact(art_dir: Path) -> dict:
     cpu_threads = None if on_cuda else int(final.get("torch_threads") or env.get("torch_threads") or 1)
     rows = [json.loads(line) for line in art.file("metrics.jsonl").read_text().splitlines() if line.strip()]
     steps = counters.get("train.steps") or train["steps"]
-    tokens_per_s, n_rows = steady_throughput(rows, steps, counters.get("resumed_from_step", 0))
+    tokens_per_s, n_rows = steady_throughput(rows, steps, counters.get("resumed_from_step", 0),
+                                             counters.get("train.branched_from_step", 0))
     created = m["created_unix"]
     return {
         "created": datetime.fromtimestamp(created, timezone.utc).isoformat(timespec="seconds"),

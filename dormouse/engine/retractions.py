@@ -36,9 +36,9 @@ def superseded(entry: dict, manifests: dict[tuple[str, str], dict]) -> list[dict
     new_digest: dict[str, str] = {}  # old digest -> new digest
     rows = []
     for stage, spec in STAGES.items():  # chain order: upstream replacements are known first
-        for (s, digest), m in sorted(manifests.items()):
-            if s != stage:
-                continue
+        own = {d: m for (s, d), m in sorted(manifests.items()) if s == stage}
+        # within a stage, an input of the same stage first (a branched finish's trunk is a pretrain; one level deep)
+        for digest, m in sorted(own.items(), key=lambda dm: any(v in own for v in dm[1]["inputs"].values())):
             hit = entry["stage"] == stage and entry["id"] not in m["retractions"] and matching_retractions([entry], stage, m["params"])
             inputs = {k: new_digest.get(v, v) for k, v in m["inputs"].items()}
             if not hit and inputs == m["inputs"]:

@@ -29,7 +29,8 @@ cuda_graphs.eager_steps_qat for graphed steps that ran eagerly through the rung.
 `train.keep_checkpoints: [steps]` keeps those steps' checkpoints in the artifact (checkpoints/step-N/). A job with a
 `trunk` input (an experiment with `branch: true`: each QAT arm's trunk is its seed's control) starts from the trunk's
 kept checkpoint at its finish's first step, after checking that the trunk trained the same params up to there, so
-only the finish trains; counted as train.branched_from_step.
+only the finish trains; counted as train.branched_from_step, and `final.branched_from` names the trunk's digest, step
+and kept weights' sha256 (a GPU rebuild of the trunk has the same digest, other weights: the verdict checks them).
 
 `train.ptq_rungs: [...]` evaluates the final weights through each listed rung's forward as well (post-training
 quantization, what export measures on a PTQ rung file): `final.eval_bpb_ptq: {rung: BPB}`, counted as
@@ -130,8 +131,10 @@ def run(job: dict, cfg: ModelConfig, train: dict, shards, world: distributed.Wor
             say(f"[pretrain] resumed from {last}", flush=True)
         elif "trunk" in job["inputs"]:  # a finish continues its trunk's steps from the trunk's kept checkpoint
             last, snap = branch(job, model, opts, qat_from)
+            say(f"[pretrain] branched from {last}: steps {qat_from}.. train here", flush=True)
             # in the train counters, so later checkpoints of this run carry it to the manifest (train.branched_from_step)
             snap["train_counters"] = {**snap["train_counters"], "branched_from_step": snap["step"]}
+        branched = (snap or {}).get("branched_from")  # which build of the trunk: final.branched_from
         if last is not None:
             stream.state = StreamState(**snap["stream"])
             start, metrics, bad_in_row = snap["step"], snap["metrics"], snap["bad_in_row"]
@@ -196,18 +199,21 @@ def run(job: dict, cfg: ModelConfig, train: dict, shards, world: distributed.Wor
             periodic = done % train["ckpt_every"] == 0 and done < train["steps"]
             if periodic or kept:
                 read_firewall(firewall, train_counters, world, f"step {done}")
-                if world.is_main:
+                if world.is_main and periodic:
                     train_counters["checkpoints_written"] += 1  # before the save, so a resumed run counts it too
                 snap_train, snap_eval = totals(resumed_train, train_counters, world), totals(resumed_eval, eval_counters, world)
                 if distributed.check_replicas(model, world):  # rank 0 saves what every rank holds
                     c["ddp.replica_checks"] += 1
                 if world.is_main:
                     state = {"stream": stream.state.to_dict(), "metrics": metrics, "bad_in_row": firewall.bad_in_row,
-                             "train_counters": dict(snap_train), "eval_counters": dict(snap_eval)}
-                    if periodic:
-                        checkpoint.save(ckpt_root, done, model, opts, state)
+                             "train_counters": dict(snap_train), "eval_counters": dict(snap_eval),
+                             **({"branched_from": branched} if branched else {})}
+                    # the kept one first: a kill between the two saves then resumes before this step and saves both
+                    # again (the other way round, the resume would start at this step and never keep it)
                     if kept:  # beside the rotating ones, never pruned: the artifact takes it at the end
                         checkpoint.save(ckpt_root / KEPT, done, model, opts, state, keep=len(keep_steps))
+                    if periodic:
+                        checkpoint.save(ckpt_root, done, model, opts, state)
                 distributed.barrier(world)
 
         read_firewall(firewall, train_counters, world, "the end")
@@ -241,6 +247,8 @@ def run(job: dict, cfg: ModelConfig, train: dict, shards, world: distributed.Wor
             }
             if ptq_bpb:
                 final["eval_bpb_ptq"] = ptq_bpb
+            if branched:
+                final["branched_from"] = branched
             lineage = []
             if fq is not None:
                 final["eval_bpb_master"] = round(master_bpb, 5)
@@ -252,6 +260,8 @@ def run(job: dict, cfg: ModelConfig, train: dict, shards, world: distributed.Wor
                 compile_cache.save(device, c, say)
             write_artifact(art, model, cfg, train, formula, metrics, final, device, lineage)
             keep_checkpoints(art, ckpt_root / KEPT, keep_steps)
+            if keep_steps:
+                c["checkpoints_kept"] = len(keep_steps)
             summary("pretrain", c)
     distributed.barrier(world)  # the other ranks wait until the artifact is in place
 
@@ -312,6 +322,10 @@ def branch(job: dict, model, opts, start: int) -> tuple[Path, dict]:
         differ = sorted(k for sec in ("model", "train") for k in {**mine[sec], **theirs[sec]}
                         if mine[sec].get(k) != theirs[sec].get(k))
         raise SystemExit(f"pretrain: trunk {trunk.path} trained other params than this run before its finish ({differ})")
+    own = trunk.manifest["params"]["train"].get("qat")
+    if own and finish_start(theirs["train"]["steps"], own["fraction"]) < start:
+        raise SystemExit(f"pretrain: trunk {trunk.path} trains through {own['rung']} before step {start}, where this "
+                         "run's finish starts: its steps are not this run's")
     name = f"checkpoints/step-{start:08d}"
     if f"{name}/{checkpoint.SNAPSHOT}" not in trunk.manifest["files"]:
         raise SystemExit(f"pretrain: trunk {trunk.path} keeps no checkpoint at step {start}, where this run's finish "
@@ -321,8 +335,11 @@ def branch(job: dict, model, opts, start: int) -> tuple[Path, dict]:
     path = trunk.path / name
     checkpoint.load_weights(model, path / checkpoint.WEIGHTS)
     checkpoint.load_optimizers(opts, path / checkpoint.OPTIM)
-    print(f"[pretrain] branched from {path}: steps {start}.. train here", flush=True)
-    return path, checkpoint.load_snapshot(path)
+    # the build of the trunk, not only its digest (a GPU rebuild of one digest is another build): the verdict checks
+    # that an arm and its control are the same build
+    built = {"digest": trunk.digest, "step": start,
+             "weights_sha256": trunk.manifest["files"][f"{name}/{checkpoint.WEIGHTS}"]["sha256"]}
+    return path, {**checkpoint.load_snapshot(path), "branched_from": built}
 
 
 def write_artifact(art, model, cfg: ModelConfig, train: dict, formula: dict, metrics: list[dict], final: dict,
