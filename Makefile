@@ -24,7 +24,7 @@ env: $(VENV)/.installed
 run: env
 	$(BIN)/snakemake
 
-# The scale corpus (corpus/scale/README.md): ~500 MB of downloads, ~1.4 GB of text, a few minutes; then e.g.
+# The scale corpus (corpus/scale/README.md): ~1 GB of downloads, ~4.3 GB of text, a few minutes; then e.g.
 #   snakemake results/small/anchors.json --config corpus=corpus/scale/data
 scale: env
 	$(BIN)/snakemake --cores 1 corpus/scale/BUILD.json

