@@ -6,6 +6,7 @@
 #   .whl_serve  what `dormouse serve` and serve_bench.py add (fastapi, uvicorn, httpx and their deps)
 #   results/    the small preset's data stages (filter, shard, anchors: about 20 s)
 #   .job/       the small preset's job JSONs, as gpu_small_chain.sh reads them
+#   .job/qat/   small_qat's pretrain jobs (gpu_small_qat.sh --plan)
 # and adds the three ignored paths to .git/info/exclude. Then, e.g. (device tool, carry as listed there):
 #   STAGES=pretrain WEIGHTS_BACK=pretrain WHL=.whl_chain bash benchmarks/gpu_small_chain.sh
 set -euo pipefail
@@ -44,3 +45,6 @@ for s in 0 1; do
     for st in rl export bench; do .venv/bin/python -m dormouse.cli plan --preset small --stage $st --set "$set_" > .job/${arm}_s$s/small_$st.json; done
   done
 done
+# issue #28's experiment (benchmarks/gpu_small_qat.sh): its pretrain jobs under .job/qat (runs carried back from an
+# earlier session stay in .job/qat/runs)
+bash benchmarks/gpu_small_qat.sh --plan > /dev/null
