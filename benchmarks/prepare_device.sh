@@ -7,6 +7,7 @@
 #   results/    the small preset's data stages (filter, shard, anchors: about 20 s)
 #   .job/       the small preset's job JSONs, as gpu_small_chain.sh reads them
 #   .job/qat/   small_qat's pretrain jobs (gpu_small_qat.sh --plan)
+#   .job/qat_chain/  the small chain through ternary (#28's task half; its bench reads the plain chain's export)
 # and adds the three ignored paths to .git/info/exclude. Then, e.g. (device tool, carry as listed there):
 #   STAGES=pretrain WEIGHTS_BACK=pretrain WHL=.whl_chain bash benchmarks/gpu_small_chain.sh
 set -euo pipefail
@@ -48,3 +49,10 @@ done
 # issue #28's experiment (benchmarks/gpu_small_qat.sh): its pretrain jobs under .job/qat (runs carried back from an
 # earlier session stay in .job/qat/runs)
 bash benchmarks/gpu_small_qat.sh --plan > /dev/null
+# issue #28's task half: the small chain trained through ternary (pretrain finish, sft, rl), for
+# `JOBDIR=.job/qat_chain bash benchmarks/gpu_small_chain.sh`; its bench also reads the plain chain's export (the PTQ twin)
+mkdir -p .job/qat_chain
+for st in pretrain sft rl export bench; do
+  .venv/bin/python -m dormouse.cli plan --preset small --stage $st \
+    --set 'train.qat={rung: ternary, fraction: 0.2},sft.qat=ternary,rl.qat=ternary' > .job/qat_chain/small_$st.json
+done
