@@ -7,7 +7,9 @@ first in the CPU profile of our step); on CPU it shows the host-side share.
 
 "StackedMuon, eager" runs its elementwise work (`_momentum`, `_apply`) eagerly, as before run 7; the other
 StackedMuon rows take its inductor graphs on CUDA, which the first warm-up step compiles for the ok and the no-ok
-form (run 7's call of this script ran out of its 120 s before printing: give it 300 s). It also times StackedMuon
+form (run 7's call of this script ran out of its 120 s before printing: give it 300 s). "NS a folded" is StackedMuon
+with optim.NS_FOLD_A (a*X inside the Gram polynomial's diagonal: no baddbmm copy of X), off in the stages until this
+row shows it faster. It also times StackedMuon
 under the pretrain stage's device firewall both ways: `step(ok=...)` (the decision taken inside the step, since
 run 6) and `firewall.guarded_step`'s generic path (every weight and state cloned, then put back with torch.where:
 what the stage ran before), and the Newton–Schulz iterations alone on the same stacks (bf16, wide, as StackedMuon
@@ -138,7 +140,7 @@ def main(argv=None) -> int:
     res = {}
     ok = torch.ones((), dtype=torch.bool, device=device)
     rows = [("torch.optim.Muon", torch.optim.Muon), ("StackedMuon, eager", StackedMuon), ("StackedMuon", StackedMuon),
-            ("+ firewall, ok", StackedMuon), ("+ firewall, where", StackedMuon)]
+            ("+ firewall, ok", StackedMuon), ("+ firewall, where", StackedMuon), ("NS a folded (optim.NS_FOLD_A)", StackedMuon)]
     if cfg.moe:  # torch's Muon refuses an MoE's 3-D expert banks; the old layout of tall banks is the baseline instead
         rows = [("tall banks transposed", StackedMuon)] + rows[1:]
     for name, cls in rows:
@@ -152,8 +154,12 @@ def main(argv=None) -> int:
                 stack.enter_context(eager_elementwise())
             if name == "tall banks transposed":
                 stack.enter_context(_patched(optim, "TALL_BANK_STACKS", False))
+            if name.startswith("NS a folded"):
+                stack.enter_context(_patched(optim, "NS_FOLD_A", True))
             res[name] = time_steps(opt, hidden, device, args.steps, args.warmup, step)
     ns_s, ns_fl, per = time_ns(hidden, device, opt, args.steps, args.warmup)
+    with _patched(optim, "NS_FOLD_A", True):
+        ns_folded_s, _, _ = time_ns(hidden, device, opt, args.steps, args.warmup)
     shapes = sorted({tuple(p.shape) for p in hidden})
     print(f"preset {args.preset}: {len(hidden)} hidden matrices in {len(shapes)} shapes {shapes}; device {device}; "
           f"torch {torch.__version__}; threads {torch.get_num_threads()}")
@@ -162,6 +168,7 @@ def main(argv=None) -> int:
         print(f"{name:<22} {t * 1000:9.2f} ms/step   {res[base_name] / t:5.2f} x {base_name}")
     print(f"{'Newton-Schulz only':<22} {ns_s * 1000:9.2f} ms/step   {ns_fl / 1e12:.3f} TFLOP at {ns_fl / ns_s / 1e12:.1f} "
           f"TFLOP/s; {100 * ns_s / res['StackedMuon']:.0f}% of StackedMuon's step")
+    print(f"{'  with a folded':<22} {ns_folded_s * 1000:9.2f} ms/step   {ns_s / ns_folded_s:5.2f} x Newton-Schulz only")
     for shape, n, t, fl in per:
         print(f"  stack {n:>3} x {shape[0]}x{shape[1]:<5}{' tall' if shape[0] > shape[1] else '     '} {t * 1000:8.3f} ms   {fl / 1e12:.3f} TFLOP at {fl / t / 1e12:.1f} TFLOP/s")
     return 0

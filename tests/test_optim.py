@@ -95,6 +95,24 @@ def test_a_tall_bank_at_a_real_shape_steps_as_its_matrices_to_bf16_rounding():
         torch.testing.assert_close(a, b.detach(), atol=2**-6 * moved.item(), rtol=0)  # a wrong iteration is off by ~moved
 
 
+@pytest.mark.parametrize("tall", [False, True])
+def test_newton_schulz_with_a_folded_into_the_polynomial_is_the_same_iteration(monkeypatch, tall):
+    """optim.NS_FOLD_A (X <- (bG + cG^2 + aI) X, one bmm instead of a baddbmm): in fp32 the iteration's result to
+    float rounding, wide and tall; in bf16 within its rounding of the unfolded one (it is off until a GPU shows it
+    faster: benchmarks/muon_bench.py)."""
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(3, 48, 32, generator=gen) if tall else torch.randn(3, 32, 48, generator=gen)
+    x = x / x.norm(dim=(-2, -1), keepdim=True)
+    coefficients = (3.4445, -4.7750, 2.0315)
+    ref = {dt: optim._newton_schulz_iterations(x.to(dt), coefficients, 5, tall) for dt in (torch.float32, torch.bfloat16)}
+    monkeypatch.setattr(optim, "NS_FOLD_A", True)
+    fold = {dt: optim._newton_schulz_iterations(x.to(dt), coefficients, 5, tall) for dt in (torch.float32, torch.bfloat16)}
+    assert torch.allclose(fold[torch.float32], ref[torch.float32], atol=1e-5, rtol=1e-5)
+    assert not torch.equal(x, ref[torch.float32])  # the iteration moved it
+    err = (fold[torch.bfloat16].float() - ref[torch.float32]).abs().max()
+    assert err <= 2 * (ref[torch.bfloat16].float() - ref[torch.float32]).abs().max() + 1e-2
+
+
 def test_stacked_muon_refuses_what_is_no_matrix():
     with pytest.raises(ValueError, match=r"2-D matrices and 3-D banks.*\(5,\)"):
         StackedMuon([torch.nn.Parameter(torch.zeros(5))], lr=0.02)

@@ -223,9 +223,24 @@ def _newton_schulz_iterations(x: torch.Tensor, coefficients, steps: int, tall: b
     for _ in range(steps):
         if tall:
             gram = torch.bmm(x.transpose(1, 2), x)
-            x = torch.baddbmm(x, x, torch.baddbmm(gram, gram, gram, beta=b, alpha=c), beta=a)
+            poly = torch.baddbmm(gram, gram, gram, beta=b, alpha=c)
+            x = torch.bmm(x, _plus_identity(poly, a)) if NS_FOLD_A else torch.baddbmm(x, x, poly, beta=a)
         else:
             gram = torch.bmm(x, x.transpose(1, 2))
-            x = torch.baddbmm(x, torch.baddbmm(gram, gram, gram, beta=b, alpha=c), x, beta=a)
+            poly = torch.baddbmm(gram, gram, gram, beta=b, alpha=c)
+            x = torch.bmm(_plus_identity(poly, a), x) if NS_FOLD_A else torch.baddbmm(x, poly, x, beta=a)
     return x
+
+
+# Newton–Schulz's a*X folded into the Gram polynomial's diagonal, X <- (bG + cG^2 + aI) X: one bmm instead of a
+# baddbmm, whose additive input torch copies into its output first (b1, H200: 8.7 ms of its 148 ms step are those
+# copies, the X-sized ones ~4.8). Equal in exact arithmetic; in bf16 a*X rounds inside the polynomial's diagonal
+# instead of once at the output, so off by default until benchmarks/muon_bench.py's row shows it faster on the GPU.
+NS_FOLD_A = False
+
+
+def _plus_identity(m: torch.Tensor, a: float) -> torch.Tensor:
+    """m + a*I for a stack of square matrices, in place (m is the iteration's own temporary)."""
+    m.diagonal(dim1=-2, dim2=-1).add_(a)
+    return m
 
