@@ -7,7 +7,7 @@ first in the CPU profile of our step); on CPU it shows the host-side share.
 
 "StackedMuon, eager" runs its elementwise work (`_momentum`, `_apply`) eagerly, as before run 7; the other
 StackedMuon rows take its inductor graphs on CUDA, which the first warm-up step compiles for the ok and the no-ok
-form (run 7's call of this script ran out of its 120 s before printing: give it 300 s). "NS a folded" is StackedMuon
+form (run 7's call of this script ran out of its 120 s before printing: give it 300 s). "+ NS a folded" is StackedMuon
 with optim.NS_FOLD_A (a*X inside the Gram polynomial's diagonal: no baddbmm copy of X), off in the stages until this
 row shows it faster. It also times StackedMuon
 under the pretrain stage's device firewall both ways: `step(ok=...)` (the decision taken inside the step, since
@@ -140,7 +140,7 @@ def main(argv=None) -> int:
     res = {}
     ok = torch.ones((), dtype=torch.bool, device=device)
     rows = [("torch.optim.Muon", torch.optim.Muon), ("StackedMuon, eager", StackedMuon), ("StackedMuon", StackedMuon),
-            ("+ firewall, ok", StackedMuon), ("+ firewall, where", StackedMuon), ("NS a folded (optim.NS_FOLD_A)", StackedMuon)]
+            ("+ firewall, ok", StackedMuon), ("+ firewall, where", StackedMuon), ("+ NS a folded", StackedMuon)]
     if cfg.moe:  # torch's Muon refuses an MoE's 3-D expert banks; the old layout of tall banks is the baseline instead
         rows = [("tall banks transposed", StackedMuon)] + rows[1:]
     for name, cls in rows:
@@ -154,7 +154,7 @@ def main(argv=None) -> int:
                 stack.enter_context(eager_elementwise())
             if name == "tall banks transposed":
                 stack.enter_context(_patched(optim, "TALL_BANK_STACKS", False))
-            if name.startswith("NS a folded"):
+            if name == "+ NS a folded":  # optim.NS_FOLD_A
                 stack.enter_context(_patched(optim, "NS_FOLD_A", True))
             res[name] = time_steps(opt, hidden, device, args.steps, args.warmup, step)
     ns_s, ns_fl, per = time_ns(hidden, device, opt, args.steps, args.warmup)

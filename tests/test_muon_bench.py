@@ -14,7 +14,7 @@ def test_muon_bench_prints_every_row(capsys):
     lines = capsys.readouterr().out.splitlines()[1:]
     rows = {line[:22].strip(): line for line in lines if not line.startswith("  stack ")}
     assert list(rows) == ["torch.optim.Muon", "StackedMuon, eager", "StackedMuon", "+ firewall, ok", "+ firewall, where",
-                          "Newton-Schulz only"]
+                          "+ NS a folded", "Newton-Schulz only", "with a folded"]
     assert all(" ms/step " in r for r in rows.values())
     stacks = [line for line in lines if line.startswith("  stack ")]  # one per wide shape of the tiny preset
     assert len(stacks) == 4 and all(" ms " in r and " TFLOP/s" in r for r in stacks)
