@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from dormouse.engine.config import ConfigError, load_preset, load_yaml, validate
-from dormouse.train.arms import finish_start, inert_arms, inert_qat
+from dormouse.train.arms import before_finish, finish_start, inert_arms, inert_qat
 
 EXPERIMENTS_DIR = Path("config/experiments")
 
@@ -113,8 +113,7 @@ def check_qat_runs(rel: str, acceptance: dict | None, trains: dict[str, dict]) -
 def branch_controls(rel: str, runs: dict[str, tuple[str, int, dict]]) -> None:
     """An experiment with `branch`: every arm is its control plus a finish (train.qat with fraction > 0, and
     train.ptq_rungs); the control keeps its checkpoints at the arms' finish starts, where they branch (in place)."""
-    free = ("qat", "ptq_rungs", "keep_checkpoints", "seed")
-    strip = lambda p: {**p, "train": {k: v for k, v in p["train"].items() if k not in free}}
+    strip = lambda preset: before_finish(preset, also=("seed",))  # every seed's arms against seed 0's control
     control = next(p for a, _, p in runs.values() if a == "control")
     if (control["train"]["qat"] or {}).get("fraction"):
         raise ConfigError(f"{rel}: branch: the control trains through {control['train']['qat']['rung']}; the trunk of a "

@@ -61,7 +61,7 @@ from dormouse.model.kda import fla_op
 from dormouse.train import checkpoint, compile_cache, distributed, qat
 from dormouse.train.firewall import BadStepsError, Firewall  # noqa: F401 (BadStepsError: the stage's abort)
 from dormouse.train.optim import build_optimizers, set_lr, wsd_multiplier
-from dormouse.train.arms import finish_start
+from dormouse.train.arms import before_finish, finish_start
 from dormouse.train.qat import FakeQuant
 from dormouse.train.runtime import LN2, check_arms_active, compile_for, deterministic_cpu, device_for, evaluate
 from dormouse.train.trainer import PretrainStep, resume
@@ -297,7 +297,6 @@ def qat_summary(c, fq: FakeQuant, train: dict, start: int, train_total, step_fn:
 
 
 KEPT = "kept"  # the scratch folder of train.keep_checkpoints
-BRANCH_FREE = ("qat", "ptq_rungs", "keep_checkpoints")  # train keys a branch may differ in from its trunk
 
 
 def keep_checkpoints(art, kept_root: Path, steps: set[int]) -> None:
@@ -314,10 +313,9 @@ def keep_checkpoints(art, kept_root: Path, steps: set[int]) -> None:
 def branch(job: dict, model, opts, start: int) -> tuple[Path, dict]:
     """Load the trunk's kept checkpoint at this run's finish start: the run continues the trunk's own steps, as a
     resume would, so only the finish trains. The trunk must have trained exactly these params up to there (every
-    key but the finish's own, BRANCH_FREE), which the experiment's plan arranges and this checks."""
+    key but the finish's own, arms.before_finish), which the experiment's plan arranges and this checks."""
     trunk = input_artifact(job, "trunk")
-    strip = lambda params: {**params, "train": {k: v for k, v in params["train"].items() if k not in BRANCH_FREE}}
-    mine, theirs = strip(job["params"]), strip(trunk.manifest["params"])
+    mine, theirs = before_finish(job["params"]), before_finish(trunk.manifest["params"])
     if mine != theirs:
         differ = sorted(k for sec in ("model", "train") for k in {**mine[sec], **theirs[sec]}
                         if mine[sec].get(k) != theirs[sec].get(k))

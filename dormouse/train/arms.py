@@ -1,4 +1,5 @@
-"""Which enabled model arms left no trace in a run's counters (torch-free: the verdict reads it too)."""
+"""Which enabled model arms left no trace in a run's counters, and what a QAT finish is made of: its first step and the
+params it shares with a branch's trunk (torch-free: the verdict and the plan read it too)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,13 @@ def finish_start(steps: int, fraction: float) -> int:
     """The first step of a quantization-aware finish over the last `fraction` of `steps` (steps from it on see the
     rung); torch-free, for the plan's experiments too."""
     return steps - round(fraction * steps)
+
+
+def before_finish(params: dict, also: tuple[str, ...] = ()) -> dict:
+    """Params (or a preset) without the train keys a branched finish may differ in from its trunk (its finish, the
+    rungs it measures after training, the checkpoints it keeps) and `also`: what the two must share."""
+    free = ("qat", "ptq_rungs", "keep_checkpoints", *also)
+    return {**params, "train": {k: v for k, v in params["train"].items() if k not in free}}
 
 
 def inert_arms(model: dict, counters: dict, prefix: str = "") -> list[str]:
