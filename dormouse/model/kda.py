@@ -214,6 +214,12 @@ def fla_op(name: str):
     return _optional("fla.ops.kda", name)
 
 
+def on_gpu(t: torch.Tensor) -> bool:
+    """Whether `t` takes the CUDA kernels' branches: one seam, so the CPU tests drive those branches with stand-in
+    ops (tests/test_kda_dispatch.py) instead of leaving them to the first GPU run."""
+    return t.is_cuda
+
+
 def kda(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -231,12 +237,12 @@ def kda(
     CUDA + fla importable -> `fla.ops.kda.chunk_kda` (FLA picks its own chunking); otherwise the torch path.
     Counts `kda_path.fla` / `kda_path.torch` in `counters` (a Counter or dict) once per call.
     """
-    fla_op = fla_op("chunk_kda") if q.is_cuda else None
-    path = "kda_path.fla" if fla_op is not None else "kda_path.torch"
+    op = fla_op("chunk_kda") if on_gpu(q) else None
+    path = "kda_path.fla" if op is not None else "kda_path.torch"
     if counters is not None:
         counters[path] = counters.get(path, 0) + 1
-    if fla_op is not None:
-        return fla_op(
+    if op is not None:
+        return op(
             q, k, v, g.float(), beta,
             initial_state=None if initial_state is None else initial_state.float(),
             output_final_state=output_final_state,
@@ -253,7 +259,7 @@ def kda(
 def fused_gates_available(q: torch.Tensor) -> bool:
     """Whether FLA's `chunk_kda` will apply the layer's activations itself (`kda_fused_gates`): CUDA, fla
     importable, and a chunk of tokens (a decode step, T == 1, runs the recurrent kernel instead)."""
-    return q.is_cuda and q.shape[1] > 1 and fla_op("chunk_kda") is not None
+    return on_gpu(q) and q.shape[1] > 1 and fla_op("chunk_kda") is not None
 
 
 def kda_fused_gates(q, k, v, f, b, A_log, dt_bias, *, initial_state=None, counters=None):
@@ -308,9 +314,9 @@ def short_conv(x: torch.Tensor, weight: torch.Tensor, cache: torch.Tensor | None
     `conv_path.fla` / `conv_path.torch` once per call."""
     B, T, C = x.shape
     W = weight.shape[-1]
-    ours = _conv_triton() if x.is_cuda and cache is None else None
+    ours = _conv_triton() if on_gpu(x) and cache is None else None
     ours = ours if ours is not None and W <= ours.MAX_W else None  # wider: FLA's or the torch path
-    op = _fla_causal_conv1d() if x.is_cuda and ours is None else None
+    op = _fla_causal_conv1d() if on_gpu(x) and ours is None else None
     path = "conv_path.triton" if ours is not None else "conv_path.fla" if op is not None else "conv_path.torch"
     if counters is not None:
         counters[path] = counters.get(path, 0) + 1
@@ -374,14 +380,14 @@ def kda_recurrent(
     otherwise `recurrent_kda_torch`. Counts `kda_path.fla_recurrent` / `kda_path.torch_recurrent` once per call.
     """
     wants_grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v, g, beta))
-    fla_op = fla_op("fused_recurrent_kda") if q.is_cuda and not wants_grad else None
-    path = "kda_path.fla_recurrent" if fla_op is not None else "kda_path.torch_recurrent"
+    op = fla_op("fused_recurrent_kda") if on_gpu(q) and not wants_grad else None
+    path = "kda_path.fla_recurrent" if op is not None else "kda_path.torch_recurrent"
     if counters is not None:
         counters[path] = counters.get(path, 0) + 1
-    if fla_op is not None:
+    if op is not None:
         if initial_state is None:
             initial_state = q.new_zeros(q.shape[0], q.shape[2], q.shape[3], v.shape[-1], dtype=torch.float32)
-        return fla_op(
+        return op(
             q.contiguous(), k.contiguous(), v.contiguous(), g.float().contiguous(), beta.contiguous(),
             initial_state=initial_state.float().contiguous(),
             output_final_state=True,
