@@ -291,7 +291,7 @@ def _read_parquet(path: Path, rel: str, cfg: ReaderConfig, counters: Counter) ->
                 texts = _column(batch, text_column)
                 is_binary = pa.types.is_binary(texts.type) or pa.types.is_large_binary(texts.type)
                 ids = _column(batch, cfg.parquet_id_column).to_pylist() if has_id else [None] * len(texts)
-                for text, doc_id in zip(texts.to_pylist(), ids):
+                for text, doc_id in zip(texts.to_pylist(), ids, strict=True):
                     where = f"{path}: row group {rg}, row {row}"
                     if doc_id is None:
                         counters["reader.ids_derived"] += 1
