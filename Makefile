@@ -1,6 +1,7 @@
 # `make run`: create the pinned environment and build the default target (results/tiny/bench.json
 # from the embedded demo corpus, on CPU). `make test`: same environment plus the test extras
-# (requirements-test.txt), then the test suite.
+# (requirements-test.txt), then ruff's pyflakes and bugbear checks (pyproject.toml [tool.ruff]), the test suite
+# and the system tests. `make lint`: ruff and `snakemake --lint`.
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
@@ -29,8 +30,10 @@ run: env
 scale: env
 	$(BIN)/snakemake --cores 1 corpus/scale/BUILD.json
 
-# The default suite, then the system tests (test-system below).
+# ruff first (a finding fails the build before the tests run), the default suite, then the system tests
+# (test-system below).
 test: $(VENV)/.installed-test
+	$(BIN)/ruff check dormouse benchmarks tests
 	$(BIN)/python -m pytest -q
 	$(MAKE) --no-print-directory test-system
 
@@ -43,7 +46,8 @@ test-all: $(VENV)/.installed-test
 test-system: $(VENV)/.installed-test
 	DORMOUSE_SLOW_TESTS=1 $(BIN)/python -m pytest -q -rs tests/test_slurm_real.py tests/test_serve_browser.py
 
-lint: env
+lint: $(VENV)/.installed-test
+	$(BIN)/ruff check dormouse benchmarks tests
 	$(BIN)/snakemake --lint
 
 dry-run: env

@@ -99,7 +99,7 @@ def main() -> None:
     counts = ngram.count_ngrams(train_docs, args.order)
     t_count = time.perf_counter() - t
     t = time.perf_counter()
-    counts._stats  # one-off derived tables (continuation counts, context totals, discounts)
+    _ = counts._stats  # one-off derived tables (continuation counts, context totals, discounts)
     t_stats = time.perf_counter() - t
     t = time.perf_counter()
     es = ngram.prepare_eval(eval_docs, args.order)

@@ -137,10 +137,10 @@ def main(argv=None) -> int:
         x, y = xy[:, :-1].contiguous(), xy[:, 1:].contiguous()
         box = {}
 
-        def forward():  # graphed: the forward and backward replayed (captured on step 0)
+        def forward(x=x, y=y, box=box):  # graphed: the forward and backward replayed (captured on step 0)
             box["loss"], box["total"] = ps.forward(x, y, counters)
 
-        def rest():
+        def rest(box=box, step=step):
             ps.firewall.step(box["loss"], box["total"], f"step {step}")
 
         if step == args.steps - 1 and step >= 2:  # a steady step: count its host syncs

@@ -51,7 +51,7 @@ def main() -> None:
 
     for chunk in (int(c) for c in a.chunks.split(",")):
 
-        def core_step():
+        def core_step(chunk=chunk):
             o, _ = chunk_kda_torch(q, k, v, g, beta, chunk_size=chunk)
             o.square().mean().backward()
 
@@ -63,7 +63,7 @@ def main() -> None:
         mixer = KDAMixer(cfg)
         x = torch.randn(B, T, cfg.d_model)
 
-        def layer_step():
+        def layer_step(mixer=mixer, x=x):
             y, _ = mixer(x)
             y.square().mean().backward()
 

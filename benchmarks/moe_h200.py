@@ -137,8 +137,8 @@ def main(argv=None) -> int:
             try:
                 got = grads_of(path)
                 row["max_rel_err"] = f"{max(rel(a, b) for a, b in zip(got, ref)):.3g}"
-                ms = timed(lambda: run(moe, path), args.reps, args.warmup, device)
-                row.update(ms=round(ms, 3), tflops=round(flops / ms / 1e9, 1), host_syncs=host_syncs(lambda: run(moe, path)))
+                ms = timed(lambda path=path: run(moe, path), args.reps, args.warmup, device)
+                row.update(ms=round(ms, 3), tflops=round(flops / ms / 1e9, 1), host_syncs=host_syncs(lambda path=path: run(moe, path)))
                 loop_ms = ms if label == "loop" else loop_ms
                 row["ratio_vs_loop"] = round(loop_ms / ms, 2) if loop_ms else None
             except Exception as ex:  # noqa: BLE001 - one path's failure is that row's result

@@ -45,8 +45,8 @@ def main(argv=None) -> int:
     print(f"{'rung':8s} {'bank ms':>9s} {'per-matrix ms':>14s} {'ratio':>6s}")
     for rung in ("int8", "fp8", "mxfp4", "nvfp4", "ternary"):
         q, dq = Q._QUANT[rung]
-        whole = timed(lambda: dq(q(W), W.shape), device, args.reps)
-        alone = timed(lambda: torch.stack([dq(q(m), m.shape) for m in W]), device, args.reps)
+        whole = timed(lambda q=q, dq=dq: dq(q(W), W.shape), device, args.reps)
+        alone = timed(lambda q=q, dq=dq: torch.stack([dq(q(m), m.shape) for m in W]), device, args.reps)
         print(f"{rung:8s} {whole * 1e3:9.2f} {alone * 1e3:14.2f} {alone / whole:5.1f}x")
     return 0
 

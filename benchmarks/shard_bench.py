@@ -195,12 +195,12 @@ def profile_shard(parts, n_shards, eval_target, part_pattern, tmp: Path, top: in
     shutil.rmtree(out, ignore_errors=True)
     st = pstats.Stats(pr)
     rows = []
-    for (f, line, name), (cc, nc, tt, ct, callers) in st.stats.items():
+    for (f, line, name), (_cc, nc, tt, ct, _callers) in st.stats.items():
         rows.append((tt, ct, nc, f, line, name))
     total = sum(r[0] for r in rows)
     rows.sort(reverse=True)
     cats: dict[tuple, float] = defaultdict(float)
-    for tt, ct, nc, f, line, name in rows:
+    for tt, _ct, _nc, f, _line, name in rows:
         label = ("other", "other")
         for short, lab, pred in CATEGORIES:
             if pred(f, name):
@@ -396,7 +396,7 @@ def main() -> None:
                     print(f"    {secs / total:6.1%}  {secs:7.3f} s  {label}")
                     prof_lines.append(f"{short} {secs / total:.0%}")
             print("  top functions by own time:")
-            for tt, ct, nc, f, line, name in top[:15]:
+            for tt, _ct, nc, f, line, name in top[:15]:
                 loc = f if f == "~" else f"{Path(f).name}:{line}"
                 print(f"    {tt / total:6.1%}  {tt:7.3f} s  ncalls {nc:>8}  {loc} {name}")
             micro = micro_alternatives(parts)

@@ -8,7 +8,7 @@ from collections import Counter
 
 import pytest
 import torch
-from test_pretrain import TINY_MODEL, TINY_TRAIN, job_json, run_stage, set_model, shards  # noqa: F401 (the fixture)
+from test_pretrain import TINY_MODEL, TINY_TRAIN, job_json, run_stage, set_model, shards_fixture  # noqa: F401 -- the shards fixture
 
 from dormouse.model.config import ModelConfig
 from dormouse.model.gpt import ByteLM

@@ -30,7 +30,7 @@ import torch
 import yaml
 from pipeline_util import configure, plan_in
 from safetensors.torch import load_file
-from test_pretrain import TINY_MODEL, TINY_TRAIN, job_json, run_stage, set_model, shards  # noqa: F401 (shards: fixture)
+from test_pretrain import TINY_MODEL, TINY_TRAIN, job_json, run_stage, set_model, shards_fixture  # noqa: F401 -- the shards fixture
 
 from dormouse.data.byte_stream import TrainStream
 from dormouse.engine.config import ConfigError
@@ -75,7 +75,7 @@ def assert_same_run(a: dict, b: dict) -> None:
         assert ra.get("epochs") == rb.get("epochs") and ra.get("eval_bytes") == rb.get("eval_bytes")
     assert a["weights"].keys() == b["weights"].keys()
     for k in a["weights"]:
-        torch.testing.assert_close(b["weights"][k], a["weights"][k], rtol=0, atol=WEIGHT_ATOL, msg=lambda m: f"{k}: {m}")
+        torch.testing.assert_close(b["weights"][k], a["weights"][k], rtol=0, atol=WEIGHT_ATOL, msg=lambda m, k=k: f"{k}: {m}")
     ca, cb = a["manifest"]["counters"], b["manifest"]["counters"]
     for key in ("train.steps", "train.bytes_seen", "eval.window_bytes", "train.checkpoints_written"):
         assert ca.get(key) == cb.get(key), key

@@ -126,7 +126,7 @@ def test_kneser_ney_matches_reference(small, discount):
     for k in range(2, 6):
         got = ngram.kneser_ney_bits(counts, SMALL_EVAL, k, discount=discount).bits
         d = [discount] * 5 if isinstance(discount, float) else discount
-        want = ref.bits(SMALL_EVAL, k, lambda h, x: ref.kn(h, x, d))
+        want = ref.bits(SMALL_EVAL, k, lambda h, x, d=d: ref.kn(h, x, d))
         assert got == pytest.approx(want, rel=1e-9), k
 
 

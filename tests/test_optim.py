@@ -69,7 +69,7 @@ def test_a_bank_steps_as_its_matrices_would_alone(monkeypatch, backend):
         opt_b.step()
         opt_m.step()
     got = [m for p in as_banks[:2] for m in p.detach()] + [as_banks[2].detach()]
-    for a, b, start in zip(got, as_mats, [m for b in banks for m in b] + [lone]):
+    for a, b, start in zip(got, as_mats, [m for bank in banks for m in bank] + [lone]):
         assert (b.detach() - start).abs().max() > 0.01  # the steps moved the weights
         torch.testing.assert_close(a, b.detach(), atol=0, rtol=0)
     assert torch.equal(opt_b.state[as_banks[0]]["momentum_buffer"][1], opt_m.state[as_mats[1]]["momentum_buffer"])

@@ -34,8 +34,8 @@ def set_model(workdir: Path, model: dict, train: dict) -> dict:
     return yaml.safe_load((workdir / "config" / "config.yaml").read_text())
 
 
-@pytest.fixture()
-def shards(workdir, small_corpus, quality_examples):
+@pytest.fixture(name="shards")  # its function named apart: the modules importing it take `shards` as an argument
+def shards_fixture(workdir, small_corpus, quality_examples):
     config = configure(workdir, small_corpus, *quality_examples)
     run_chain(workdir, config, stages=("filter", "shard"))
     return workdir

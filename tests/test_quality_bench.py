@@ -11,12 +11,12 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-from test_pretrain import TINY_MODEL, TINY_TRAIN, job_json, set_model, shards  # noqa: F401 (fixture)
+from test_pretrain import TINY_MODEL, TINY_TRAIN, job_json, set_model, shards_fixture  # noqa: F401 -- the shards fixture
 
 SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "quality_h200.py"
 
 
-def test_both_systems_get_the_same_clock_and_eval_window(shards, tmp_path):  # noqa: F811
+def test_both_systems_get_the_same_clock_and_eval_window(shards, tmp_path):
     config = set_model(shards, TINY_MODEL, {**TINY_TRAIN, "steps": 20})
     job, _ = job_json(shards, config)
     (tmp_path / "job.json").write_text(job)
@@ -42,7 +42,7 @@ def test_both_systems_get_the_same_clock_and_eval_window(shards, tmp_path):  # n
     assert r.returncode == 0 and again.stat().st_size > 10_000, r.stderr[-2000:]
 
 
-def test_a_paused_run_resumes_where_it_stopped(shards, tmp_path):  # noqa: F811
+def test_a_paused_run_resumes_where_it_stopped(shards, tmp_path):
     """--pause-after-s saves the run in --state; the same command again resumes it (weights, optimizer, data
     position, clock, curve) instead of starting over, repeats no eval point and ends at the budget."""
     config = set_model(shards, TINY_MODEL, {**TINY_TRAIN, "steps": 20})
@@ -71,7 +71,7 @@ def test_a_paused_run_resumes_where_it_stopped(shards, tmp_path):  # noqa: F811
     assert wrong.returncode != 0 and "another run" in wrong.stderr  # another budget would change the schedule
 
 
-def test_another_presets_model_on_this_jobs_data_and_window(shards, tmp_path):  # noqa: F811
+def test_another_presets_model_on_this_jobs_data_and_window(shards, tmp_path):
     """--model-preset: b1 against medium on one shard artifact needs medium's model (and its lr and schedule) read
     from the same train shards and scored on the same eval window as the job's own model."""
     config = set_model(shards, TINY_MODEL, {**TINY_TRAIN, "steps": 20})

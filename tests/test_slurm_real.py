@@ -125,7 +125,7 @@ def test_real_slurm_runs_every_rule_as_a_job_and_matches_a_local_run(cluster, wo
     jobs = submitted(out)
     assert sorted(jobs.values()) == ["anchors", "anchors_view", "filter", "pretrain", "shard"], out[-3000:]
     held = {j["JobId"]: j for j in cluster.jobs()}  # slurmctld keeps finished jobs for MinJobAge (300 s)
-    for job_id, rule in jobs.items():
+    for job_id in jobs:
         job = held[job_id]
         assert job["JobState"] == "COMPLETED" and job["NodeList"] == cluster.node and job["Partition"] == "debug", job
         assert job["ExitCode"] == "0:0", job

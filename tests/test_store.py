@@ -1,5 +1,3 @@
-import json
-
 import pytest
 
 from dormouse.engine.store import ArtifactError, ArtifactWriter, artifact_digest, open_artifact, published

@@ -461,7 +461,7 @@ class _RUnserializer:
         if has_attr:
             attrs = self.item()
             if t == 19 and isinstance(attrs, dict) and "names" in attrs:
-                out = dict(zip(attrs["names"], out))
+                out = dict(zip(attrs["names"], out, strict=True))
         return out
 
 

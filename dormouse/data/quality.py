@@ -93,7 +93,7 @@ def score(model, texts: list[str], label_hq: str) -> list[float]:
         return []
     labels, probs = model.f.multilinePredict(texts, 2, 0.0, "strict")
     out = []
-    for ls, ps in zip(labels, probs):
+    for ls, ps in zip(labels, probs, strict=True):
         p = dict(zip(ls, map(float, ps)))
         if label_hq not in p and len(model.labels) > 2:
             raise ValueError(f"model has labels {model.labels}; {label_hq} not among the top two")

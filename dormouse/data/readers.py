@@ -140,11 +140,10 @@ def _bad(policy: str, reason: str, message: str, counters: Counter, prefix: str)
 
 
 def _read_jsonl(path: Path, rel: str, cfg: ReaderConfig, counters: Counter) -> Iterator[Record]:
-    lineno = consumed = 0  # consumed: decompressed bytes of the whole lines read
+    lineno = 0
     with _open_lines(path) as f:
         try:
-            for lineno, line in enumerate(_lines(f, path, lambda: (lineno, consumed)), 1):
-                consumed += len(line)
+            for lineno, line in enumerate(_lines(f, path), 1):
                 if not line.strip():
                     counters["reader.blank_lines"] += 1
                     continue
@@ -182,21 +181,22 @@ def _read_jsonl(path: Path, rel: str, cfg: ReaderConfig, counters: Counter) -> I
                             f"how much text followed is unknown): {e}") from None
 
 
-def _lines(f, path: Path, where):
+def _lines(f, path: Path):
     """The lines of f; a ReadError mid-stream names the record it broke in and what was lost."""
     it = iter(f)
+    lineno = consumed = 0  # the whole lines handed out so far, and their decompressed bytes
     while True:
         try:
             line = next(it)
         except StopIteration:
             return
         except ReadError as e:
-            lineno, consumed = where()
             raw = getattr(f, "raw", None)
             decoded = getattr(raw, "produced", consumed)
             err = ReadError(f"{path}: record at line {lineno + 1} (decompressed byte {consumed}) is cut off: {e}")
             err.lost_decoded, err.lost_beyond = max(0, decoded - consumed), e.lost_beyond
             raise err from None
+        lineno, consumed = lineno + 1, consumed + len(line)
         yield line
 
 
@@ -291,7 +291,7 @@ def _read_parquet(path: Path, rel: str, cfg: ReaderConfig, counters: Counter) ->
                 texts = _column(batch, text_column)
                 is_binary = pa.types.is_binary(texts.type) or pa.types.is_large_binary(texts.type)
                 ids = _column(batch, cfg.parquet_id_column).to_pylist() if has_id else [None] * len(texts)
-                for text, doc_id in zip(texts.to_pylist(), ids):
+                for text, doc_id in zip(texts.to_pylist(), ids, strict=True):
                     where = f"{path}: row group {rg}, row {row}"
                     if doc_id is None:
                         counters["reader.ids_derived"] += 1

@@ -202,7 +202,6 @@ def verdict(spec: dict, runs: dict[str, dict[str, dict]]) -> dict:
                      "overrides": spec["control"] if arm == "control" else spec["arms"][arm]}
         if problems:
             invalid[arm] = problems
-    control = [v["eval_bpb"] for v in arms["control"]["seeds"].values()]
     for arm, a in arms.items():
         if arm == "control":
             continue

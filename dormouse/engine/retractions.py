@@ -35,7 +35,7 @@ def superseded(entry: dict, manifests: dict[tuple[str, str], dict]) -> list[dict
     """Artifacts on disk that this entry retracts, in chain order, each with its replacement digest."""
     new_digest: dict[str, str] = {}  # old digest -> new digest
     rows = []
-    for stage, spec in STAGES.items():  # chain order: upstream replacements are known first
+    for stage in STAGES:  # chain order: upstream replacements are known first
         own = {d: m for (s, d), m in sorted(manifests.items()) if s == stage}
         # within a stage, an input of the same stage first (a branched finish's trunk is a pretrain; one level deep)
         for digest, m in sorted(own.items(), key=lambda dm: any(v in own for v in dm[1]["inputs"].values())):

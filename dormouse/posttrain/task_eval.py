@@ -52,7 +52,8 @@ def answer(model, items: list[tasks.Item], max_new_bytes: int, device, dtype: st
 
 def correct(model, items: list[tasks.Item], max_new_bytes: int, device, dtype: str) -> list[bool]:
     """Per item, whether the greedy reply is verified correct (for paired comparisons of two models)."""
-    return [grade(it, g) == "correct" for it, g in zip(items, answer(model, items, max_new_bytes, device, dtype))]
+    replies = answer(model, items, max_new_bytes, device, dtype)
+    return [grade(it, g) == "correct" for it, g in zip(items, replies, strict=True)]
 
 
 def paired_sign(base: list[bool], new: list[bool], keys: list | None = None) -> dict:
@@ -109,7 +110,7 @@ def accuracy(model, items: list[tasks.Item], max_new_bytes: int, device, dtype: 
     baseline and the number of distinct replies (a model that collapsed to one answer shows 1 or 2). per_item: also
     `items_correct`, one character per item in order ("1" correct), what paired comparisons of two models read."""
     replies = answer(model, items, max_new_bytes, device, dtype)
-    grades = [grade(it, g) for it, g in zip(items, replies)]
+    grades = [grade(it, g) for it, g in zip(items, replies, strict=True)]
     return {"n": len(items), **tally(list(zip(items, grades))),
             "distinct_replies": len({chat.parse_assistant(g) for g in replies}),
             "distinct_prompts": len({it.prompt for it in items}),  # small cells repeat prompts: the independent count

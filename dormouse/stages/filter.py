@@ -47,7 +47,7 @@ def judged(records, params: dict, model, model_path: Path, workers: int):
     records = iter(records)
     if workers <= 1:
         while batch := list(islice(records, JUDGE_BATCH)):
-            yield from zip(batch, *_judge([(r.text, r.nbytes, r.skip) for r in batch], params, model))
+            yield from zip(batch, *_judge([(r.text, r.nbytes, r.skip) for r in batch], params, model), strict=True)
         return
     import multiprocessing
     from collections import deque
@@ -62,7 +62,7 @@ def judged(records, params: dict, model, model_path: Path, workers: int):
                 pending.append((batch, pool.apply_async(_judge_in_worker, (work, params))))
             while pending and (not batch or len(pending) > workers * IN_FLIGHT_PER_WORKER):
                 done, result = pending.popleft()
-                yield from zip(done, *result.get())
+                yield from zip(done, *result.get(), strict=True)
             if not batch:
                 return
 
@@ -85,7 +85,7 @@ def _judge(work: list[tuple], params: dict, model) -> tuple[list, list]:
     keep = [i for i, r in enumerate(reasons) if r is None]
     scores: list = [None] * len(work)
     got = quality.score(model, [quality.prepare(work[i][0]) for i in keep], params["quality"]["label_hq"])
-    for i, sc in zip(keep, got):
+    for i, sc in zip(keep, got, strict=True):
         scores[i] = sc
     return reasons, scores
 

@@ -28,9 +28,12 @@ from dormouse.train.firewall import Firewall
 from dormouse.train.runtime import autocast, with_moe_aux
 
 
+ONE_PROCESS = distributed.World()  # the default world: rank 0 of 1 (frozen, so one shared instance)
+
+
 class PretrainStep:
     def __init__(self, model: torch.nn.Module, opts: list, cfg: ModelConfig, train: dict, device: torch.device,
-                 world: distributed.World = distributed.World(), net: torch.nn.Module | None = None,
+                 world: distributed.World = ONE_PROCESS, net: torch.nn.Module | None = None,
                  graphs: str | None = None, firewall_on_device: bool | None = None):
         self.model, self.cfg, self.train, self.device = model, cfg, train, device
         self.net = model if net is None else net  # what the forward calls (and the graphs capture)

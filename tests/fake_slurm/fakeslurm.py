@@ -340,7 +340,7 @@ def squeue(argv: list[str]) -> int:
             continue
         if (names and job["name"] not in names) or (wanted and job["id"] not in wanted):
             continue
-        lines.append(re.sub(r"%[.\-\d]*([A-Za-z])", lambda m: str(tokens.get(m.group(1), lambda j: "")(job)), fmt))
+        lines.append(re.sub(r"%[.\-\d]*([A-Za-z])", lambda m, job=job: str(tokens.get(m.group(1), lambda j: "")(job)), fmt))
     if lines:
         print("\n".join(lines))
     return 0
