@@ -8,7 +8,8 @@ mkdir -p "$TRITON_CACHE_DIR"
 # (217 results: the small and medium presets' chunk_kda with and without the activations inside, FLA's
 # KDAForCausalLM at small and medium, the layer variants of benchmarks/kda_layer_h200.py at small and medium, the fp32
 # GPU tests of test_kda.py, dormouse.model.conv_triton at medium; H200 + triton 3.6 + fla-core 0.6.0, 2026-12-04), so a fresh
-# checkout starts warm too. Results for other shapes or versions are simply not hit.
-for t in benchmarks/triton_autotune_h200.tgz .cache_h200/triton_autotune.tgz; do
+# checkout starts warm too. Results for other shapes or versions are simply not hit. triton_autotune_tiny.tgz: the tiny
+# preset's, from benchmarks/gpu_check.sh's run (its $OUT/triton_autotune.tgz).
+for t in benchmarks/triton_autotune_*.tgz .cache_h200/triton_autotune.tgz; do
   [ -f "$t" ] && tar -xzf "$t" -C "$TRITON_CACHE_DIR"
 done

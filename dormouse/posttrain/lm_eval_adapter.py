@@ -9,8 +9,9 @@ entry point, so a bare `lm_eval --model dormouse` cannot find it. In Python: `lm
 model=DormouseLM(dir), ...)`. Any model artifact works: pretrain, sft, rl, or an export with `rung=`; the window
 is the artifact's own (train.seq_len, or the eval window of sft/rl/export) unless `max_length=`; the device is
 cuda when visible, else cpu, whatever lm-eval's --device default says.) A local task is a yaml with `dataset_path: json` and
-`dataset_kwargs: {data_files: {test: <file.jsonl>}}`, found through `--include_path` (see
-tests/test_lm_eval_adapter.py, which runs one end to end).
+`dataset_kwargs: {data_files: {test: <file.jsonl>}}`, found through `--include_path`: `write_local_mc_task` writes
+one for a jsonl of {question, choices, answer} items (tests/test_lm_eval_adapter.py and benchmarks/gpu_check.sh run
+it end to end).
 
 Optional: importing dormouse never imports lm_eval; only this module does.
 
@@ -191,6 +192,38 @@ class DormouseLM(LM):
             self.cache_hook.add_partial("generate_until", r.args, out[-1])
         self.counters["lm_eval.generate_requests"] += len(requests)
         return out
+
+
+LOCAL_MC_TASK = """\
+task: {name}
+dataset_path: json
+dataset_kwargs:
+  data_files:
+    test: {data}
+  cache_dir: {cache}
+test_split: test
+output_type: multiple_choice
+doc_to_text: "{{{{question}}}}"
+doc_to_choice: "{{{{choices}}}}"
+doc_to_target: "{{{{answer}}}}"
+metric_list:
+  - metric: acc
+    aggregation: mean
+    higher_is_better: true
+  - metric: acc_bytes
+    aggregation: mean
+    higher_is_better: true
+"""
+
+
+def write_local_mc_task(task_dir: str | Path, name: str, jsonl: str | Path, cache_dir: str | Path) -> Path:
+    """A multiple-choice lm-eval task over a local jsonl of {"question", "choices", "answer"} items (the bench's
+    own jsonl task format), as `<task_dir>/<name>.yaml` for `--include_path task_dir --tasks name`. The harness's
+    json loader caches under cache_dir (nothing is fetched). Returns the yaml's path."""
+    path = Path(task_dir) / f"{name}.yaml"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(LOCAL_MC_TASK.format(name=name, data=Path(jsonl).resolve(), cache=Path(cache_dir).resolve()))
+    return path
 
 
 def main(argv=None) -> int:

@@ -1,0 +1,175 @@
+#!/usr/bin/env bash
+# The GPU check: the first command of every stretch of GPU work. On a bare GPU machine (the device tool's image:
+# python3 3.12 with torch 2.11 and triton 3.6; no fla, Snakemake, fastText or lm-eval), from the repository root,
+# it runs every CUDA path of the project within 10 minutes, set-up included, and prints one verdict line a part,
+# then `GPU CHECK PASS` or `GPU CHECK FAIL` and its wall time.
+#
+# Beside the checkout it needs .gpucheck/, made here (the dev VM, after `make env`) by
+#     .venv/bin/python benchmarks/prepare_gpu_check.py
+# (~55 MiB: the wheels of what the image lacks, for cp312; the tiny preset's data stages, so the GPU never runs the
+# CPU-only filter). Device call: carry [".gpucheck"], command `bash benchmarks/gpu_check.sh`.
+#
+# Parts (each one verdict line):
+#   setup    the wheels into /tmp/site, every package the parts import, the GPU seen; tiny's data unpacked
+#   tests    every test marked gpu (pytest -m gpu), run beside the chain
+#   chain    `snakemake results/tiny/bench.json --config set=train.device=cuda,...` through Snakemake itself,
+#            pretrain to bench on CUDA (compiled regions and CUDA graphs on); the manifests must show the GPU paths
+#   decode   the rl model's step-by-step greedy decode (FLA's recurrent kernel, conv caches) gives the bytes its
+#            parallel forward (FLA's chunk kernel) predicts, fp32, on tiny's held-out prompts
+#   serve    `dormouse serve` on CUDA answers one streamed chat completion from the official openai client
+#   lm-eval  `dormouse lm-eval` on the CUDA chain's export (rung int8) over the local tiny task
+# Logs in $OUT (default gpu_check_out/; at most 8 files): gpu_check.log, tests.log, chain.log, serve.log,
+# lm_eval.log, artifacts.tar (the chain's manifests, metrics and bench.json), triton_autotune.tgz (Triton's autotune
+# results of this run: commit as benchmarks/triton_autotune_tiny.tgz so the next machine starts warm).
+# BUDGET_S (default 570) bounds the whole; a part with no time left is a FAIL saying so.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+T0=$(date +%s)
+DEADLINE=$(( T0 + ${BUDGET_S:-570} ))
+OUT=${OUT:-$PWD/gpu_check_out}
+G=${GPUCHECK:-.gpucheck}
+SET="train.device=cuda,train.compile=cuda,train.cuda_graphs=cuda"
+mkdir -p "$OUT"
+VERDICTS=()
+
+record() {  # record PART VERDICT-LINE: the line a part printed (or one made here), kept for the summary
+  VERDICTS+=("$2")
+  echo "$2"
+}
+left() { echo $(( DEADLINE - $(date +%s) )); }
+cap() {  # cap N: N seconds or what is left before the deadline less 20 s for the summary, whichever is less
+  local l=$(( $(left) - 20 )); [ "$1" -lt "$l" ] && echo "$1" || echo "$l"
+}
+runpart() {  # runpart PART MAX_S CMD...: the command's last "PART: ..." line, or a FAIL naming why
+  local part=$1 max=$2; shift 2
+  local t; t=$(cap "$max")
+  if [ "$t" -lt 15 ]; then record "$part" "$part: FAIL not run: no time left in the budget"; return; fi
+  local out rc; out=$(timeout "$t" "$@" 2>&1); rc=$?
+  local line; line=$(printf '%s\n' "$out" | grep -E "^$part: (PASS|FAIL)" | tail -1)
+  if [ -z "$line" ]; then
+    printf '%s\n' "$out" | tail -15
+    line="$part: FAIL exit $rc$([ $rc = 124 ] && echo " (timed out after ${t}s)")"
+  fi
+  record "$part" "$line"
+}
+
+main() {
+  echo "gpu_check at $(git rev-parse --short HEAD 2>/dev/null || echo '?')$(git diff --quiet 2>/dev/null || echo '+dirty'), $(date -u +%FT%TZ)"
+  # ---- setup
+  if [ ! -d "$G/whl" ] || [ ! -f "$G/data.tgz" ]; then
+    record setup "setup: FAIL no $G/whl or $G/data.tgz: run benchmarks/prepare_gpu_check.py here and carry .gpucheck"
+    return
+  fi
+  WHL=$G/whl source benchmarks/gpu_env.sh || { record setup "setup: FAIL the wheels did not install"; return; }
+  export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TOKENIZERS_PARALLELISM=false  # nothing can be fetched there
+  mkdir -p /tmp/site/bin
+  printf '#!/bin/sh\nexec python3 -m dormouse.cli "$@"\n' > /tmp/site/bin/dormouse  # the rules call `dormouse`
+  chmod +x /tmp/site/bin/dormouse
+  export PATH=/tmp/site/bin:$PATH
+  tar -xzf "$G/data.tgz" || { record setup "setup: FAIL $G/data.tgz did not unpack"; return; }
+  local seen
+  seen=$(python3 - <<'PY' 2>&1
+import importlib, torch
+mods = ["fla.ops.kda", "snakemake", "lm_eval", "fastapi", "uvicorn", "openai", "jsonschema", "zstandard", "dormouse.cli"]
+missing = []
+for m in mods:
+    try:
+        importlib.import_module(m)
+    except Exception as e:  # every import a part needs, named with its error
+        missing.append(f"{m} ({type(e).__name__}: {e})")
+if not torch.cuda.is_available():
+    missing.append("no CUDA device visible to torch")
+import triton, fla, snakemake
+print("setup:", "FAIL " + "; ".join(missing) if missing else
+      f"PASS {torch.cuda.get_device_name(0)}, torch {torch.__version__}, triton {triton.__version__}, "
+      f"fla-core {fla.__version__}, snakemake {snakemake.__version__}")
+PY
+)
+  record setup "$(printf '%s\n' "$seen" | grep -E '^setup: ' | tail -1 || true)"
+  [[ "${VERDICTS[-1]}" == "setup: PASS"* ]] || { printf '%s\n' "$seen" | tail -5; VERDICTS[-1]="${VERDICTS[-1]:-setup: FAIL see above}"; return; }
+
+  # ---- tests, beside the chain (one GPU, two processes: correctness, not timing)
+  local files; files=$(grep -l "mark.gpu" tests/test_*.py | tr '\n' ' ')
+  (timeout "$(cap 420)" python3 -m pytest -q -m gpu -p no:cacheprovider -rs $files > "$OUT/tests.log" 2>&1; echo $? > /tmp/gpu_check_tests.rc) &
+  local tests_pid=$!
+
+  # ---- chain
+  rm -f /tmp/gpu_check_chain.rc
+  runpart chain 400 bash -c '
+    python3 -m snakemake --cores 16 --resources gpu=1 --config "set=$1" -- results/tiny/bench.json > "$2/chain.log" 2>&1
+    rc=$?
+    if [ $rc -ne 0 ]; then
+      for f in $(ls -t results/logs/*/*.log 2>/dev/null | head -1); do echo "== $f"; tail -40 "$f"; done >> "$2/chain.log"
+      tail -20 "$2/chain.log"; echo "chain: FAIL snakemake exit $rc (chain.log)"; exit 1
+    fi
+    python3 benchmarks/gpu_check.py chain --set "$1"' _ "$SET" "$OUT"
+  local rl exp
+  rl=$(python3 benchmarks/gpu_check.py path --set "$SET" --stage rl)
+  exp=$(python3 benchmarks/gpu_check.py path --set "$SET" --stage export)
+  for s in pretrain sft rl export bench; do
+    d=$(python3 benchmarks/gpu_check.py path --set "$SET" --stage $s)
+    [ -f "$d/manifest.json" ] && tar -rf "$OUT/artifacts.tar" -C "$d/.." \
+      $(cd "$d" && ls manifest.json metrics.jsonl bench.json 2>/dev/null | sed "s|^|$(basename "$d")/|")
+  done
+
+  # ---- decode, serve, lm-eval on the chain's CUDA artifacts
+  if [ -f "$rl/manifest.json" ]; then
+    runpart decode 120 python3 benchmarks/gpu_check.py decode --model "$rl"
+    dormouse serve --model "$rl" --device cuda --port 8765 > "$OUT/serve.log" 2>&1 &
+    local serve_pid=$!
+    runpart serve 150 bash -c '
+      for i in $(seq 120); do
+        python3 -c "import httpx; httpx.get(\"http://127.0.0.1:8765/health\", timeout=2).raise_for_status()" 2>/dev/null && break
+        kill -0 $1 2>/dev/null || { tail -5 "$2/serve.log"; echo "serve: FAIL the server exited (serve.log)"; exit 1; }
+        sleep 1
+      done
+      python3 benchmarks/gpu_check.py serve --port 8765 --device cuda' _ "$serve_pid" "$OUT"
+    kill "$serve_pid" 2>/dev/null; wait "$serve_pid" 2>/dev/null
+  else
+    record decode "decode: FAIL no rl model (the chain did not build it)"
+    record serve "serve: FAIL no rl model (the chain did not build it)"
+  fi
+  if [ -f "$exp/manifest.json" ]; then
+    runpart lm-eval 180 bash -c '
+      tasks=$(dirname "$(python3 benchmarks/gpu_check.py lm-eval-task /tmp/gpu_check_lmeval)")
+      rm -rf /tmp/gpu_check_lmeval_out
+      dormouse lm-eval --model dormouse --model_args "pretrained=$1,rung=int8" --tasks dormouse_tiny \
+        --include_path "$tasks" --device cuda --output_path /tmp/gpu_check_lmeval_out > "$2/lm_eval.log" 2>&1
+      rc=$?
+      [ $rc -eq 0 ] || { tail -15 "$2/lm_eval.log"; echo "lm-eval: FAIL exit $rc (lm_eval.log)"; exit 1; }
+      python3 benchmarks/gpu_check.py lm-eval-result /tmp/gpu_check_lmeval_out' _ "$exp" "$OUT"
+  else
+    record lm-eval "lm-eval: FAIL no export artifact (the chain did not build it)"
+  fi
+
+  # ---- the tests' verdict
+  wait "$tests_pid"
+  local trc; trc=$(cat /tmp/gpu_check_tests.rc 2>/dev/null || echo '?')
+  local summary; summary=$(tail -1 "$OUT/tests.log")
+  if [ "$trc" = 0 ] && grep -q passed <<< "$summary"; then
+    record tests "tests: PASS pytest -m gpu over $(wc -w <<< "$files") files: $summary"
+  else
+    grep -E "^(FAILED|ERROR)" "$OUT/tests.log" | head -10
+    record tests "tests: FAIL pytest exit $trc: $summary (tests.log)"
+  fi
+}
+
+main 2>&1 | tee "$OUT/gpu_check.log"
+# the verdicts live in the subshell of the pipe: read them back from the log
+mapfile -t lines < <(grep -E "^(setup|tests|chain|decode|serve|lm-eval): (PASS|FAIL)" "$OUT/gpu_check.log")
+if [ -n "${TRITON_CACHE_DIR:-}" ] || [ -d .triton ]; then
+  (cd "${TRITON_CACHE_DIR:-.triton}" && find . -name "*.autotune.json" | tar -czf "$OUT/triton_autotune.tgz" -T -) 2>/dev/null
+fi
+fails=0
+for p in setup tests chain decode serve lm-eval; do
+  printf '%s\n' "${lines[@]}" | grep -q "^$p: PASS" || fails=$((fails + 1))
+done
+{
+  echo "---- verdicts"
+  for p in setup tests chain decode serve lm-eval; do
+    printf '%s\n' "${lines[@]}" | grep "^$p: " | tail -1 | grep . || echo "$p: FAIL not run"
+  done
+  echo "wall time: $(( $(date +%s) - T0 )) s (setup included)"
+  [ "$fails" = 0 ] && echo "GPU CHECK PASS" || echo "GPU CHECK FAIL ($fails of 6 parts)"
+} | tee -a "$OUT/gpu_check.log"
+[ "$fails" = 0 ]
