@@ -89,28 +89,26 @@ def decode_agreement(model, prompts: list[bytes], max_new_bytes: int, margin: fl
     counters = Counter()
     replies = generate(model, prompts, max_new_bytes, temperature=0.0, stop_byte=None, bf16=False, counters=counters)
     device = next(model.parameters()).device
-    by_len: dict[int, list[int]] = {}
-    for i, (p, r) in enumerate(zip(prompts, replies, strict=True)):
-        by_len.setdefault(len(p) + len(r), []).append(i)
+    seqs = [p + r for p, r in zip(prompts, replies, strict=True)]
+    width = max(map(len, seqs))  # right-padded to one shape (causal: padding after a row changes none of its logits)
+    idx = torch.tensor([list(q) + [0] * (width - len(q)) for q in seqs], dtype=torch.long, device=device)
     checked = mismatched = near_ties = 0
     first_bad = None
     with torch.inference_mode():
-        for rows in by_len.values():
-            seqs = torch.tensor([list(prompts[i] + replies[i]) for i in rows], dtype=torch.long, device=device)
-            logits, _ = model.prefill(seqs, None, counters)
-            for j, i in enumerate(rows):
-                start = len(prompts[i]) - 1  # the logits at position t predict byte t + 1
-                lg = logits[j, start:start + len(replies[i])].float()
-                top2 = lg.topk(2, -1)
-                want = torch.tensor(list(replies[i]), device=device)
-                agree = top2.indices[:, 0] == want
-                tie = (top2.values[:, 0] - top2.values[:, 1]) < margin
-                checked += int((~tie).sum())
-                near_ties += int(tie.sum())
-                bad = int((~agree & ~tie).sum())
-                mismatched += bad
-                if bad and first_bad is None:
-                    first_bad = (i, int((~agree & ~tie).nonzero()[0, 0]))
+        logits, _ = model.prefill(idx, None, counters)
+        for i in range(len(prompts)):
+            start = len(prompts[i]) - 1  # the logits at position t predict byte t + 1
+            lg = logits[i, start:start + len(replies[i])].float()
+            top2 = lg.topk(2, -1)
+            want = torch.tensor(list(replies[i]), device=device)
+            agree = top2.indices[:, 0] == want
+            tie = (top2.values[:, 0] - top2.values[:, 1]) < margin
+            checked += int((~tie).sum())
+            near_ties += int(tie.sum())
+            bad = int((~agree & ~tie).sum())
+            mismatched += bad
+            if bad and first_bad is None:
+                first_bad = (i, int((~agree & ~tie).nonzero()[0, 0]))
     return {"prompts": len(prompts), "bytes_checked": checked, "near_ties": near_ties, "mismatched": mismatched,
             "first_mismatch": first_bad, "counters": dict(counters)}
 

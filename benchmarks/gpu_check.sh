@@ -21,11 +21,11 @@
 # Logs in $OUT (default gpu_check_out/; at most 8 files): gpu_check.log, tests.log, chain.log, serve.log,
 # lm_eval.log, artifacts.tar (the chain's manifests, metrics and bench.json), triton_autotune.tgz (Triton's autotune
 # results of this run: commit as benchmarks/triton_autotune_tiny.tgz so the next machine starts warm).
-# BUDGET_S (default 570) bounds the whole; a part with no time left is a FAIL saying so.
+# BUDGET_S (default 580) bounds the whole; a part with no time left is a FAIL saying so.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 T0=$(date +%s)
-DEADLINE=$(( T0 + ${BUDGET_S:-570} ))
+DEADLINE=$(( T0 + ${BUDGET_S:-580} ))
 OUT=${OUT:-$PWD/gpu_check_out}
 G=${GPUCHECK:-.gpucheck}
 SET="train.device=cuda,train.compile=cuda,train.cuda_graphs=cuda"
@@ -90,12 +90,12 @@ PY
 
   # ---- tests, beside the chain (one GPU, two processes: correctness, not timing)
   local files; files=$(grep -l "mark.gpu" tests/test_*.py | tr '\n' ' ')
-  (timeout "$(cap 420)" python3 -m pytest -q -m gpu -p no:cacheprovider -rs $files > "$OUT/tests.log" 2>&1; echo $? > /tmp/gpu_check_tests.rc) &
+  (timeout "$(cap 420)" python3 -m pytest -v -m gpu -p no:cacheprovider --timeout 240 --tb=short -rfEs $files > "$OUT/tests.log" 2>&1; echo $? > /tmp/gpu_check_tests.rc) &
   local tests_pid=$!
 
   # ---- chain
   rm -f /tmp/gpu_check_chain.rc
-  runpart chain 400 bash -c '
+  runpart chain 430 bash -c '
     python3 -m snakemake --cores 16 --resources gpu=1 --config "set=$1" -- results/tiny/bench.json > "$2/chain.log" 2>&1
     rc=$?
     if [ $rc -ne 0 ]; then
@@ -114,7 +114,7 @@ PY
 
   # ---- decode, serve, lm-eval on the chain's CUDA artifacts
   if [ -f "$rl/manifest.json" ]; then
-    runpart decode 120 python3 benchmarks/gpu_check.py decode --model "$rl"
+    runpart decode 150 python3 benchmarks/gpu_check.py decode --model "$rl"
     dormouse serve --model "$rl" --device cuda --port 8765 > "$OUT/serve.log" 2>&1 &
     local serve_pid=$!
     runpart serve 150 bash -c '

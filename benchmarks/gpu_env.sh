@@ -11,5 +11,5 @@ mkdir -p "$TRITON_CACHE_DIR"
 # checkout starts warm too. Results for other shapes or versions are simply not hit. triton_autotune_tiny.tgz: the tiny
 # preset's, from benchmarks/gpu_check.sh's run (its $OUT/triton_autotune.tgz).
 for t in benchmarks/triton_autotune_*.tgz .cache_h200/triton_autotune.tgz; do
-  [ -f "$t" ] && tar -xzf "$t" -C "$TRITON_CACHE_DIR"
+  if [ -f "$t" ]; then tar -xzf "$t" -C "$TRITON_CACHE_DIR"; fi
 done

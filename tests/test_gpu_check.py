@@ -6,7 +6,6 @@ import json
 from pathlib import Path
 
 import pytest
-import torch
 from model_util import live_model
 
 from dormouse.model.config import ModelConfig
