@@ -171,8 +171,9 @@ def serve(port: int, want_device: str) -> int:
                    f"finish_reason {finish}, reply {text!r}")
 
 
-def lm_eval_result(out_dir: Path, want_device: str) -> int:
-    """The harness's results file from `dormouse lm-eval --output_path out_dir`: the task scored, on the device."""
+def lm_eval_result(out_dir: Path, want_device: str, log: Path | None = None) -> int:
+    """The harness's results file from `dormouse lm-eval --output_path out_dir`: the task scored, on the device (the
+    harness records the --device asked; the adapter's log says when it fell back to the CPU)."""
     found = sorted(out_dir.rglob("results_*.json"))
     if not found:
         return verdict("lm-eval", [f"no results_*.json under {out_dir}"], "")
@@ -182,6 +183,8 @@ def lm_eval_result(out_dir: Path, want_device: str) -> int:
     problems = [] if "acc,none" in res else ["no dormouse_tiny acc in the results"]
     if not str(device).startswith(want_device):
         problems.append(f"the harness ran on {device!r}")
+    if log is not None and "running on cpu" in log.read_text(errors="replace") and want_device != "cpu":
+        problems.append(f"the model fell back to the CPU ({log})")
     return verdict("lm-eval", problems, f"dormouse_tiny acc {res.get('acc,none')} acc_bytes "
                    f"{res.get('acc_bytes,none')} over {res.get('sample_len')} items on {device} "
                    f"({r.get('config', {}).get('model_args')})")
@@ -206,6 +209,7 @@ def main(argv=None) -> int:
     p = sub.add_parser("lm-eval-result")
     p.add_argument("dir", type=Path)
     p.add_argument("--device", default="cuda")
+    p.add_argument("--log", type=Path, help="dormouse lm-eval's output, read for a fallback to the CPU")
     args = ap.parse_args(argv)
     if args.cmd == "path":
         print(plan_dir(args.set, args.stage))
@@ -217,7 +221,7 @@ def main(argv=None) -> int:
     if args.cmd == "serve":
         return serve(args.port, args.device)
     if args.cmd == "lm-eval-result":
-        return lm_eval_result(args.dir, args.device)
+        return lm_eval_result(args.dir, args.device, args.log)
     from dormouse.posttrain.lm_eval_adapter import write_local_mc_task
 
     print(write_local_mc_task(args.dir, "dormouse_tiny", TASK_JSONL, args.dir / "hf_cache"))

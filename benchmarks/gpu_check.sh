@@ -137,7 +137,7 @@ PY
         --include_path "$tasks" --device cuda --output_path /tmp/gpu_check_lmeval_out > "$2/lm_eval.log" 2>&1
       rc=$?
       [ $rc -eq 0 ] || { tail -15 "$2/lm_eval.log"; echo "lm-eval: FAIL exit $rc (lm_eval.log)"; exit 1; }
-      python3 benchmarks/gpu_check.py lm-eval-result /tmp/gpu_check_lmeval_out' _ "$exp" "$OUT"
+      python3 benchmarks/gpu_check.py lm-eval-result /tmp/gpu_check_lmeval_out --log "$2/lm_eval.log"' _ "$exp" "$OUT"
   else
     record lm-eval "lm-eval: FAIL no export artifact (the chain did not build it)"
   fi
