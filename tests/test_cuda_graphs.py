@@ -5,11 +5,13 @@ import copy
 import json
 import math
 from collections import Counter
+from pathlib import Path
 
 import pytest
 import torch
 from test_pretrain import TINY_MODEL, TINY_TRAIN, job_json, run_stage, set_model, shards_fixture  # noqa: F401 -- the shards fixture
 
+from dormouse.engine.config import load_preset
 from dormouse.model.config import ModelConfig
 from dormouse.model.gpt import ByteLM
 from dormouse.model.regions import compile_regions
@@ -54,12 +56,33 @@ def test_uneven_capture_counts_are_an_error():
         cuda_graphs.per_call(Counter({"kda_path.torch": 6, "engram.lookups": 8}), 4)
 
 
+ROOT = Path(__file__).resolve().parents[1]
+
+
 def gpu_setup():
-    """A tiny model with Engram and the stage's CUDA training settings (bf16, Muon + AdamW, the firewall's clip)."""
+    """A tiny model with Engram and the stage's CUDA training settings (bf16, Muon + AdamW, the firewall's clip) on top
+    of a validated preset's train section, as the stage gets it: every key the schema fills in is there (a hand-made
+    dict without moe_aux_coef once failed these tests on the GPU only)."""
     cfg = ModelConfig.from_dict({**TINY_MODEL, "engram": True, "engram_rows": 256, "engram_dim": 8})
-    train = {**TINY_TRAIN, "device": "cuda", "dtype": "bfloat16", "lr": 3e-3, "muon_lr": 0.02, "optimizer": "muon",
-             "weight_decay": 0.0, "grad_clip": 1.0, "max_bad_steps": 3}
+    train = {**load_preset("tiny", ROOT)["train"], **TINY_TRAIN, "device": "cuda", "dtype": "bfloat16", "lr": 3e-3,
+             "muon_lr": 0.02, "optimizer": "muon", "weight_decay": 0.0, "grad_clip": 1.0, "max_bad_steps": 3}
     return cfg, train
+
+
+def test_the_gpu_tests_settings_train_a_step_on_the_cpu():
+    """The GPU tests' set-up, checked where CI runs: one eager step of the stage's PretrainStep with gpu_setup()'s
+    settings on the CPU (fp32), with and without an MoE and micro-batches."""
+    for moe, micro in ((False, None), (True, 2)):
+        cfg, train = gpu_setup()
+        if moe:
+            cfg = ModelConfig.from_dict({**cfg.to_dict(), "moe": True, "n_experts": 4, "moe_top_k": 1})
+        train = {**train, "device": "cpu", "dtype": "float32", "micro_batch_size": micro}
+        torch.manual_seed(0)
+        model = ByteLM(cfg).train()
+        step = PretrainStep(model, build_optimizers(model, train), cfg, train, torch.device("cpu"), graphs="eager")
+        b = torch.randint(0, 256, (4, 33), generator=torch.Generator().manual_seed(1))
+        loss = step(b[:, :-1], b[:, 1:], Counter(), "test")
+        assert math.isfinite(float(loss))
 
 
 @pytest.mark.gpu
