@@ -21,9 +21,15 @@
 # Logs in $OUT (default gpu_check_out/; at most 8 files): gpu_check.log, tests.log, chain.log, serve.log,
 # lm_eval.log, artifacts.tar (the chain's manifests, metrics and bench.json), triton_autotune.tgz (Triton's autotune
 # results of this run: commit as benchmarks/triton_autotune_tiny.tgz so the next machine starts warm).
-# BUDGET_S (default 580) bounds the whole; a part with no time left is a FAIL saying so.
+# BUDGET_S (default 580) bounds the whole; a part with no time left is a FAIL saying so. `--digest` prints only the
+# code digest the first line names (to match a device run to a checkout).
 set -uo pipefail
 cd "$(dirname "$0")/.."
+code_digest() {  # the code's own digest: a device copy of the tree may carry an older .git, whose HEAD names another commit
+  find Snakefile dormouse benchmarks tests workflow config -type f \( -name '*.py' -o -name '*.smk' -o -name '*.yaml' \
+    -o -name '*.sh' -o -name Snakefile \) | LC_ALL=C sort | xargs sha256sum | sha256sum | cut -c1-12
+}
+if [ "${1:-}" = "--digest" ]; then code_digest; exit 0; fi
 T0=$(date +%s)
 DEADLINE=$(( T0 + ${BUDGET_S:-580} ))
 OUT=${OUT:-$PWD/gpu_check_out}
@@ -54,7 +60,8 @@ runpart() {  # runpart PART MAX_S CMD...: the command's last "PART: ..." line, o
 }
 
 main() {
-  echo "gpu_check at $(git rev-parse --short HEAD 2>/dev/null || echo '?')$(git diff --quiet 2>/dev/null || echo '+dirty'), $(date -u +%FT%TZ)"
+  echo "gpu_check: code digest $(code_digest) (\`bash benchmarks/gpu_check.sh --digest\` on a checkout gives its own)," \
+    ".git HEAD $(git rev-parse --short HEAD 2>/dev/null || echo '?'), $(date -u +%FT%TZ)"
   # ---- setup
   if [ ! -d "$G/whl" ] || [ ! -f "$G/data.tgz" ]; then
     record setup "setup: FAIL no $G/whl or $G/data.tgz: run benchmarks/prepare_gpu_check.py here and carry .gpucheck"
