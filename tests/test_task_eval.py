@@ -85,7 +85,8 @@ def test_sampled_accuracy_is_seeded(one_thread):
 def test_dev_items_share_no_prompt_with_rl_training_or_the_held_out_set():
     params = {"families": ["add", "sort"], "difficulties": [1, 2], "heldout_items": 16}
     dev = task_eval.dev_items(params, 16)
-    assert len(dev) == 2 * 2 * 16 and all(it.split == "dev" for it in dev)
+    assert all(it.split == "dev" for it in dev) and len({it.prompt for it in dev}) == len(dev)
+    assert task_eval.cell_counts(dev) == {"add@1": 12, "add@2": 16, "sort@1": 16, "sort@2": 16}  # add@1 holds 12
     stream = task_eval.item_stream("rl", params["families"], lambda fam, rng: rng.choice([1, 2]), 0)
     trained = {next(stream).prompt for _ in range(4000)}  # covers the rl share of add@1 many times over
     dev_prompts = {it.prompt for it in dev}

@@ -10,6 +10,7 @@ from dormouse.posttrain.tasks import (
     SPLITS,
     Item,
     choices,
+    distinct_items,
     is_well_formed,
     items,
     make_item,
@@ -180,3 +181,18 @@ def test_choices_on_degenerate_items_still_find_distinct_distractors():
                  _item("count", "Count ...", "0")]:
         options, index = choices(item, k=6)
         assert len(set(options)) == 6 and options[index] == item.answer
+
+
+def test_distinct_items_count_each_prompt_once_and_a_small_cell_gives_what_it_holds():
+    """An evaluation set of distinct prompts: add@1's bench share is 25 of its 100 sums, so 82 asked give those 25,
+    each once (the seeds in order gave repeats: 32 seeds asked ~17 distinct sums); a large cell gives all it is
+    asked; the draw is the same each time and a prefix of a larger one."""
+    small = distinct_items("bench", "add", 1, 82)
+    assert len(small) == len({it.prompt for it in small}) == 25
+    assert len(list(items("bench", "add", 1, 32))) > len({it.prompt for it in items("bench", "add", 1, 32)})
+    every_sum = {f"{a}+{b}" for a in range(10) for b in range(10)}
+    bench_share = {make_item("add", 1, s).prompt for s in SPLITS["bench"][:3000]}
+    assert {it.prompt for it in small} == bench_share and len(bench_share) < len(every_sum)
+    large = distinct_items("bench", "sort", 2, 50)
+    assert len({it.prompt for it in large}) == 50 and all(it.split == "bench" for it in large)
+    assert distinct_items("bench", "sort", 2, 20) == large[:20] == distinct_items("bench", "sort", 2, 50)[:20]

@@ -16,16 +16,22 @@ from dormouse.train.runtime import autocast, evaluate, uses_bf16
 
 
 def heldout_items(task_params: dict) -> list[tasks.Item]:
-    """The first `heldout_items` bench-split items of every (family, difficulty)."""
+    """Up to `heldout_items` bench-split items of distinct prompts from every (family, difficulty): a small cell gives
+    the prompts it holds, each once (tasks.distinct_items); `cell_counts` says how many each cell gave."""
     return [it for fam in task_params["families"] for d in task_params["difficulties"]
-            for it in tasks.items("bench", fam, d, task_params["heldout_items"])]
+            for it in tasks.distinct_items("bench", fam, d, task_params["heldout_items"])]
 
 
 def dev_items(task_params: dict, per_cell: int) -> list[tasks.Item]:
-    """`per_cell` dev-split items of every (family, difficulty): rl's model-selection set, whose prompts
-    rl never trains on and the held-out set never asks."""
+    """Up to `per_cell` dev-split items of distinct prompts from every (family, difficulty): rl's model-selection set,
+    whose prompts rl never trains on and the held-out set never asks."""
     return [it for fam in task_params["families"] for d in task_params["difficulties"]
-            for it in tasks.items("dev", fam, d, per_cell)]
+            for it in tasks.distinct_items("dev", fam, d, per_cell)]
+
+
+def cell_counts(items: list[tasks.Item]) -> dict[str, int]:
+    """Items per family@difficulty (a set's size where small cells give fewer than asked)."""
+    return dict(sorted(Counter(f"{it.family}@{it.difficulty}" for it in items).items()))
 
 
 def grade(item: tasks.Item, generated: bytes) -> str:

@@ -37,8 +37,9 @@ from dormouse.engine.stage import check_raw_input, input_artifact, parse_job, su
 from dormouse.posttrain import chat, mc, quant, task_eval, tasks
 from dormouse.train.runtime import deterministic_cpu, device_for, evaluate, load_model, model_config_of
 
-BENCH_FORMAT = 4  # the layout of bench.json (documented in docs/posttraining.md); 2: items_correct and paired; 3: paired per
-# distinct prompt (units); 4: within_one_se, and a QAT chain's rungs against its twin's bf16 (rungs_vs_twin_bf16)
+BENCH_FORMAT = 5  # the layout of bench.json (documented in docs/posttraining.md); 2: items_correct and paired; 3: paired per
+# distinct prompt (units); 4: within_one_se, and a QAT chain's rungs against its twin's bf16 (rungs_vs_twin_bf16);
+# 5: held-out items are distinct prompts (tasks.distinct_items), counted per cell in heldout_cells
 
 
 def task_mc_items(items: list[tasks.Item], k: int) -> list[mc.McItem]:
@@ -169,6 +170,7 @@ def main(argv=None) -> int:
             "suites": {name: {"items": len(items)} for name, items in suites.items()},
             "extra_task_files": extra_files,
             "heldout_items": len(heldout),
+            "heldout_cells": task_eval.cell_counts(heldout),
             "upstream": {name: upstream_summary(a) for name, a in arts.items()},
             "scoring_wall_time_s": round(time.time() - t0, 2),
         }
