@@ -1,9 +1,17 @@
 """rl's checkpoint selection (dormouse/posttrain/selection.py): select on one half of the dev prompts, confirm on
-the other."""
+the other; and benchmarks/rl_selection_sim.py's null false-ship rate for it."""
+
+import importlib.util
+from pathlib import Path
 
 import pytest
 
 from dormouse.posttrain import selection
+
+REPO = Path(__file__).resolve().parents[1]
+spec = importlib.util.spec_from_file_location("rl_selection_sim", REPO / "benchmarks" / "rl_selection_sim.py")
+sim = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(sim)
 
 PROMPTS = [f"prompt {i}" for i in range(40)]
 SEL, CONF = selection.halves(PROMPTS)
@@ -55,3 +63,14 @@ def test_repeated_prompts_count_once_in_the_confirm_test():
     base, new = row(set(), 46), row(set(SEL[:5]) | {CONF[0], *range(40, 46)}, 46)
     d = selection.decide([0, 10], [base, new], prompts, 0.5)
     assert d["confirm"]["gained"] == 1 and d["confirm_items"] == len(CONF)
+
+
+def test_the_simulated_null_false_ship_rate_is_one_tests():
+    """No checkpoint better than step 0: the new rule ships about P(z >= min_z) of arms (<= 5 %); the old rule
+    (best of ten by z >= 2 on all the items) ships several times that."""
+    min_z = sim.default_min_z()
+    null = [sim.BASE] * 10
+    new = sim.simulate(384, null, arms=1000, seed=1, min_zs=[min_z], rules=("new",))[f"new z>={min_z}"]
+    assert new["rate"] <= 0.05 + 0.02, new
+    old = sim.simulate(384, null, arms=300, seed=1, min_zs=[], rules=("old",))["old"]
+    assert old["rate"] > 0.08, old
