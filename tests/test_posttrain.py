@@ -259,9 +259,10 @@ def test_rl_trains_on_signal_groups_and_ships_the_selected_checkpoint(chain, mon
     sel = m["final"]["selection"]
     assert [s for s, _ in sel["curve"]] == [0, 2, 4] and sel["dev_items"] == 2 * 1 * 4
     assert [p["step"] for p in sel["vs_step0"]] == [2, 4] and sel["min_z"] == 2.0
-    eligible = {0} | {p["step"] for p in sel["vs_step0"] if p["z"] >= sel["min_z"]}
-    best = max(acc for s, acc in sel["curve"] if s in eligible)
-    assert sel["selected_step"] == min(s for s, acc in sel["curve"] if s in eligible and acc == best)
+    assert [h["step"] for h in sel["halves"]] == [0, 2, 4] and sel["rule"] == "select_then_confirm"
+    best = max(h["select"] or 0 for h in sel["halves"][1:])
+    assert sel["candidate_step"] == min(h["step"] for h in sel["halves"][1:] if (h["select"] or 0) == best)
+    assert sel["selected_step"] == (sel["candidate_step"] if sel["confirm"]["z"] >= sel["min_z"] else 0)
     sft_dir = work / plan.artifact_dir("sft", plan.chain["tiny"]["sft"])
     shipped, sft_w = load_file(work / out / "model.safetensors"), load_file(sft_dir / "model.safetensors")
     same = all(torch.equal(shipped[k], sft_w[k]) for k in sft_w)
@@ -291,26 +292,47 @@ def run_selection(monkeypatch, rows: list[list[bool]], min_z: float):
     return sel, model, weights
 
 
-def test_selection_keeps_the_earliest_best_that_beats_step0(monkeypatch):
-    base = [True] * 2 + [False] * 18
-    rows = [base, [True] * 9 + [False] * 11, [True] * 7 + [False] * 13, [True] * 9 + [False] * 11]
-    sel, model, weights = run_selection(monkeypatch, rows, min_z=2.0)
-    assert torch.equal(model.weight, weights[2])  # 9/20 first at step 2: gained 7, lost 0, z 2.65
+def test_selection_ships_the_select_halfs_best_when_the_confirm_half_confirms(monkeypatch):
+    from dormouse.posttrain import selection
+
+    sel_half, conf = selection.halves([f"prompt {i}" for i in range(40)])
+    def row(right):
+        return [i in right for i in range(40)]
+    good = set(sel_half[:6]) | set(conf[:6])
+    rows = [row(set()), row(set(sel_half[:3])), row(good), row(good | set(conf[6:9]))]  # steps 0, 2, 4, 6
+    sel, model, weights = run_selection(monkeypatch, rows, min_z=1.7)
+    assert torch.equal(model.weight, weights[4])  # 4 and 6 tie on the select half: the earlier ships
     r = sel.report()
-    assert r["curve"] == [(0, 0.1), (2, 0.45), (4, 0.35), (6, 0.45)] and r["selected_step"] == 2
-    assert r["vs_step0"][0] == {"step": 2, "gained": 7, "lost": 0, "z": 2.646, "units": 20}
+    assert r["curve"] == [(0, 0.0), (2, 0.075), (4, 0.3), (6, 0.375)] and r["candidate_step"] == 4
+    assert r["selected_step"] == 4 and r["confirm"] == {"gained": 6, "lost": 0, "z": 2.449, "units": len(conf)}
+    assert r["vs_step0"][1] == {"step": 4, "gained": 12, "lost": 0, "z": 3.464, "units": 40}  # all the prompts
+    assert r["dev_items"] == 40 and (r["select_items"], r["confirm_items"]) == (len(sel_half), len(conf))
+    assert [h["step"] for h in r["halves"]] == [0, 2, 4, 6] and r["rule"] == "select_then_confirm"
 
 
-def test_selection_ships_step0_when_no_gain_is_significant(monkeypatch):
-    # step 2 is more accurate (6 vs 4 of 20) but swaps answers: gained 4, lost 2, z 0.82 -> not shipped
-    base = [True] * 4 + [False] * 16
-    noisy = [False] * 2 + [True] * 2 + [True] * 4 + [False] * 12
-    sel, model, weights = run_selection(monkeypatch, [base, noisy, [False] * 20], min_z=2.0)
-    assert sel.report()["selected_step"] == 0 and torch.equal(model.weight, weights[0])
-    assert sel.report()["vs_step0"][0] == {"step": 2, "gained": 4, "lost": 2, "z": 0.816, "units": 20}
-    # min_z 0 is the raw best: the same curve ships step 2
-    sel, model, weights = run_selection(monkeypatch, [base, noisy, [False] * 20], min_z=0.0)
+def test_selection_ships_step0_when_the_gain_is_on_the_select_half_alone(monkeypatch):
+    from dormouse.posttrain import selection
+
+    sel_half, conf = selection.halves([f"prompt {i}" for i in range(40)])
+    base = [i in conf[:4] for i in range(40)]
+    lucky = [i in sel_half or i in conf[:4] for i in range(40)]  # every select prompt, the confirm half unchanged
+    sel, model, weights = run_selection(monkeypatch, [base, lucky, [False] * 40], min_z=1.7)
+    r = sel.report()
+    assert r["candidate_step"] == 2 and r["selected_step"] == 0 and torch.equal(model.weight, weights[0])
+    assert r["confirm"] == {"gained": 0, "lost": 0, "z": 0.0, "units": len(conf)}
+    assert r["vs_step0"][0]["z"] >= 4  # on all the prompts step 2 passes: what the old rule shipped
+    # a min_z below any z ships the candidate
+    sel, model, weights = run_selection(monkeypatch, [base, lucky, [False] * 40], min_z=-10.0)
     assert sel.report()["selected_step"] == 2 and torch.equal(model.weight, weights[2])
+
+
+def test_selection_off_reports_no_step(monkeypatch):
+    from dormouse.stages.rl import Selection
+
+    sel = Selection(torch.nn.Linear(2, 2), [], {"max_new_bytes": 4}, "cpu", {"dtype": "float32"}, 1.7)
+    sel.restore()
+    assert sel.report()["selected_step"] is None and sel.report()["dev_items"] == 0
+
 
 def test_rl_diagnosis_cell_arithmetic():
     """Per-prompt successes k out of G: pass@1 is their mean rate, pass@G the share with any success, and only

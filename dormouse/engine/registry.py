@@ -176,7 +176,7 @@ STAGES: dict[str, Stage] = {s.name: s for s in (
         "5: FLA's conv kernel on CUDA",
         "6: one input matmul",
         "7: our Triton conv")),
-    Stage("rl", "GRPO on the verifiable tasks with exact-verifier rewards", 10, ("sft", "shard"), _posttrain("rl"), (
+    Stage("rl", "GRPO on the verifiable tasks with exact-verifier rewards", 11, ("sft", "shard"), _posttrain("rl"), (
         "2: no dev-split prompt in training",
         "3: as sft 2",
         "4: paired selection",
@@ -186,7 +186,9 @@ STAGES: dict[str, Stage] = {s.name: s for s in (
         "8: as sft 6",
         "9: as sft 7",
         "10: the curriculum draws every unlocked difficulty, within tasks.difficulties by default; each rl seed starts "
-        "its own place in every cell's prompts; selection's sign test counts each distinct dev prompt once")),
+        "its own place in every cell's prompts; selection's sign test counts each distinct dev prompt once",
+        "11: selection picks its candidate on one half of the dev prompts and tests it against step 0 on the other "
+        "(select.min_z 1.7; dormouse/posttrain/selection.py)")),
     Stage("export", "quantized rungs (bf16 .. ternary) with bytes on disk and their BPB", 3, ("rl", "shard"),
           _export, (
         "2: reference_bpb computed in fp32 (it ran under the bf16 autocast on CUDA)",
