@@ -227,10 +227,12 @@ def test_grpo_loss_clips_the_ratio_per_sign_of_the_advantage_and_adds_k3():
     assert kl.item() == pytest.approx(math.exp(d) - d - 1) and kl.item() > 0
 
 
-def test_rl_trains_on_signal_groups_and_ships_the_selected_checkpoint(chain, monkeypatch):
+@pytest.mark.parametrize("rule,shuffle", [("bonferroni", False), ("select_then_confirm", True)])
+def test_rl_trains_on_signal_groups_and_ships_the_selected_checkpoint(chain, monkeypatch, rule, shuffle):
     """The tiny chain model earns no reward, so a stand-in verifier (correct iff the reply's first byte
     is even) gives groups mixed rewards: rl must train on them, and the artifact must hold the weights of
-    the checkpoint its dev curve selected."""
+    the checkpoint its dev curve selected, under either rule. The null arm (shuffle_rewards) trains the same groups
+    on permuted rewards."""
     from safetensors.torch import load_file
 
     from dormouse.cli import main as dormouse_main
@@ -241,7 +243,8 @@ def test_rl_trains_on_signal_groups_and_ships_the_selected_checkpoint(chain, mon
     job = json.loads(plan.job_json("rl", plan.chain["tiny"]["rl"]))
     rl = job["params"]["rl"]
     rl.update({"steps": 4, "prompts_per_step": 3, "group_size": 4, "warmup_steps": 1, "lr": 0.01,
-               "select": {"every": 2, "items_per_cell": 4, "min_z": 2.0}})
+               "select": {**rl["select"], "every": 2, "items_per_cell": 4, "min_z": 2.0, "rule": rule},
+               **({"shuffle_rewards": True} if shuffle else {})})
     digest = artifact_digest("rl", job["format_version"], job["params"],
                              {k: v["digest"] for k, v in job["inputs"].items()}, job["retractions"])
     out = Path(job["out"]).parent / digest
@@ -256,22 +259,29 @@ def test_rl_trains_on_signal_groups_and_ships_the_selected_checkpoint(chain, mon
     assert 0 < c["rl.groups_trained"] <= 3 * trained_steps  # at most prompts_per_step of the 6 drawn groups
     assert c["rl.groups_trained"] <= c["rl.groups"] - c.get("rl.groups_zero_variance", 0)
     assert c["train.engram.rows_read"] > 0 and c["train.kda_path.torch"] > 0
+    assert c.get("rl.null_shuffled_groups", 0) == (c["rl.groups_trained"] if shuffle else 0)
     sel = m["final"]["selection"]
     assert [s for s, _ in sel["curve"]] == [0, 2, 4] and sel["dev_items"] == 2 * 1 * 4
-    assert [p["step"] for p in sel["vs_step0"]] == [2, 4] and sel["min_z"] == 2.0
-    assert [h["step"] for h in sel["halves"]] == [0, 2, 4] and sel["rule"] == "select_then_confirm"
-    best = max(h["select"] or 0 for h in sel["halves"][1:])
-    assert sel["candidate_step"] == min(h["step"] for h in sel["halves"][1:] if (h["select"] or 0) == best)
-    assert sel["selected_step"] == (sel["candidate_step"] if sel["confirm"]["z"] >= sel["min_z"] else 0)
+    assert [p["step"] for p in sel["vs_step0"]] == [2, 4] and sel["rule"] == rule and c["rl.steps_run"] == 4
+    if rule == "select_then_confirm":
+        assert [h["step"] for h in sel["halves"]] == [0, 2, 4] and sel["min_z"] == 2.0
+        best = max(h["select"] or 0 for h in sel["halves"][1:])
+        assert sel["candidate_step"] == min(h["step"] for h in sel["halves"][1:] if (h["select"] or 0) == best)
+        assert sel["selected_step"] == (sel["candidate_step"] if sel["confirm"]["z"] >= sel["min_z"] else 0)
+    else:
+        assert sel["planned_checkpoints"] == 2 and sel["z_crit"] == 1.96 and [t["step"] for t in sel["tests"]] == [2, 4]
+        passing = [t["step"] for t in sel["tests"] if t["z"] >= sel["z_crit"]]
+        assert (sel["selected_step"] in passing) if passing else sel["selected_step"] == 0
     sft_dir = work / plan.artifact_dir("sft", plan.chain["tiny"]["sft"])
     shipped, sft_w = load_file(work / out / "model.safetensors"), load_file(sft_dir / "model.safetensors")
     same = all(torch.equal(shipped[k], sft_w[k]) for k in sft_w)
     assert same == (sel["selected_step"] == 0)  # step 0 ships the sft weights; a later step does not
 
 
-def run_selection(monkeypatch, rows: list[list[bool]], min_z: float):
-    """Selection over steps 0, 2, 4, ... whose dev correctness is `rows`; the weights move every step.
-    Returns the selection and the weights of each step."""
+def run_selection(monkeypatch, rows: list[list[bool]], min_z: float, rule: str = "select_then_confirm",
+                  plateau: dict | None = None, steps: int | None = None):
+    """Selection over steps 0, 2, 4, ... whose dev correctness is `rows` (run as the stage runs it: `steps` planned, a
+    stop at the plateau); the weights move every step. Returns the selection and the weights of each step."""
     from dormouse.posttrain import task_eval
     from dormouse.stages.rl import Selection
 
@@ -280,14 +290,18 @@ def run_selection(monkeypatch, rows: list[list[bool]], min_z: float):
     model = torch.nn.Linear(2, 2)
     weights = {0: model.weight.detach().clone()}
     dev = [tasks.Item("add", 1, i, f"prompt {i}", "0") for i in range(len(rows[0]))]
-    sel = Selection(model, dev, {"max_new_bytes": 4}, "cpu", {"dtype": "float32"}, min_z)
-    steps = 2 * (len(rows) - 1)
-    for step in range(1, steps + 1):
+    select = {"every": 2, "rule": rule, "alpha": 0.05, "min_z": min_z, "plateau": plateau}
+    ran = 2 * (len(rows) - 1)  # the rows run out here: a run planned to `steps` that ended early
+    steps = steps or ran
+    sel = Selection(model, dev, {"max_new_bytes": 4}, "cpu", {"dtype": "float32"}, select, steps)
+    for step in range(1, ran + 1):
         with torch.no_grad():
             model.weight.add_(1.0)
         weights[step] = model.weight.detach().clone()
-        if sel.due(step, {"steps": steps, "select": {"every": 2}}):
+        if sel.due(step, {"steps": steps, "select": select}):
             sel.check(step)
+            if sel.stop():
+                break
     sel.restore()
     return sel, model, weights
 
@@ -326,10 +340,49 @@ def test_selection_ships_step0_when_the_gain_is_on_the_select_half_alone(monkeyp
     assert sel.report()["selected_step"] == 2 and torch.equal(model.weight, weights[2])
 
 
+def test_bonferroni_ships_the_most_accurate_checkpoint_past_the_corrected_z(monkeypatch):
+    """Checks at steps 2..8 of a run planned to 20 (10 checks at every 2): z_crit is the one-sided z of 0.05 / 10 =
+    2.576. Step 4 passes (8 gained: z 2.828) and step 6 ties it; step 8 is more accurate but z 2.236 (15 gained, 5
+    lost): step 4 ships."""
+    n = 60
+    def row(right):
+        return [i in right for i in range(n)]
+    base = set(range(40, 55))
+    rows = [row(base), row(base | set(range(3))), row(base | set(range(8))), row(base | set(range(8))),
+            row(set(range(45, 55)) | set(range(15)))]
+    sel, model, weights = run_selection(monkeypatch, rows, 1.7, rule="bonferroni", steps=20)
+    r = sel.report()
+    assert r["planned_checkpoints"] == 10 and r["z_crit"] == 2.576 and r["selected_step"] == 4
+    assert [t["z"] for t in r["tests"]] == [1.732, 2.828, 2.828, 2.236] and torch.equal(model.weight, weights[4])
+    # planned to these 4 checks only: z_crit 2.241, and step 8's 2.236 still falls short
+    sel, *_ = run_selection(monkeypatch, rows, 1.7, rule="bonferroni")
+    assert sel.report()["z_crit"] == 2.241 and sel.report()["selected_step"] == 4
+    # nothing passes: step 0 ships
+    sel, model, weights = run_selection(monkeypatch, rows[:2], 1.7, rule="bonferroni", steps=20)
+    assert sel.report()["selected_step"] == 0 and torch.equal(model.weight, weights[0])
+
+
+def test_rl_stops_when_dev_accuracy_stops_rising(monkeypatch):
+    """select.plateau {checkpoints: 3, min_rise: 0.01}: checks at 0.10, 0.20, 0.205, 0.20, 0.205 -> the last three
+    (0.205, 0.20, 0.205) are not a point above the best before them (0.20): stopped after step 8 of a planned 40."""
+    from dormouse.posttrain import selection
+
+    n = 200
+    accs = [0.10, 0.20, 0.205, 0.20, 0.205, 0.5]
+    rows = [[i < round(a * n) for i in range(n)] for a in accs]
+    sel, _, _ = run_selection(monkeypatch, rows, 1.7, rule="bonferroni", plateau={"checkpoints": 3, "min_rise": 0.01},
+                              steps=40)
+    assert [s for s, _ in sel.report()["curve"]] == [0, 2, 4, 6, 8]
+    assert not selection.plateaued([0.1, 0.2, 0.21, 0.2], 3, 0.01)  # 0.21 rose a point over 0.1
+    assert selection.plateaued([0.1, 0.2, 0.205, 0.2, 0.209], 3, 0.01)
+    assert not selection.plateaued([0.1, 0.2, 0.205, 0.2, 0.21], 3, 0.01)
+
+
 def test_selection_off_reports_no_step(monkeypatch):
     from dormouse.stages.rl import Selection
 
-    sel = Selection(torch.nn.Linear(2, 2), [], {"max_new_bytes": 4}, "cpu", {"dtype": "float32"}, 1.7)
+    sel = Selection(torch.nn.Linear(2, 2), [], {"max_new_bytes": 4}, "cpu", {"dtype": "float32"},
+                    {"every": 0, "rule": "bonferroni", "alpha": 0.05, "min_z": 1.7, "plateau": None}, 10)
     sel.restore()
     assert sel.report()["selected_step"] is None and sel.report()["dev_items"] == 0
 
@@ -445,7 +498,7 @@ def test_rl_with_pass_rate_prompts_and_dr_grpo_runs(chain):
         os.chdir(cwd)
     m = json.loads((work / spec["out"] / "manifest.json").read_text())
     final, c = m["final"], m["counters"]
-    assert final["algorithm"] == {"advantage": "mean", "loss_norm": "token", "prompts": "pass_rate"}
+    assert final["algorithm"] == {"advantage": "mean", "loss_norm": "token", "prompts": "pass_rate", "shuffle_rewards": False}
     assert set(final["pass_rate_cells"]) == {"add/1", "add/2", "reverse/1", "reverse/2"}
     groups = {k: v for k, v in c.items() if k.startswith("rl.cell_groups.")}
     assert sum(groups.values()) == c["rl.groups"] == 4 * 2 * 2  # steps x prompts_per_step x oversample

@@ -74,3 +74,26 @@ def test_the_simulated_null_false_ship_rate_is_one_tests():
     assert new["rate"] <= 0.05 + 0.02, new
     old = sim.simulate(384, null, arms=300, seed=1, min_zs=[], rules=("old",))["old"]
     assert old["rate"] > 0.08, old
+
+
+def test_bonferronis_simulated_null_rate_is_at_most_alpha_and_it_ships_a_real_gain():
+    """The stage's default rule: under the null it ships <= alpha (a union bound over the planned checkpoints); with
+    +5 points at every checkpoint on 800 items it ships nearly always."""
+    null = sim.simulate(384, [sim.BASE] * 10, arms=1000, seed=2, min_zs=[], rules=("bonferroni",))["bonferroni"]
+    assert null["rate"] <= sim.ALPHA + 0.02, null
+    gain = sim.simulate(800, [sim.BASE + 0.05] * 10, arms=100, seed=3, min_zs=[], rules=("bonferroni",))["bonferroni"]
+    assert gain["rate"] >= 0.9, gain
+
+
+def test_bonferroni_in_decide():
+    """z_crit from alpha over the planned checkpoints; the most accurate passing checkpoint, the earliest on a tie."""
+    assert round(selection.z_crit(0.05, 10), 3) == 2.576 and round(selection.z_crit(0.05, 1), 3) == 1.645
+    base = row(set(range(30, 40)))
+    gain8, gain9 = row(set(range(30, 40)) | set(range(8))), row(set(range(30, 40)) | set(range(9)))
+    d = selection.decide([0, 10, 20, 30], [base, gain8, gain9, gain9], PROMPTS, rule="bonferroni", planned=3)
+    assert d["selected_step"] == 20 and d["candidate_step"] == 20 and d["z_crit"] == 2.128
+    assert [t["z"] for t in d["tests"]] == [2.828, 3.0, 3.0]
+    d = selection.decide([0, 10], [base, gain8], PROMPTS, rule="bonferroni", planned=1000)
+    assert d["selected_step"] == 0 and d["z_crit"] > 2.828
+    with pytest.raises(ValueError, match="planned"):
+        selection.decide([0, 10, 20], [base, gain8, gain9], PROMPTS, rule="bonferroni", planned=1)

@@ -106,7 +106,7 @@ def _run(preset: dict) -> dict:
 
 # rl keys added after format 9 whose defaults run format 9's algorithm: at these values they stay out of the params,
 # so adding them rebuilt nothing (the stage reads them with these defaults; the schema holds the same, tested).
-RL_LATER_DEFAULTS = {"advantage": "mean_std", "loss_norm": "reply", "prompts": "curriculum"}
+RL_LATER_DEFAULTS = {"advantage": "mean_std", "loss_norm": "reply", "prompts": "curriculum", "shuffle_rewards": False}
 
 
 def rl_difficulties(cur: dict, task_params: dict) -> range:
@@ -187,8 +187,9 @@ STAGES: dict[str, Stage] = {s.name: s for s in (
         "9: as sft 7",
         "10: the curriculum draws every unlocked difficulty, within tasks.difficulties by default; each rl seed starts "
         "its own place in every cell's prompts; selection's sign test counts each distinct dev prompt once",
-        "11: selection picks its candidate on one half of the dev prompts and tests it against step 0 on the other "
-        "(select.min_z 1.7; dormouse/posttrain/selection.py)")),
+        "11: select.rule (bonferroni by default: each checkpoint against step 0 at the z of alpha over the planned "
+        "checkpoints; select_then_confirm: a select half, then a confirm half at min_z 1.7; "
+        "dormouse/posttrain/selection.py); rl stops at the dev plateau (select.plateau)")),
     Stage("export", "quantized rungs (bf16 .. ternary) with bytes on disk and their BPB", 3, ("rl", "shard"),
           _export, (
         "2: reference_bpb computed in fp32 (it ran under the bf16 autocast on CUDA)",

@@ -1,25 +1,34 @@
-"""rl's checkpoint choice as a pure function of per-item dev correctness: select on one half, confirm on the other.
+"""rl's checkpoint choice as a pure function of per-item dev correctness. Two rules, both holding the false-ship rate
+(a checkpoint shipped when none is better than step 0, the SFT model) to `alpha` or below whatever the number of
+checkpoints; benchmarks/rl_selection_sim.py simulates both through `decide`.
 
-The dev items are cut in two by their prompt text (sha256 bytes 16..24, a slice tasks.split_of_prompt does not
-read), so the halves share no prompt and every repeat of a prompt lands in the same half. The candidate is the
-checkpoint (step > 0) most accurate on the select half (the earliest on a tie); it ships only if the paired sign
-test against step 0 on the confirm half gives z >= min_z, else step 0 ships. Under the null (no checkpoint better
-than step 0) the confirm half never took part in the choice, so the chance of shipping is that of one test,
-P(z >= min_z), however many checkpoints were compared: testing each checkpoint against step 0 on all the items
-and shipping the best that passed (rl format 10 and before) compounded ten chances.
+bonferroni (the default): each checkpoint is tested against step 0 on all the dev prompts (paired sign test, each
+distinct prompt once) at z >= z_crit, the one-sided normal quantile of alpha / m, m being the checkpoints the run
+planned (rl.steps and select.every: stopping early tests fewer, which keeps the union bound); the most accurate
+checkpoint that passes ships (the earliest on a tie), else step 0. On the simulated small arms it had the same null
+rate as select_then_confirm and more power in every gain scenario: it tests on all the prompts, not half.
 
-The stage (dormouse/stages/rl.py, Selection) and the simulation (benchmarks/rl_selection_sim.py) both call
-`decide`, so the simulated rates are the stage's.
-"""
+select_then_confirm: the dev items are cut in two by their prompt text (sha256 bytes 16..24, a slice
+tasks.split_of_prompt does not read), so the halves share no prompt and every repeat of a prompt lands in the same
+half. The candidate is the checkpoint (step > 0) most accurate on the select half (the earliest on a tie); it ships
+only if the paired sign test against step 0 on the confirm half gives z >= min_z, else step 0 ships. Under the null
+the confirm half never took part in the choice, so the chance of shipping is that of one test, P(z >= min_z).
+
+Testing each checkpoint against step 0 on all the items at z >= 2 and shipping the best that passed (rl format 10
+and before) compounded ten chances: ~17 % under the null.
+
+The stage (dormouse/stages/rl.py, Selection) and the simulation both call `candidate` and `decide`, so the simulated
+rates are the stage's."""
 
 from __future__ import annotations
 
 import hashlib
 from functools import lru_cache
+from statistics import NormalDist
 
 from dormouse.posttrain.task_eval import paired_sign
 
-RULE = "select_then_confirm"
+RULES = ("bonferroni", "select_then_confirm")
 
 
 @lru_cache(maxsize=1 << 16)
@@ -55,12 +64,71 @@ def candidate_of(steps: list[int], correct: list[list[bool]], select_units: list
     return best_step
 
 
-def decide(steps: list[int], correct: list[list[bool]], prompts: list[str], min_z: float) -> dict:
+def plateaued(accuracies: list[float], checkpoints: int, min_rise: float) -> bool:
+    """accuracies[0] is step 0's, the rest each check's in order: True once the best of the last `checkpoints` checks
+    is below the best of everything before them + min_rise (rl stops there; its cap is rl.steps)."""
+    if len(accuracies) <= checkpoints:
+        return False
+    return max(accuracies[-checkpoints:]) < max(accuracies[:-checkpoints]) + min_rise - 1e-12
+
+
+def z_crit(alpha: float, planned: int) -> float:
+    """The one-sided normal quantile a checkpoint's z must reach under bonferroni: alpha spread over `planned` tests."""
+    if not 0 < alpha < 1 or planned < 1:
+        raise ValueError(f"bonferroni needs 0 < alpha < 1 and at least one planned checkpoint, got {alpha}, {planned}")
+    return NormalDist().inv_cdf(1 - alpha / planned)
+
+
+def _tests(steps: list[int], correct: list[list[bool]], prompts: list[str]) -> list[dict]:
+    """Every checkpoint's paired sign test against step 0 on all the prompts (each distinct prompt once)."""
+    return [{"step": s, **paired_sign(correct[0], right, prompts)} for s, right in zip(steps[1:], correct[1:],
+                                                                                       strict=True)]
+
+
+def _units(prompts: list[str]) -> list[int]:
+    first: dict[str, int] = {}
+    for i, p in enumerate(prompts):
+        first.setdefault(p, i)
+    return sorted(first.values())
+
+
+def candidate(rule: str, steps: list[int], correct: list[list[bool]], prompts: list[str], *, alpha: float = 0.05,
+              planned: int = 1) -> int:
+    """The step the rule would ship or test from these rows (0: none yet): select_then_confirm's best on the select
+    half; bonferroni's most accurate checkpoint passing z_crit on all the prompts. Either is the earliest on a tie and
+    either stays put or moves to the newest step as rows are added, so the stage keeps one copy."""
+    if rule == "select_then_confirm":
+        return candidate_of(steps, correct, halves(prompts)[0])
+    if rule != "bonferroni":
+        raise ValueError(f"unknown selection rule {rule!r}; known: {RULES}")
+    crit, units = z_crit(alpha, planned), _units(prompts)
+    best, best_step = -1, 0
+    for t, right in zip(_tests(steps, correct, prompts), correct[1:], strict=True):
+        n = sum(right[i] for i in units)
+        if t["z"] >= crit and n > best:
+            best, best_step = n, t["step"]
+    return best_step
+
+
+def decide(steps: list[int], correct: list[list[bool]], prompts: list[str], min_z: float = 1.7, *,
+           rule: str = "select_then_confirm", alpha: float = 0.05, planned: int | None = None) -> dict:
     """steps[0] is 0 (the SFT model), the rest the checkpoints in order; correct[k][i] whether step k answered dev
-    item i (prompt prompts[i]) right. Returns the rule's name, the candidate, the halves' distinct item counts, the
-    confirm test (gained, lost, z, units), each step's accuracy on either half, min_z and the selected step."""
+    item i (prompt prompts[i]) right. Returns the rule's name, the candidate and the selected step, and the rule's
+    evidence: bonferroni's alpha, planned checkpoints, z_crit and every checkpoint's test on all the prompts;
+    select_then_confirm's halves (distinct item counts, each step's accuracy on either half) and confirm test."""
     if not steps or steps[0] != 0 or len(steps) != len(correct):
         raise ValueError(f"steps {steps} with {len(correct)} rows: step 0 first, one row per step")
+    if rule == "bonferroni":
+        planned = planned if planned is not None else len(steps) - 1
+        if planned < len(steps) - 1:
+            raise ValueError(f"bonferroni: {len(steps) - 1} checkpoints tested, {planned} planned")
+        crit = z_crit(alpha, max(planned, 1))
+        tests = [{**t, "z": round(t["z"], 3)} for t in _tests(steps, correct, prompts)]
+        cand = candidate(rule, steps, correct, prompts, alpha=alpha, planned=max(planned, 1))
+        return {"rule": rule, "alpha": alpha, "planned_checkpoints": planned, "z_crit": round(crit, 3),
+                "units": len(_units(prompts)), "tests": tests, "candidate_step": cand, "selected_step": cand}
+    if rule != "select_then_confirm":
+        raise ValueError(f"unknown selection rule {rule!r}; known: {RULES}")
     sel, conf = halves(prompts)
     cand = candidate_of(steps, correct, sel)
     if cand:
@@ -71,6 +139,6 @@ def decide(steps: list[int], correct: list[list[bool]], prompts: list[str], min_
     ships = bool(cand) and test["z"] >= min_z
     curve = [{"step": s, "select": _accuracy(r, sel), "confirm": _accuracy(r, conf)}
              for s, r in zip(steps, correct, strict=True)]
-    return {"rule": RULE, "candidate_step": cand, "select_items": len(sel), "confirm_items": len(conf),
+    return {"rule": rule, "candidate_step": cand, "select_items": len(sel), "confirm_items": len(conf),
             "confirm": {**test, "z": round(test["z"], 3)}, "halves": curve, "min_z": min_z,
             "selected_step": cand if ships else 0}

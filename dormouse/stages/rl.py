@@ -22,12 +22,13 @@ of that cell's recent groups that teach (PassRateSampler), so the prompts follow
 instead of a fixed threshold. Counted per cell either way (rl.cell_groups.<family>.<difficulty>,
 rl.cell_groups_teaching.*). Each seed starts at its own place in every cell's prompts (task_eval.cell_stream).
 Model selection (dormouse/posttrain/selection.py): every `select.every` steps (and at step 0, the SFT model)
-greedy exact match on the dev split (task_eval.dev_items: prompts rl never trains on and the held-out set never
-asks), cut by a hash of the prompt into a select half and a confirm half that share no prompt. The checkpoint most
-accurate on the select half is the candidate; it ships only if it beats the SFT model on the confirm half by a
-paired sign test (z >= `select.min_z`, each distinct prompt counted once: small cells repeat prompts), else the
-SFT weights ship. The confirm half took no part in the choice, so with no real gain a checkpoint ships as often as
-one test passes (<= 5 % at min_z 1.7, benchmarks/rl_selection_sim.py), however many checkpoints were compared.
+greedy exact match on the dev split (task_eval.dev_items: distinct prompts rl never trains on and the held-out set
+never asks). `select.rule` bonferroni (default): the most accurate checkpoint whose paired sign test against step 0
+on all the dev prompts reaches the one-sided z of alpha / the planned checkpoints ships, else the SFT weights;
+select_then_confirm: the best on a select half ships if it beats step 0 on the confirm half at z >= min_z. Either
+ships a checkpoint no better than step 0 at most ~alpha of the time (benchmarks/rl_selection_sim.py). rl stops
+early when dev accuracy reaches its plateau (`select.plateau`). `shuffle_rewards`: the null arm (each group's
+rewards permuted before the advantages).
 Reports held-out task accuracy and corpus BPB at start and end (of the selected model), as sft does.
 `rl.qat: <rung>`: the policy runs through the rung's export forward everywhere in the stage (sampling, the old and
 new log-probs, the selection's dev checks, the reports; dormouse/train/qat.py), so the checkpoint chosen is the best
@@ -127,26 +128,26 @@ class PassRateSampler:
 
 
 class Selection:
-    """Greedy dev correctness per item at step 0 (the SFT model) and every `select.every` steps; `restore` then
-    ships what selection.decide picks: the checkpoint most accurate on the select half of the dev prompts if it
-    beats step 0 on the confirm half by the paired sign test (z >= `min_z`), else step 0. The candidate is known
-    only at the end, so two CPU copies are kept: step 0's and the best on the select half so far (the earliest on
-    a tie); format 10 kept one, but held two for a moment whenever it replaced it. Testing each of ten checkpoints against step 0 on
-    all the items and shipping the best that passed (format 10) both refused real gains (SFT shipped in 2 of 4
-    small arms 3-9 points above it, H200) and, under the null, shipped noise more often than one test's rate
-    (benchmarks/rl_selection_sim.py). With `every` 0 it does nothing and the last step's model is kept."""
+    """Greedy dev correctness per item at step 0 (the SFT model) and every `select.every` steps; `restore` then ships
+    what selection.decide picks under `select.rule` (bonferroni by default: the most accurate checkpoint that beats
+    step 0 on all the dev prompts at the z of alpha / the planned checkpoints), else step 0. Two CPU copies are kept:
+    step 0's and the rule's candidate so far (selection.candidate stays put or moves to the newest step). Testing each
+    of ten checkpoints at z >= 2 and shipping the best that passed (format 10) shipped noise ~17 % of the time under
+    the null (benchmarks/rl_selection_sim.py). `stop` says when dev accuracy has reached its plateau
+    (select.plateau). With `every` 0 it does nothing and the last step's model is kept."""
 
-    def __init__(self, model, dev: list, task_params: dict, device, params: dict, min_z: float):
-        self.model, self.dev, self.device, self.min_z = model, dev, device, min_z
+    def __init__(self, model, dev: list, task_params: dict, device, params: dict, select: dict, steps: int):
+        self.model, self.dev, self.device, self.select = model, dev, device, select
         self.max_new, self.dtype = task_params["max_new_bytes"], params["dtype"]
         self.prompts = [it.prompt for it in dev]
-        self.select_units = selection.halves(self.prompts)[0]
+        every = select["every"]
+        self.planned = len(set(range(every, steps + 1, every)) | {steps}) if every else 0  # as `due` checks
         self.curve: list[tuple[int, float]] = []
         self.paired: list[dict] = []
         self.steps: list[int] = []
         self.rows: list[list[bool]] = []
         self.base_state = self.cand_state = None
-        self.cand_right, self.cand_step = -1, 0
+        self.cand_step = 0
         self.decision: dict | None = None
         if dev:
             self.check(0)
@@ -158,26 +159,39 @@ class Selection:
     def _copy(self) -> dict:
         return {k: v.detach().to("cpu", copy=True) for k, v in self.model.state_dict().items()}
 
+    def _rule_args(self) -> dict:
+        return {"rule": self.select["rule"], "alpha": self.select["alpha"], "planned": max(self.planned, 1)}
+
     def check(self, step: int) -> float:
         right = task_eval.correct(self.model, self.dev, self.max_new, self.device, self.dtype)
-        acc = round(sum(right) / len(right), 5)
+        units = selection._units(self.prompts)
+        acc = round(sum(right[i] for i in units) / len(units), 5)  # each distinct prompt once, as the tests count
         self.curve.append((step, acc))
         self.steps.append(step)
         self.rows.append(right)
         if step == 0:
             self.base_state = self._copy()
-        else:  # all the dev prompts against step 0: descriptive, the decision reads the halves
+        else:  # all the dev prompts against step 0 (bonferroni's test; descriptive under select_then_confirm)
             paired = task_eval.paired_sign(self.rows[0], right, self.prompts)
             self.paired.append({"step": step, **paired, "z": round(paired["z"], 3)})
-            n = sum(right[i] for i in self.select_units)
-            if n > self.cand_right:
-                self.cand_right, self.cand_step = n, step
+            cand = selection.candidate(self.select["rule"], self.steps, self.rows, self.prompts, alpha=self.select["alpha"],
+                                       planned=max(self.planned, 1))
+            if cand == step and cand != self.cand_step:
+                self.cand_step = cand
                 self.cand_state = None  # the old copy goes before the new one is made
                 self.cand_state = self._copy()
         return acc
 
+    def stop(self) -> bool:
+        """Whether dev accuracy has reached its plateau: the best of the last `checkpoints` checks is below the best
+        before them + min_rise (select.plateau; None: never)."""
+        plateau = self.select.get("plateau")
+        return bool(self.dev) and plateau is not None and selection.plateaued(
+            [a for _, a in self.curve], plateau["checkpoints"], plateau["min_rise"])
+
     def decide(self) -> dict:
-        self.decision = selection.decide(self.steps, self.rows, self.prompts, self.min_z)
+        args = self._rule_args()
+        self.decision = selection.decide(self.steps, self.rows, self.prompts, self.select["min_z"], **args)
         if self.decision["candidate_step"] != self.cand_step:
             raise RuntimeError(f"selection kept step {self.cand_step}, the rule's candidate is "
                                f"{self.decision['candidate_step']}")
@@ -190,14 +204,24 @@ class Selection:
             self.base_state = self.cand_state = None
 
     def report(self) -> dict:
-        """The rule, its candidate, the halves' distinct prompts, the confirm test, each step's accuracy on all
-        the dev items (`curve`) and on either half (`halves`), each checkpoint's test against step 0 on all the
-        dev prompts (`vs_step0`, descriptive) and the selected step (None with selection off)."""
+        """The rule and its evidence (selection.decide), each step's accuracy on the distinct dev prompts (`curve`),
+        each checkpoint's test against step 0 on all of them (`vs_step0`) and the selected step (None with
+        selection off)."""
         if not self.dev:
-            return {"rule": selection.RULE, "dev_items": 0, "curve": [], "vs_step0": [], "min_z": self.min_z,
-                    "selected_step": None}
-        return {"dev_items": len(self.dev), "curve": self.curve, "vs_step0": self.paired,
+            return {"rule": self.select["rule"], "dev_items": 0, "curve": [], "vs_step0": [],
+                    "min_z": self.select["min_z"], "selected_step": None}
+        return {"dev_items": len(self.dev), "curve": self.curve, "vs_step0": self.paired, "min_z": self.select["min_z"],
                 **(self.decision or self.decide())}
+
+
+def selection_line(r: dict) -> str:
+    """The selection's evidence in one line."""
+    if r["rule"] == "bonferroni":
+        best = max(r["tests"], key=lambda t: t["z"], default=None)
+        return (f"bonferroni: z_crit {r['z_crit']} for alpha {r['alpha']} over {r['planned_checkpoints']} planned "
+                f"checkpoints; best z {best['z'] if best else None} at step {best['step'] if best else None}")
+    return (f"candidate {r['candidate_step']}, best on the select half; on the confirm half vs step 0: gained "
+            f"{r['confirm']['gained']} lost {r['confirm']['lost']} z {r['confirm']['z']}, min_z {r['min_z']}")
 
 
 def group_advantages(rewards: torch.Tensor, group_size: int, kind: str = "mean_std") -> torch.Tensor:
@@ -277,6 +301,7 @@ def main(argv=None) -> int:
     else:
         stream = task_eval.item_stream("rl", families, curriculum, rl["seed"], spread=True)
     gen = torch.Generator().manual_seed(rl["seed"])  # a CPU generator: the same draws on any device
+    null_gen = torch.Generator().manual_seed(rl["seed"] + 1)  # rl.shuffle_rewards' permutations, apart from sampling
     G, temp, max_new = rl["group_size"], rl["temperature"], task_params["max_new_bytes"]
     dev = task_eval.dev_items(task_params, rl["select"]["items_per_cell"]) if rl["select"]["every"] else []
 
@@ -286,7 +311,7 @@ def main(argv=None) -> int:
         with qat.through(fq):
             start = task_eval.held_out(model, heldout, params["tasks"], params["dtype"], params["eval"]["batch_size"], device, ex, ey, eval_counters)
             progress.note(f"[rl] start: {task_eval.held_out_line(start)}")
-            select = Selection(model, dev, task_params, device, params, rl["select"]["min_z"])
+            select = Selection(model, dev, task_params, device, params, rl["select"], rl["steps"])
         metrics, t0 = [], time.time()
         meter = progress.Meter("rl", "step", rl["steps"])
         for step in range(rl["steps"]):
@@ -324,7 +349,11 @@ def main(argv=None) -> int:
             else:
                 rows = [i * G + j for i in keep for j in range(G)]
                 prompts, kept = [unique[i // G] for i in rows], [replies[i] for i in rows]
-                adv = group_advantages(rewards[keep].reshape(-1), G, later["advantage"]).to(device).unsqueeze(1)
+                trained = rewards[keep]
+                if later["shuffle_rewards"]:  # the null arm: rewards permuted within each group, credited at random
+                    trained = trained.gather(1, torch.rand(trained.shape, generator=null_gen).argsort(1))
+                    c["rl.null_shuffled_groups"] += len(keep)
+                adv = group_advantages(trained.reshape(-1), G, later["advantage"]).to(device).unsqueeze(1)
                 with torch.no_grad(), autocast(device, params["dtype"]):
                     with qat.through(fq):
                         old_lp, mask = reply_logprobs(model, prompts, kept, temp, device)
@@ -349,12 +378,15 @@ def main(argv=None) -> int:
             metrics.append(row)
             print(f"[rl] {json.dumps(row)}", flush=True)
             meter.update(step + 1, reward=row["reward"], dev_accuracy=row.get("dev_accuracy"))
+            c["rl.steps_run"] = step + 1
+            if "dev_accuracy" in row and select.stop():
+                c["rl.stopped_at_plateau"] = step + 1
+                progress.note(f"[rl] dev accuracy at its plateau: stopped at step {step + 1} of {rl['steps']}")
+                break
         select.restore()
         if dev:
             r = select.report()
-            progress.note(f"[rl] selected step {r['selected_step']} of {rl['steps']} (candidate {r['candidate_step']}, "
-                          f"best on the select half; on the confirm half vs step 0: gained {r['confirm']['gained']} "
-                          f"lost {r['confirm']['lost']} z {r['confirm']['z']}, min_z {r['min_z']})")
+            progress.note(f"[rl] selected step {r['selected_step']} of {c['rl.steps_run']} ({selection_line(r)})")
         with qat.through(fq):
             end = task_eval.held_out(model, heldout, params["tasks"], params["dtype"], params["eval"]["batch_size"], device, ex, ey, eval_counters)
         progress.note(f"[rl] end: {task_eval.held_out_line(end)}")
