@@ -8,7 +8,7 @@
 # benchmarks/rl_acceptance.py reads each recipe's seeds (arms named <recipe>_s<seed>).
 #   after `STAGES="pretrain sft" WHL=.whl_chain bash benchmarks/gpu_small_chain.sh` on the same warm machine
 #   (carried: .whl_chain, .job and the shard and anchors artifacts prepare_device.sh names; the sft stays there):
-#   WHL=.whl_chain ARMS="rl_s0 rl_s1 rlx_s0 rlx_s1" bash benchmarks/gpu_rl_acceptance.sh
+#   WHL=.whl_chain bash benchmarks/gpu_rl_acceptance.sh        (ARMS default: rl_s0 rl_s1 rl_s2 null_s0, issue #40)
 # Back in $OUT: rl_acceptance.tar (the device returns 8 files a call), holding every call's <arm>_<stage>.log, the sft
 # model's rl_diagnosis.{tsv,json,log} (run beside the rl arms; DIAG=0 skips it) and, once benched, bench_<arm>.json and
 # rl_acceptance_<recipe>.json; they accumulate in $LOGS while the machine stays warm.
@@ -16,7 +16,7 @@
 set -uo pipefail
 PY=${PY:-python3}
 PRESET=${PRESET:-small}
-ARMS=${ARMS:-rl_s0 rl_s1 rlx_s0 rlx_s1}
+ARMS=${ARMS:-rl_s0 rl_s1 rl_s2 null_s0}  # issue #40: three seeds of the default recipe and the null arm
 JOBS=${JOBS:-.job}
 OUT=${OUT:-/tmp/rl_out}; mkdir -p "$OUT"
 LOGS=${LOGS:-/tmp/rl_logs}; mkdir -p "$LOGS"
@@ -69,13 +69,16 @@ for stage in rl export bench; do
 done
 echo "all arms benched"
 recipes=()
+nulls=()  # null_s<seed> arms (rl.shuffle_rewards): given to every recipe's acceptance as its null arm
 for a in $ARMS; do
   cp "$(out_of "$JOBS/$a/${PRESET}_bench.json")/bench.json" "$LOGS/bench_$a.json"
-  r=${a%_s*}; [[ " ${recipes[*]-} " == *" $r "* ]] || recipes+=("$r")
+  r=${a%_s*}
+  if [ "$r" = null ]; then nulls+=(--null "$LOGS/bench_$a.json"); continue; fi
+  [[ " ${recipes[*]-} " == *" $r "* ]] || recipes+=("$r")
 done
 for r in "${recipes[@]}"; do
   benches=()
   for a in $ARMS; do [ "${a%_s*}" = "$r" ] && benches+=("$LOGS/bench_$a.json"); done
-  $PY "$(dirname "$0")/rl_acceptance.py" --bench "${benches[@]}" --out "$LOGS/rl_acceptance_$r.json"
+  $PY "$(dirname "$0")/rl_acceptance.py" --bench "${benches[@]}" "${nulls[@]}" --out "$LOGS/rl_acceptance_$r.json"
   echo "$r: rl_acceptance exit $? (0 accepted, 1 not)"
 done

@@ -35,16 +35,20 @@ PY
 )
 du -sh .whl_chain .whl .whl_serve .job $carry | cat
 echo "carry for the small chain (gpu_small_chain.sh, gpu_rl_acceptance.sh, gpu_small_qat.sh): .job $carry"
-# issue #23's acceptance: two rl seeds from the one small sft model, with the defaults (rl_s<seed>) and with the
-# published small-scale recipe (rlx_s<seed>: Dr. GRPO advantage, token-level loss, prompts drawn by measured pass
-# rate, no KL, 16 samples a prompt as nanochat); each dir holds small_{rl,export,bench}.json for benchmarks/gpu_rl_acceptance.sh (all four side by side,
-# then rl_acceptance.py per recipe) after `STAGES="pretrain sft" bash benchmarks/gpu_small_chain.sh`
-for s in 0 1; do
-  for arm in rl rlx; do
-    set_=rl.seed=$s; [ $arm = rlx ] && set_="$set_,rl.advantage=mean,rl.loss_norm=token,rl.prompts=pass_rate,rl.kl_coef=0,rl.group_size=16"
-    mkdir -p .job/${arm}_s$s
-    for st in rl export bench; do .venv/bin/python -m dormouse.cli plan --preset small --stage $st --set "$set_" > .job/${arm}_s$s/small_$st.json; done
-  done
+# issue #40's acceptance (benchmarks/gpu_rl_acceptance.sh, its default ARMS): three seeds of the default recipe
+# (rl_s<seed>) and the null arm (null_s0: rl.shuffle_rewards, each group's rewards permuted), all from the one small sft
+# model; the published small-scale recipe of #23 (rlx_s<seed>: Dr. GRPO advantage, token-level loss, prompts by
+# measured pass rate, no KL, 16 samples a prompt as nanochat) stays planned for ARMS="rlx_s0 rlx_s1". Each dir holds
+# small_{rl,export,bench}.json, after `STAGES="pretrain sft" bash benchmarks/gpu_small_chain.sh`
+for arm in rl_s0 rl_s1 rl_s2 null_s0 rlx_s0 rlx_s1; do
+  s=${arm#*_s}
+  case ${arm%_s*} in
+    rl) set_=rl.seed=$s ;;
+    null) set_=rl.seed=$s,rl.shuffle_rewards=true ;;
+    rlx) set_="rl.seed=$s,rl.advantage=mean,rl.loss_norm=token,rl.prompts=pass_rate,rl.kl_coef=0,rl.group_size=16" ;;
+  esac
+  mkdir -p .job/$arm
+  for st in rl export bench; do .venv/bin/python -m dormouse.cli plan --preset small --stage $st --set "$set_" > .job/$arm/small_$st.json; done
 done
 # issue #28's experiment (benchmarks/gpu_small_qat.sh): its pretrain jobs under .job/qat (runs carried back from an
 # earlier session stay in .job/qat/runs)

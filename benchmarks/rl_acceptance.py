@@ -1,13 +1,17 @@
-"""Issue #23's acceptance read from bench.json files: rl against sft, per seed and pooled.
+"""RL's acceptance (issues #23, #40) read from bench.json files: rl against sft, per seed, and a null arm.
 
     # one chain per rl seed from the same sft model (jobs: dormouse plan --preset small --stage rl --set rl.seed=1 ...)
-    .venv/bin/python benchmarks/rl_acceptance.py --bench seed0/bench.json seed1/bench.json --out rl_acceptance.json
+    .venv/bin/python benchmarks/rl_acceptance.py --bench s0/bench.json s1/bench.json s2/bench.json \
+        --null null/bench.json --out rl_acceptance.json
 
 A seed passes when its shipped rl model answers the held-out items better than sft by the paired sign test
-(bench.json `paired.rl_vs_sft.z` >= --min-z, default 2), its sampled accuracy is above sft's, and its corpus BPB
-is within --max-bpb-rise (default 0.05) of sft's. The acceptance holds when every seed passes and there are at
-least --min-seeds (default 2) distinct rl runs of one sft model. The pooled row sums the seeds' gained and lost items (the same held-out items in
-every seed, so it is a summary, not an independent test). Exit 0 when accepted, 1 when not, 2 on bad input.
+(bench.json `paired.rl_vs_sft`, z >= --min-z, default 2), its sampled accuracy is at or above sft's, and its corpus
+BPB is within --max-bpb-rise (default 0.05) of sft's. The acceptance holds when every seed passes, there are at
+least --min-seeds (default 3) distinct rl runs of one sft model and, when --null is given (the same rl with
+rl.shuffle_rewards: the rewards permuted within each group), the null arm's held-out z is below --null-max-z (default
+1) on the same sft model: the gain is RL's, not the selection's. The pooled row sums the seeds' gained and lost items
+(the same held-out items in every seed, so it is a summary, not a test). Exit 0 when accepted, 1 when not, 2 on bad
+input.
 """
 
 from __future__ import annotations
@@ -44,24 +48,32 @@ def seed_row(path: Path, bench: dict, min_z: float, max_bpb_rise: float) -> dict
     row["z"] = round(z, 3)
     checks = {
         "z": z >= min_z,
-        "sampled_up": None not in sampled and sampled[1] > sampled[0],
+        "sampled_up": None not in sampled and sampled[1] >= sampled[0],
         "bpb_within": rl["bpb"] - sft["bpb"] <= max_bpb_rise,
     }
     return {**row, "checks": checks, "passes": all(checks.values())}
 
 
-def accept(benches: dict[Path, dict], min_z: float = 2.0, max_bpb_rise: float = 0.05, min_seeds: int = 2) -> dict:
+def accept(benches: dict[Path, dict], min_z: float = 2.0, max_bpb_rise: float = 0.05, min_seeds: int = 3,
+           null: tuple[Path, dict] | None = None, null_max_z: float = 1.0) -> dict:
     rows = [seed_row(p, b, min_z, max_bpb_rise) for p, b in benches.items()]
     gained, lost = sum(r["gained"] for r in rows), sum(r["lost"] for r in rows)
+    null_row = None
+    if null is not None:
+        null_row = seed_row(null[0], null[1], min_z, max_bpb_rise)
+        null_row["checks"] = {"z_below": null_row["z"] < null_max_z,
+                              "same_sft": null_row["sft"] in {r["sft"] for r in rows}}
+        null_row["passes"] = all(null_row["checks"].values())
     return {
         "seeds": rows,
         "pooled": {"gained": gained, "lost": lost, "z": round(sign_z(gained, lost), 3)},
+        "null": null_row,
         "one_sft": len({r["sft"] for r in rows}) == 1,
         "distinct_rl": len({r["rl"] for r in rows}) == len(rows),
-        "criteria": {"min_z": min_z, "max_bpb_rise": max_bpb_rise, "min_seeds": min_seeds},
+        "criteria": {"min_z": min_z, "max_bpb_rise": max_bpb_rise, "min_seeds": min_seeds, "null_max_z": null_max_z},
         # seeds of one sft model, each its own rl run: one bench.json given twice is one seed
         "accepted": len({r["rl"] for r in rows}) >= min_seeds and len({r["sft"] for r in rows}) == 1
-                    and all(r["passes"] for r in rows),
+                    and all(r["passes"] for r in rows) and (null_row is None or null_row["passes"]),
     }
 
 
@@ -70,12 +82,15 @@ def main(argv=None) -> int:
     ap.add_argument("--bench", type=Path, nargs="+", required=True, help="bench.json files, one per rl seed")
     ap.add_argument("--min-z", type=float, default=2.0)
     ap.add_argument("--max-bpb-rise", type=float, default=0.05)
-    ap.add_argument("--min-seeds", type=int, default=2)
+    ap.add_argument("--min-seeds", type=int, default=3)
+    ap.add_argument("--null", type=Path, default=None, help="the null arm's bench.json (rl.shuffle_rewards)")
+    ap.add_argument("--null-max-z", type=float, default=1.0)
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args(argv)
     try:
         benches = {p: json.loads(p.read_text()) for p in args.bench}
-        result = accept(benches, args.min_z, args.max_bpb_rise, args.min_seeds)
+        null = (args.null, json.loads(args.null.read_text())) if args.null else None
+        result = accept(benches, args.min_z, args.max_bpb_rise, args.min_seeds, null, args.null_max_z)
     except (OSError, json.JSONDecodeError, ValueError) as e:
         print(f"rl_acceptance: {e}", file=sys.stderr)
         return 2
@@ -83,6 +98,10 @@ def main(argv=None) -> int:
         print(f"{r['rl']} (step {r['selected_step']}): greedy {r['greedy_sft']:.4f} -> {r['greedy_rl']:.4f} "
               f"(+{r['gained']} -{r['lost']}, z {r['z']:+.2f}); sampled {r['sampled_sft']} -> {r['sampled_rl']}; "
               f"bpb {r['bpb_sft']:.4f} -> {r['bpb_rl']:.4f}; {'PASS' if r['passes'] else 'FAIL'} {r['checks']}")
+    if result["null"] is not None:
+        n = result["null"]
+        print(f"null arm {n['rl']} (step {n['selected_step']}): greedy {n['greedy_sft']:.4f} -> {n['greedy_rl']:.4f} "
+              f"(+{n['gained']} -{n['lost']}, z {n['z']:+.2f}); {'PASS' if n['passes'] else 'FAIL'} {n['checks']}")
     p = result["pooled"]
     print(f"pooled over {len(result['seeds'])} seeds: +{p['gained']} -{p['lost']}, z {p['z']:+.2f}; "
           f"{'one sft model' if result['one_sft'] else 'several sft models'}; "

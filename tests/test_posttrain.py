@@ -506,8 +506,9 @@ def test_rl_with_pass_rate_prompts_and_dr_grpo_runs(chain):
 
 @pytest.mark.slow
 def test_gpu_rl_acceptance_script_runs_the_arms_side_by_side(chain, tmp_path):
-    """benchmarks/gpu_rl_acceptance.sh on CPU with two tiny rl seeds: rl, export and bench of both arms side by side,
-    then rl_acceptance.py on their bench.json files; called again, it finds every stage built."""
+    """benchmarks/gpu_rl_acceptance.sh on CPU with two tiny rl seeds and a null arm (rl.shuffle_rewards): rl, export and
+    bench of the arms side by side, then rl_acceptance.py on their bench.json files, the null arm's given as --null;
+    called again, it finds every stage built."""
     import subprocess
     import sys
 
@@ -515,18 +516,18 @@ def test_gpu_rl_acceptance_script_runs_the_arms_side_by_side(chain, tmp_path):
 
     work, plan = chain
     jobs = tmp_path / "jobs"
-    for seed in (1, 2):  # seed 0 is the fixture's own rl
-        arm_plan = plan_in(work, {**plan.config, "set": f"rl.seed={seed}"})
-        d = jobs / f"a_s{seed}"
+    for arm, seed, extra in (("a", 1, ""), ("a", 2, ""), ("null", 1, ",rl.shuffle_rewards=true")):  # 0: the fixture's
+        arm_plan = plan_in(work, {**plan.config, "set": f"rl.seed={seed}{extra}"})
+        d = jobs / f"{arm}_s{seed}"
         d.mkdir(parents=True)
         for stage in ("rl", "export", "bench"):
             (d / f"tiny_{stage}.json").write_text(arm_plan.job_json(stage, arm_plan.chain["tiny"][stage]))
-    env = dict(os.environ, PY=sys.executable, PRESET="tiny", ARMS="a_s1 a_s2", JOBS=str(jobs), OUT=str(tmp_path / "out"),
+    env = dict(os.environ, PY=sys.executable, PRESET="tiny", ARMS="a_s1 a_s2 null_s1", JOBS=str(jobs), OUT=str(tmp_path / "out"),
                LOGS=str(tmp_path / "logs"), MIN_RL_S="1", MIN_EXPORT_S="1", MIN_BENCH_S="1", DIAG_G="2", DIAG_PROMPTS="2")
     script = [os.environ.get("BASH", "bash"), str(Path(__file__).resolve().parents[1] / "benchmarks" / "gpu_rl_acceptance.sh")]
     first = subprocess.run(script, cwd=work, env=env, capture_output=True, text=True, timeout=600)
     assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
-    assert "rl: a_s1 a_s2 side by side" in first.stdout and "all arms benched" in first.stdout
+    assert "rl: a_s1 a_s2 null_s1 side by side" in first.stdout and "all arms benched" in first.stdout
     import tarfile
 
     with tarfile.open(tmp_path / "out" / "rl_acceptance.tar") as tar:  # one file back from the device
@@ -535,6 +536,7 @@ def test_gpu_rl_acceptance_script_runs_the_arms_side_by_side(chain, tmp_path):
     assert "cells where" in first.stdout  # the diagnosis of the sft model ran beside the rl arms
     result = json.loads((tmp_path / "logs" / "rl_acceptance_a.json").read_text())
     assert len(result["seeds"]) == 2 and result["one_sft"] and result["distinct_rl"]
+    assert result["null"]["sft"] == result["seeds"][0]["sft"] and not (tmp_path / "logs" / "rl_acceptance_null.json").exists()
     assert f"a: rl_acceptance exit {0 if result['accepted'] else 1}" in first.stdout
     again = subprocess.run(script, cwd=work, env=env, capture_output=True, text=True, timeout=600)
     assert again.returncode == 0 and all(f"{s}: built for every arm" in again.stdout for s in ("rl", "export", "bench"))

@@ -1,4 +1,5 @@
-"""benchmarks/rl_acceptance.py: issue #23's criteria read from bench.json (synthetic files, each check failing once)."""
+"""benchmarks/rl_acceptance.py: issues #23's and #40's criteria read from bench.json (synthetic files, each check
+failing once)."""
 
 import copy
 import importlib.util
@@ -21,32 +22,36 @@ def bench(gained: int, lost: int, sampled_rl: float = 0.25, bpb_rl: float = 1.62
             "upstream": {"rl": {"digest": rl, "final": {"selection": {"selected_step": 40}}}, "sft": {"digest": "s", "final": {}}}}
 
 
-def test_two_seeds_that_each_pass_are_accepted_and_pool(tmp_path):
+def test_three_seeds_that_each_pass_with_a_null_arm_are_accepted_and_pool(tmp_path):
     files = []
-    for i, b in enumerate([bench(30, 10), bench(25, 8, rl="r1")]):
+    for i, b in enumerate([bench(30, 10), bench(25, 8, rl="r1"), bench(28, 9, rl="r2"), bench(12, 11, rl="n0")]):
         files.append(tmp_path / f"b{i}.json")
         files[-1].write_text(json.dumps(b))
     out = tmp_path / "acc.json"
-    assert acc.main(["--bench", *map(str, files), "--out", str(out)]) == 0
+    assert acc.main(["--bench", *map(str, files[:3]), "--null", str(files[3]), "--out", str(out)]) == 0
     r = json.loads(out.read_text())
-    assert r["accepted"] and r["one_sft"] and r["pooled"]["gained"] == 55 and r["pooled"]["lost"] == 18
-    assert [s["selected_step"] for s in r["seeds"]] == [40, 40]
+    assert r["accepted"] and r["one_sft"] and r["pooled"]["gained"] == 83 and r["pooled"]["lost"] == 27
+    assert [s["selected_step"] for s in r["seeds"]] == [40, 40, 40] and r["null"]["passes"]
+    # a null arm whose gain reaches z 1: the gain could be the selection's, not RL's
+    files[3].write_text(json.dumps(bench(20, 11, rl="n0")))
+    assert acc.main(["--bench", *map(str, files[:3]), "--null", str(files[3])]) == 1
 
 
 def test_each_criterion_fails_the_acceptance_alone():
     good = {Path("a"): bench(30, 10), Path("b"): bench(25, 8, rl="r1")}
-    assert acc.accept(good)["accepted"]
-    assert not acc.accept({Path("a"): good[Path("a")]})["accepted"]  # one seed: fewer than min_seeds
-    assert not acc.accept({Path("a"): good[Path("a")], Path("a2"): bench(30, 10)})["accepted"]  # one rl run given twice
+    assert acc.accept(good, min_seeds=2)["accepted"]
+    assert not acc.accept(good)["accepted"]  # two seeds: fewer than #40's three
+    assert acc.accept({**good, Path("c"): bench(25, 8, sampled_rl=0.185, rl="r2")})["accepted"]  # sampled = sft's
+    assert not acc.accept({Path("a"): good[Path("a")], Path("a2"): bench(30, 10)}, min_seeds=2)["accepted"]  # one run twice
     other_sft = bench(25, 8, rl="r1")
     other_sft["upstream"]["sft"]["digest"] = "s2"
-    assert not acc.accept({Path("a"): good[Path("a")], Path("b"): other_sft})["accepted"]  # two sft models
+    assert not acc.accept({Path("a"): good[Path("a")], Path("b"): other_sft}, min_seeds=2)["accepted"]  # two sft models
     just_under = bench(25, 9, rl="r1")
     just_under["paired"]["rl_vs_sft"].update(gained=5102, lost=4902, z=2.0)  # z = 200 / sqrt(10004) = 1.9996: rounds to 2.0
     assert acc.accept({Path("a"): good[Path("a")], Path("b"): just_under})["seeds"][1]["checks"]["z"] is False
     for bad, check in ((bench(20, 12), "z"), (bench(30, 10, sampled_rl=0.18), "sampled_up"),
                        (bench(30, 10, bpb_rl=1.66), "bpb_within")):
-        r = acc.accept({Path("a"): good[Path("a")], Path("b"): bad})
+        r = acc.accept({Path("a"): good[Path("a")], Path("b"): bad}, min_seeds=2)
         assert not r["accepted"] and r["seeds"][1]["checks"][check] is False, check
 
 
