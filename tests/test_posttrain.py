@@ -244,7 +244,8 @@ def test_rl_trains_on_signal_groups_and_ships_the_selected_checkpoint(chain, mon
     rl = job["params"]["rl"]
     rl.update({"steps": 4, "prompts_per_step": 3, "group_size": 4, "warmup_steps": 1, "lr": 0.01,
                "select": {**rl["select"], "every": 2, "items_per_cell": 4, "min_z": 2.0, "rule": rule},
-               **({"shuffle_rewards": True} if shuffle else {})})
+               **({"shuffle_rewards": True, "skip_cells": [f"{job['params']['tasks']['families'][-1]}@1"]}
+                  if shuffle else {})})
     digest = artifact_digest("rl", job["format_version"], job["params"],
                              {k: v["digest"] for k, v in job["inputs"].items()}, job["retractions"])
     out = Path(job["out"]).parent / digest
@@ -260,6 +261,8 @@ def test_rl_trains_on_signal_groups_and_ships_the_selected_checkpoint(chain, mon
     assert c["rl.groups_trained"] <= c["rl.groups"] - c.get("rl.groups_zero_variance", 0)
     assert c["train.engram.rows_read"] > 0 and c["train.kda_path.torch"] > 0
     assert c.get("rl.null_shuffled_groups", 0) == (c["rl.groups_trained"] if shuffle else 0)
+    skipped = job["params"]["tasks"]["families"][-1]
+    assert c["rl.skipped_cells"] == int(shuffle) and (c.get(f"rl.cell_groups.{skipped}.1", 0) == 0) == shuffle
     sel = m["final"]["selection"]
     assert [s for s, _ in sel["curve"]] == [0, 2, 4] and sel["dev_items"] == 2 * 1 * 4
     assert [p["step"] for p in sel["vs_step0"]] == [2, 4] and sel["rule"] == rule and c["rl.steps_run"] == 4
@@ -498,7 +501,8 @@ def test_rl_with_pass_rate_prompts_and_dr_grpo_runs(chain):
         os.chdir(cwd)
     m = json.loads((work / spec["out"] / "manifest.json").read_text())
     final, c = m["final"], m["counters"]
-    assert final["algorithm"] == {"advantage": "mean", "loss_norm": "token", "prompts": "pass_rate", "shuffle_rewards": False}
+    assert final["algorithm"] == {"advantage": "mean", "loss_norm": "token", "prompts": "pass_rate", "shuffle_rewards": False,
+                                  "skip_cells": []}
     assert set(final["pass_rate_cells"]) == {"add/1", "add/2", "reverse/1", "reverse/2"}
     groups = {k: v for k, v in c.items() if k.startswith("rl.cell_groups.")}
     assert sum(groups.values()) == c["rl.groups"] == 4 * 2 * 2  # steps x prompts_per_step x oversample

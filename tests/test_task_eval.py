@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections import Counter
+
+import pytest
 import torch
 from model_util import live_model
 
@@ -113,3 +116,26 @@ def test_constant_baseline_is_the_best_fixed_reply_per_cell():
              item("mul", 1, "0"), item("mul", 1, "6"), item("mul", 2, "12")]
     # count@1: "1" hits 2 of 3; mul@1: any one of 2 hits 1; mul@2: 1 of 1
     assert task_eval.constant_baseline(items) == round((2 + 1 + 1) / 6, 5)
+
+
+def test_a_skipped_cell_never_comes_from_the_stream():
+    """rl.skip_cells: the stream draws again, so no item of a skipped (family, difficulty) and the rest still come."""
+    stream = task_eval.item_stream("rl", ["add", "sort"], lambda fam, rng: rng.choice([1, 2]), 0,
+                                   skip=frozenset({("sort", 2)}))
+    cells = Counter((it.family, it.difficulty) for it in (next(stream) for _ in range(400)))
+    assert ("sort", 2) not in cells and {("add", 1), ("add", 2), ("sort", 1)} <= set(cells)
+    with pytest.raises(RuntimeError, match="no cell open"):
+        next(task_eval.item_stream("rl", ["add"], lambda fam, rng: 1, 0, skip=frozenset({("add", 1)})))
+
+
+def test_skip_cells_must_name_cells_rl_trains_and_leave_one():
+    from dormouse.engine.config import ConfigError
+    from dormouse.engine.registry import rl_skip_cells
+
+    tp = {"families": ["add", "sort"], "difficulties": [1, 2]}
+    cur = {"start": 1, "max": None}
+    assert rl_skip_cells({"curriculum": cur, "skip_cells": ["sort@2"]}, tp) == {("sort", 2)}
+    with pytest.raises(ConfigError, match="'mul@1' is no cell rl trains"):
+        rl_skip_cells({"curriculum": cur, "skip_cells": ["mul@1"]}, tp)
+    with pytest.raises(ConfigError, match="leaves rl no cell"):
+        rl_skip_cells({"curriculum": cur, "skip_cells": ["add@1", "add@2", "sort@1", "sort@2"]}, tp)

@@ -106,7 +106,25 @@ def _run(preset: dict) -> dict:
 
 # rl keys added after format 9 whose defaults run format 9's algorithm: at these values they stay out of the params,
 # so adding them rebuilt nothing (the stage reads them with these defaults; the schema holds the same, tested).
-RL_LATER_DEFAULTS = {"advantage": "mean_std", "loss_norm": "reply", "prompts": "curriculum", "shuffle_rewards": False}
+RL_LATER_DEFAULTS = {"advantage": "mean_std", "loss_norm": "reply", "prompts": "curriculum", "shuffle_rewards": False,
+                     "skip_cells": []}
+
+
+def rl_skip_cells(rl: dict, task_params: dict) -> set[tuple[str, int]]:
+    """rl.skip_cells as (family, difficulty) pairs: cells rl's prompts never come from (dev, held-out and bench still
+    ask them). Each must be a cell rl would train, and at least one cell must remain."""
+    difficulties = rl_difficulties(rl["curriculum"], task_params)
+    trained = {(f, d) for f in task_params["families"] for d in difficulties}
+    skip = set()
+    for cell in rl.get("skip_cells", []):
+        family, _, level = cell.partition("@")
+        if (family, int(level)) not in trained:
+            raise ConfigError(f"rl.skip_cells: {cell!r} is no cell rl trains (families {task_params['families']}, "
+                              f"difficulties {list(difficulties)})")
+        skip.add((family, int(level)))
+    if skip >= trained:
+        raise ConfigError(f"rl.skip_cells {sorted(rl['skip_cells'])} leaves rl no cell to train")
+    return skip
 
 
 def rl_difficulties(cur: dict, task_params: dict) -> range:
@@ -131,7 +149,7 @@ def _posttrain(stage: str) -> Callable[[dict], dict]:
         moe = {"moe_aux_coef": preset["train"]["moe_aux_coef"]} if preset["model"].get("moe") else {}
         section = omit_defaults(preset[stage], POSTTRAIN_LATER_DEFAULTS)
         if stage == "rl":
-            rl_difficulties(section["curriculum"], preset["tasks"])  # a curriculum with no difficulty fails the plan
+            rl_skip_cells(section, preset["tasks"])  # a curriculum with no difficulty, or a skip of no cell, fails the plan
             section = omit_defaults(section, RL_LATER_DEFAULTS)
             if "prompts" not in section:  # pass_rate settings only matter when rl.prompts is pass_rate
                 section.pop("pass_rate", None)

@@ -157,12 +157,18 @@ def heldout_accuracy(model, items: list[tasks.Item], task_params: dict, device, 
     return acc
 
 
-def item_stream(split: str, families: list[str], difficulty_of, seed: int, spread: bool = False) -> Iterator[tasks.Item]:
+def item_stream(split: str, families: list[str], difficulty_of, seed: int, spread: bool = False,
+                skip: frozenset = frozenset()) -> Iterator[tasks.Item]:
     """An endless seeded stream of `split` items: family drawn uniformly, difficulty from
-    `difficulty_of(family, rng)` (fixed list or a curriculum); spread as in cell_stream."""
+    `difficulty_of(family, rng)` (fixed list or a curriculum); a (family, difficulty) in `skip` is drawn again (a
+    family whose every open cell is skipped waits); spread as in cell_stream."""
     def cell_of(rng):
-        fam = rng.choice(families)
-        return fam, difficulty_of(fam, rng)
+        for _ in range(10_000):
+            fam = rng.choice(families)
+            cell = (fam, difficulty_of(fam, rng))
+            if cell not in skip:
+                return cell
+        raise RuntimeError(f"item_stream: every cell drawn is in skip {sorted(skip)}: no cell open to draw")
     return cell_stream(split, cell_of, seed, spread)
 
 

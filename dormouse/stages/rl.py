@@ -28,7 +28,8 @@ on all the dev prompts reaches the one-sided z of alpha / the planned checkpoint
 select_then_confirm: the best on a select half ships if it beats step 0 on the confirm half at z >= min_z. Either
 ships a checkpoint no better than step 0 at most ~alpha of the time (benchmarks/rl_selection_sim.py). rl stops
 early when dev accuracy reaches its plateau (`select.plateau`). `shuffle_rewards`: the null arm (each group's
-rewards permuted before the advantages).
+rewards permuted before the advantages). `skip_cells`: cells whose groups never teach, left out of rl's prompts
+(the dev and held-out sets still ask them).
 Reports held-out task accuracy and corpus BPB at start and end (of the selected model), as sft does.
 `rl.qat: <rung>`: the policy runs through the rung's export forward everywhere in the stage (sampling, the old and
 new log-probs, the selection's dev checks, the reports; dormouse/train/qat.py), so the checkpoint chosen is the best
@@ -49,7 +50,7 @@ import torch.nn.functional as F
 from dormouse.data import shards as layout
 from dormouse.data.byte_stream import eval_window
 from dormouse.engine import progress
-from dormouse.engine.registry import RL_LATER_DEFAULTS, rl_difficulties
+from dormouse.engine.registry import RL_LATER_DEFAULTS, rl_difficulties, rl_skip_cells
 from dormouse.engine.stage import input_artifact, parse_job, summary, writer
 from dormouse.posttrain import chat, selection, task_eval
 from dormouse.posttrain.decode import generate
@@ -102,8 +103,8 @@ class PassRateSampler:
     rate is informative, measured online per cell, and a cell that went all-right or all-wrong is still sampled
     at the floor and noticed when the policy moves."""
 
-    def __init__(self, families: list[str], difficulties: range, cfg: dict):
-        self.cells = [(f, d) for f in families for d in difficulties]
+    def __init__(self, families: list[str], difficulties: range, cfg: dict, skip: frozenset = frozenset()):
+        self.cells = [(f, d) for f in families for d in difficulties if (f, d) not in skip]
         self.cfg = cfg
         self.recent = {cell: deque(maxlen=cfg["window"]) for cell in self.cells}
         self.pass_rates = {cell: deque(maxlen=cfg["window"]) for cell in self.cells}
@@ -294,12 +295,13 @@ def main(argv=None) -> int:
     later = {k: rl.get(k, v) for k, v in RL_LATER_DEFAULTS.items()}  # keys left out of the digest at their defaults
     difficulties = rl_difficulties(rl["curriculum"], task_params)
     curriculum = Curriculum(families, rl["curriculum"], difficulties)
+    skip = frozenset(rl_skip_cells({**rl, "skip_cells": later["skip_cells"]}, task_params))
     sampler = None
     if later["prompts"] == "pass_rate":
-        sampler = PassRateSampler(families, difficulties, rl["pass_rate"])
+        sampler = PassRateSampler(families, difficulties, rl["pass_rate"], skip)
         stream = task_eval.cell_stream("rl", sampler, rl["seed"], spread=True)
     else:
-        stream = task_eval.item_stream("rl", families, curriculum, rl["seed"], spread=True)
+        stream = task_eval.item_stream("rl", families, curriculum, rl["seed"], spread=True, skip=skip)
     gen = torch.Generator().manual_seed(rl["seed"])  # a CPU generator: the same draws on any device
     null_gen = torch.Generator().manual_seed(rl["seed"] + 1)  # rl.shuffle_rewards' permutations, apart from sampling
     G, temp, max_new = rl["group_size"], rl["temperature"], task_params["max_new_bytes"]
@@ -392,6 +394,7 @@ def main(argv=None) -> int:
         progress.note(f"[rl] end: {task_eval.held_out_line(end)}")
         checked_counters(c, cfg, train_counters, eval_counters, "rl", trained=c["rl.updates"] > 0)
         c["rl.steps"] = rl["steps"]
+        c["rl.skipped_cells"] = len(skip)
         art.extra["final"] = {"start": start, "end": end, "eval_bytes": eval_bytes, "heldout_items": len(heldout),
                               "curriculum_levels": dict(curriculum.level) if sampler is None else None,
                               "pass_rate_cells": sampler.report() if sampler is not None else None,
