@@ -10,8 +10,9 @@
 #   (carried: .whl_chain, .job and the shard and anchors artifacts prepare_device.sh names; the sft stays there):
 #   WHL=.whl_chain bash benchmarks/gpu_rl_acceptance.sh        (ARMS default: rl_s0 rl_s1 rl_s2 null_s0, issue #40)
 # Back in $OUT: rl_acceptance.tar (the device returns 8 files a call), holding every call's <arm>_<stage>.log, the sft
-# model's rl_diagnosis.{tsv,json,log} (run beside the rl arms; DIAG=0 skips it) and, once benched, bench_<arm>.json and
-# rl_acceptance_<recipe>.json; they accumulate in $LOGS while the machine stays warm.
+# model's rl_diagnosis.{tsv,json,log} (run beside the rl arms; DIAG=0 skips it) and, once benched, bench_<arm>.json,
+# rl_acceptance_<recipe>.json and rl_dev_curves_<recipe>.png (every arm's dev curve, the null arm's too); they
+# accumulate in $LOGS while the machine stays warm.
 # Here (CPU, tiny jobs; tests/test_rl_acceptance.py): PY=.venv/bin/python PRESET=tiny ARMS="a_s0 a_s1" bash ...
 set -uo pipefail
 PY=${PY:-python3}
@@ -79,6 +80,7 @@ done
 for r in "${recipes[@]}"; do
   benches=()
   for a in $ARMS; do [ "${a%_s*}" = "$r" ] && benches+=("$LOGS/bench_$a.json"); done
-  $PY "$(dirname "$0")/rl_acceptance.py" --bench "${benches[@]}" "${nulls[@]}" --out "$LOGS/rl_acceptance_$r.json"
+  $PY "$(dirname "$0")/rl_acceptance.py" --bench "${benches[@]}" "${nulls[@]}" --out "$LOGS/rl_acceptance_$r.json" \
+    --plot "$LOGS/rl_dev_curves_$r.png"
   echo "$r: rl_acceptance exit $? (0 accepted, 1 not)"
 done

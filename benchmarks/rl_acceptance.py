@@ -11,7 +11,8 @@ least --min-seeds (default 3) distinct rl runs of one sft model and, when --null
 rl.shuffle_rewards: the rewards permuted within each group), the null arm's held-out z is below --null-max-z (default
 1) on the same sft model: the gain is RL's, not the selection's. The pooled row sums the seeds' gained and lost items
 (the same held-out items in every seed, so it is a summary, not a test). Exit 0 when accepted, 1 when not, 2 on bad
-input.
+input. --plot PNG draws every arm's dev curve (selection.curve from its bench.json's upstream rl: dev accuracy at
+step 0 and each checkpoint), the shipped step marked, the null arm dashed.
 """
 
 from __future__ import annotations
@@ -77,6 +78,39 @@ def accept(benches: dict[Path, dict], min_z: float = 2.0, max_bpb_rise: float = 
     }
 
 
+def dev_curves(benches: dict[Path, dict], null: tuple[Path, dict] | None) -> list[dict]:
+    """Per arm: its label, rl digest, dev curve [(step, accuracy)], shipped step, and whether it is the null arm."""
+    arms = [(p, b, False) for p, b in benches.items()] + ([(null[0], null[1], True)] if null else [])
+    out = []
+    for path, bench, is_null in arms:
+        sel = ((bench["upstream"]["rl"].get("final") or {}).get("selection")) or {}
+        out.append({"label": f"{'null ' if is_null else ''}{path.stem} ({bench['upstream']['rl']['digest'][:8]})",
+                    "curve": [tuple(p) for p in sel.get("curve", [])], "selected": sel.get("selected_step"),
+                    "null": is_null})
+    return out
+
+
+def plot_dev_curves(curves: list[dict], path: Path) -> None:
+    """One PNG: each arm's dev accuracy per checkpoint, its shipped step a filled marker (matplotlib's Agg canvas)."""
+    from dormouse.engine.plots import new_figure, save
+
+    fig, (ax,) = new_figure(8, 4.5)
+    for arm in curves:
+        if not arm["curve"]:
+            continue
+        steps, accs = zip(*arm["curve"], strict=True)
+        line, = ax.plot(steps, accs, "--" if arm["null"] else "-", marker="o", markersize=3, label=arm["label"])
+        if arm["selected"] in steps:
+            ax.plot([arm["selected"]], [accs[steps.index(arm["selected"])]], "o", markersize=9, color=line.get_color(),
+                    markerfacecolor="none")
+    ax.set_xlabel("rl step (0: the sft model)")
+    ax.set_ylabel("dev greedy accuracy (distinct prompts)")
+    ax.set_title("rl dev curves; the ring marks the step that shipped")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    save(fig, path)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--bench", type=Path, nargs="+", required=True, help="bench.json files, one per rl seed")
@@ -86,6 +120,7 @@ def main(argv=None) -> int:
     ap.add_argument("--null", type=Path, default=None, help="the null arm's bench.json (rl.shuffle_rewards)")
     ap.add_argument("--null-max-z", type=float, default=1.0)
     ap.add_argument("--out", type=Path, default=None)
+    ap.add_argument("--plot", type=Path, default=None, help="PNG of every arm's dev curve")
     args = ap.parse_args(argv)
     try:
         benches = {p: json.loads(p.read_text()) for p in args.bench}
@@ -108,6 +143,8 @@ def main(argv=None) -> int:
           f"{'ACCEPTED' if result['accepted'] else 'NOT ACCEPTED'}")
     if args.out:
         args.out.write_text(json.dumps(result, indent=1) + "\n")
+    if args.plot:
+        plot_dev_curves(dev_curves(benches, null), args.plot)
     return 0 if result["accepted"] else 1
 
 

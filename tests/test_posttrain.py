@@ -536,7 +536,8 @@ def test_gpu_rl_acceptance_script_runs_the_arms_side_by_side(chain, tmp_path):
 
     with tarfile.open(tmp_path / "out" / "rl_acceptance.tar") as tar:  # one file back from the device
         names = {Path(n).name for n in tar.getnames()}
-    assert {"a_s1_rl.log", "a_s2_bench.log", "bench_a_s1.json", "rl_acceptance_a.json", "rl_diagnosis.json"} <= names
+    assert {"a_s1_rl.log", "a_s2_bench.log", "bench_a_s1.json", "rl_acceptance_a.json", "rl_diagnosis.json",
+            "rl_dev_curves_a.png"} <= names
     assert "cells where" in first.stdout  # the diagnosis of the sft model ran beside the rl arms
     result = json.loads((tmp_path / "logs" / "rl_acceptance_a.json").read_text())
     assert len(result["seeds"]) == 2 and result["one_sft"] and result["distinct_rl"]

@@ -19,7 +19,8 @@ def bench(gained: int, lost: int, sampled_rl: float = 0.25, bpb_rl: float = 1.62
     z = (gained - lost) / (gained + lost) ** 0.5
     return {"stages": {"sft": stage(0.208, 0.185, 1.60), "rl": stage(0.208 + (gained - lost) / 384, sampled_rl, bpb_rl)},
             "paired": {"rl_vs_sft": {"gained": gained, "lost": lost, "z": round(z, 3)}},
-            "upstream": {"rl": {"digest": rl, "final": {"selection": {"selected_step": 40}}}, "sft": {"digest": "s", "final": {}}}}
+            "upstream": {"rl": {"digest": rl, "final": {"selection": {"selected_step": 40,
+                                                                     "curve": [[0, 0.2], [20, 0.22], [40, 0.25]]}}}, "sft": {"digest": "s", "final": {}}}}
 
 
 def test_three_seeds_that_each_pass_with_a_null_arm_are_accepted_and_pool(tmp_path):
@@ -28,7 +29,11 @@ def test_three_seeds_that_each_pass_with_a_null_arm_are_accepted_and_pool(tmp_pa
         files.append(tmp_path / f"b{i}.json")
         files[-1].write_text(json.dumps(b))
     out = tmp_path / "acc.json"
-    assert acc.main(["--bench", *map(str, files[:3]), "--null", str(files[3]), "--out", str(out)]) == 0
+    png = tmp_path / "dev.png"
+    assert acc.main(["--bench", *map(str, files[:3]), "--null", str(files[3]), "--out", str(out), "--plot", str(png)]) == 0
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    curves = acc.dev_curves({f: json.loads(f.read_text()) for f in files[:3]}, (files[3], json.loads(files[3].read_text())))
+    assert [c["null"] for c in curves] == [False, False, False, True] and curves[0]["curve"][-1] == (40, 0.25)
     r = json.loads(out.read_text())
     assert r["accepted"] and r["one_sft"] and r["pooled"]["gained"] == 83 and r["pooled"]["lost"] == 27
     assert [s["selected_step"] for s in r["seeds"]] == [40, 40, 40] and r["null"]["passes"]
