@@ -74,7 +74,7 @@ nulls=()  # null_s<seed> arms (rl.shuffle_rewards): given to every recipe's acce
 for a in $ARMS; do
   cp "$(out_of "$JOBS/$a/${PRESET}_bench.json")/bench.json" "$LOGS/bench_$a.json"
   r=${a%_s*}
-  if [ "$r" = null ]; then nulls+=(--null "$LOGS/bench_$a.json"); continue; fi
+  if [ "$r" = null ]; then [ ${#nulls[@]} -eq 0 ] && nulls=(--null "$LOGS/bench_$a.json"); continue; fi  # the first
   [[ " ${recipes[*]-} " == *" $r "* ]] || recipes+=("$r")
 done
 for r in "${recipes[@]}"; do

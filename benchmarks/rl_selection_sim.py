@@ -21,7 +21,7 @@ Rules, each deciding from the same per-item correctness lists:
   old     (rl format 10) each checkpoint against step 0 on all the items by the paired sign test; the most accurate
           with z >= 2.0 ships (the earliest on a tie), else step 0
   bonferroni  (the stage's default rule) selection.decide(rule="bonferroni"): each checkpoint on all the items at
-          the one-sided z of 0.05 / 10 planned checkpoints (2.576); the most accurate that passes ships
+          the exact one-sided sign test's p <= 0.05 / 10 planned checkpoints; the most accurate that passes ships
   new     selection.decide(rule="select_then_confirm"): the best on the select half, shipped if z >= min_z against
           step 0 on the confirm half; at the schema's default min_z and at 2.0
 

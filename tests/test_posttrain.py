@@ -244,8 +244,8 @@ def test_rl_trains_on_signal_groups_and_ships_the_selected_checkpoint(chain, mon
     rl = job["params"]["rl"]
     rl.update({"steps": 4, "prompts_per_step": 3, "group_size": 4, "warmup_steps": 1, "lr": 0.01,
                "select": {**rl["select"], "every": 2, "items_per_cell": 4, "min_z": 2.0, "rule": rule},
-               **({"shuffle_rewards": True, "skip_cells": [f"{job['params']['tasks']['families'][-1]}@1"]}
-                  if shuffle else {})})
+               **({"shuffle_rewards": True, "skip_cells": [f"{job['params']['tasks']['families'][-1]}@2"]}
+                  if shuffle else {})})  # the fixture's curriculum climbs to 2: a family's top cell may be skipped
     digest = artifact_digest("rl", job["format_version"], job["params"],
                              {k: v["digest"] for k, v in job["inputs"].items()}, job["retractions"])
     out = Path(job["out"]).parent / digest
@@ -262,7 +262,7 @@ def test_rl_trains_on_signal_groups_and_ships_the_selected_checkpoint(chain, mon
     assert c["train.engram.rows_read"] > 0 and c["train.kda_path.torch"] > 0
     assert c.get("rl.null_shuffled_groups", 0) == (c["rl.groups_trained"] if shuffle else 0)
     skipped = job["params"]["tasks"]["families"][-1]
-    assert c["rl.skipped_cells"] == int(shuffle) and (c.get(f"rl.cell_groups.{skipped}.1", 0) == 0) == shuffle
+    assert c["rl.skipped_cells"] == int(shuffle) and (c.get(f"rl.cell_groups.{skipped}.2", 0) == 0) == shuffle
     sel = m["final"]["selection"]
     assert [s for s, _ in sel["curve"]] == [0, 2, 4] and sel["dev_items"] == 2 * 1 * 4
     assert [p["step"] for p in sel["vs_step0"]] == [2, 4] and sel["rule"] == rule and c["rl.steps_run"] == 4
@@ -272,8 +272,8 @@ def test_rl_trains_on_signal_groups_and_ships_the_selected_checkpoint(chain, mon
         assert sel["candidate_step"] == min(h["step"] for h in sel["halves"][1:] if (h["select"] or 0) == best)
         assert sel["selected_step"] == (sel["candidate_step"] if sel["confirm"]["z"] >= sel["min_z"] else 0)
     else:
-        assert sel["planned_checkpoints"] == 2 and sel["z_crit"] == 1.96 and [t["step"] for t in sel["tests"]] == [2, 4]
-        passing = [t["step"] for t in sel["tests"] if t["z"] >= sel["z_crit"]]
+        assert sel["planned_checkpoints"] == 2 and sel["p_crit"] == 0.025 and [t["step"] for t in sel["tests"]] == [2, 4]
+        passing = [t["step"] for t in sel["tests"] if t["p"] <= sel["p_crit"]]
         assert (sel["selected_step"] in passing) if passing else sel["selected_step"] == 0
     sft_dir = work / plan.artifact_dir("sft", plan.chain["tiny"]["sft"])
     shipped, sft_w = load_file(work / out / "model.safetensors"), load_file(sft_dir / "model.safetensors")
@@ -344,9 +344,9 @@ def test_selection_ships_step0_when_the_gain_is_on_the_select_half_alone(monkeyp
 
 
 def test_bonferroni_ships_the_most_accurate_checkpoint_past_the_corrected_z(monkeypatch):
-    """Checks at steps 2..8 of a run planned to 20 (10 checks at every 2): z_crit is the one-sided z of 0.05 / 10 =
-    2.576. Step 4 passes (8 gained: z 2.828) and step 6 ties it; step 8 is more accurate but z 2.236 (15 gained, 5
-    lost): step 4 ships."""
+    """Checks at steps 2..8 of a run planned to 20 (10 checks at every 2): p_crit is 0.05 / 10. Step 4 passes (8
+    gained, none lost: the exact sign test's p = 1/256) and step 6 ties it; step 8 is more accurate but p 0.0207 (15
+    gained, 5 lost): step 4 ships."""
     n = 60
     def row(right):
         return [i in right for i in range(n)]
@@ -355,11 +355,11 @@ def test_bonferroni_ships_the_most_accurate_checkpoint_past_the_corrected_z(monk
             row(set(range(45, 55)) | set(range(15)))]
     sel, model, weights = run_selection(monkeypatch, rows, 1.7, rule="bonferroni", steps=20)
     r = sel.report()
-    assert r["planned_checkpoints"] == 10 and r["z_crit"] == 2.576 and r["selected_step"] == 4
-    assert [t["z"] for t in r["tests"]] == [1.732, 2.828, 2.828, 2.236] and torch.equal(model.weight, weights[4])
-    # planned to these 4 checks only: z_crit 2.241, and step 8's 2.236 still falls short
+    assert r["planned_checkpoints"] == 10 and r["p_crit"] == 0.005 and r["selected_step"] == 4
+    assert [t["p"] for t in r["tests"]] == [0.125, 0.003906, 0.003906, 0.02069] and torch.equal(model.weight, weights[4])
+    # planned to these 4 checks only: p_crit 0.0125, and step 8's 0.0207 still falls short
     sel, *_ = run_selection(monkeypatch, rows, 1.7, rule="bonferroni")
-    assert sel.report()["z_crit"] == 2.241 and sel.report()["selected_step"] == 4
+    assert sel.report()["p_crit"] == 0.0125 and sel.report()["selected_step"] == 4
     # nothing passes: step 0 ships
     sel, model, weights = run_selection(monkeypatch, rows[:2], 1.7, rule="bonferroni", steps=20)
     assert sel.report()["selected_step"] == 0 and torch.equal(model.weight, weights[0])

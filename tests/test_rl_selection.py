@@ -2,6 +2,7 @@
 the other; and benchmarks/rl_selection_sim.py's null false-ship rate for it."""
 
 import importlib.util
+import math
 from pathlib import Path
 
 import pytest
@@ -30,7 +31,7 @@ def test_the_halves_split_distinct_prompts_by_a_hash_slice_the_splits_do_not_rea
 
 
 def test_ships_a_gain_on_both_halves():
-    d = selection.decide([0, 10, 20], [row(set()), row(set(SEL[:6]) | set(CONF[:6])), row(set(SEL[:3]))], PROMPTS, 1.7)
+    d = selection.decide([0, 10, 20], [row(set()), row(set(SEL[:6]) | set(CONF[:6])), row(set(SEL[:3]))], PROMPTS, 1.7, rule="select_then_confirm")
     assert d["rule"] == "select_then_confirm" and d["candidate_step"] == 10 and d["selected_step"] == 10
     assert d["confirm"] == {"gained": 6, "lost": 0, "z": 2.449, "units": len(CONF)}
     assert (d["select_items"], d["confirm_items"]) == (len(SEL), len(CONF))
@@ -38,7 +39,7 @@ def test_ships_a_gain_on_both_halves():
 
 
 def test_refuses_a_gain_on_the_select_half_alone():
-    d = selection.decide([0, 10], [row(set(CONF[:2])), row(set(SEL) | set(CONF[:2]))], PROMPTS, 1.7)
+    d = selection.decide([0, 10], [row(set(CONF[:2])), row(set(SEL) | set(CONF[:2]))], PROMPTS, 1.7, rule="select_then_confirm")
     assert d["candidate_step"] == 10 and d["selected_step"] == 0
     assert d["confirm"] == {"gained": 0, "lost": 0, "z": 0.0, "units": len(CONF)}
 
@@ -47,21 +48,21 @@ def test_the_earliest_of_tied_candidates_and_the_confirm_half_does_not_choose():
     # 20 and 30 tie on the select half; 30 is far better on the confirm half, yet 20 is the candidate
     gain = set(SEL[:4])
     rows = [row(set()), row(set(SEL[:2])), row(gain | set(CONF[:5])), row(gain | set(CONF))]
-    d = selection.decide([0, 10, 20, 30], rows, PROMPTS, 1.7)
+    d = selection.decide([0, 10, 20, 30], rows, PROMPTS, 1.7, rule="select_then_confirm")
     assert d["candidate_step"] == 20 and d["selected_step"] == 20 and d["confirm"]["gained"] == 5
 
 
 def test_step0_ships_without_checkpoints():
-    d = selection.decide([0], [row(set(SEL))], PROMPTS, 1.7)
+    d = selection.decide([0], [row(set(SEL))], PROMPTS, 1.7, rule="select_then_confirm")
     assert d["candidate_step"] == 0 and d["selected_step"] == 0 and d["confirm"]["z"] == 0.0
     with pytest.raises(ValueError):
-        selection.decide([10], [row(set())], PROMPTS, 1.7)
+        selection.decide([10], [row(set())], PROMPTS, 1.7, rule="select_then_confirm")
 
 
 def test_repeated_prompts_count_once_in_the_confirm_test():
     prompts = PROMPTS + [PROMPTS[CONF[0]]] * 6  # the first confirm prompt asked 7 times
     base, new = row(set(), 46), row(set(SEL[:5]) | {CONF[0], *range(40, 46)}, 46)
-    d = selection.decide([0, 10], [base, new], prompts, 0.5)
+    d = selection.decide([0, 10], [base, new], prompts, 0.5, rule="select_then_confirm")
     assert d["confirm"]["gained"] == 1 and d["confirm_items"] == len(CONF)
 
 
@@ -86,14 +87,16 @@ def test_bonferronis_simulated_null_rate_is_at_most_alpha_and_it_ships_a_real_ga
 
 
 def test_bonferroni_in_decide():
-    """z_crit from alpha over the planned checkpoints; the most accurate passing checkpoint, the earliest on a tie."""
-    assert round(selection.z_crit(0.05, 10), 3) == 2.576 and round(selection.z_crit(0.05, 1), 3) == 1.645
+    """p_crit is alpha over the planned checkpoints, p the exact one-sided sign test's; the most accurate passing
+    checkpoint ships, the earliest on a tie."""
+    assert selection.p_crit(0.05, 10) == 0.005 and selection.sign_p(8, 0) == 1 / 256 and selection.sign_p(0, 0) == 1.0
+    assert selection.sign_p(15, 5) == sum(math.comb(20, k) for k in range(15, 21)) / 2**20
     base = row(set(range(30, 40)))
     gain8, gain9 = row(set(range(30, 40)) | set(range(8))), row(set(range(30, 40)) | set(range(9)))
     d = selection.decide([0, 10, 20, 30], [base, gain8, gain9, gain9], PROMPTS, rule="bonferroni", planned=3)
-    assert d["selected_step"] == 20 and d["candidate_step"] == 20 and d["z_crit"] == 2.128
+    assert d["selected_step"] == 20 and d["candidate_step"] == 20 and d["p_crit"] == 0.01667
     assert [t["z"] for t in d["tests"]] == [2.828, 3.0, 3.0]
     d = selection.decide([0, 10], [base, gain8], PROMPTS, rule="bonferroni", planned=1000)
-    assert d["selected_step"] == 0 and d["z_crit"] > 2.828
+    assert d["selected_step"] == 0 and d["p_crit"] < 1 / 256
     with pytest.raises(ValueError, match="planned"):
         selection.decide([0, 10, 20], [base, gain8, gain9], PROMPTS, rule="bonferroni", planned=1)

@@ -139,3 +139,8 @@ def test_skip_cells_must_name_cells_rl_trains_and_leave_one():
         rl_skip_cells({"curriculum": cur, "skip_cells": ["mul@1"]}, tp)
     with pytest.raises(ConfigError, match="leaves rl no cell"):
         rl_skip_cells({"curriculum": cur, "skip_cells": ["add@1", "add@2", "sort@1", "sort@2"]}, tp)
+    # under the curriculum a family's lower cell cannot go while a higher one stays: it would never be promoted past it
+    with pytest.raises(ConfigError, match="add@1 lies below add@2"):
+        rl_skip_cells({"curriculum": cur, "skip_cells": ["add@1"]}, tp)
+    assert rl_skip_cells({"curriculum": cur, "skip_cells": ["add@1", "add@2"]}, tp) == {("add", 1), ("add", 2)}
+    assert rl_skip_cells({"curriculum": cur, "prompts": "pass_rate", "skip_cells": ["add@1"]}, tp) == {("add", 1)}

@@ -124,6 +124,15 @@ def rl_skip_cells(rl: dict, task_params: dict) -> set[tuple[str, int]]:
         skip.add((family, int(level)))
     if skip >= trained:
         raise ConfigError(f"rl.skip_cells {sorted(rl['skip_cells'])} leaves rl no cell to train")
+    if rl.get("prompts", "curriculum") == "curriculum":
+        # a family moves up only after groups at its frontier: a skipped cell below an open one would freeze it there
+        for family in task_params["families"]:
+            open_levels = [d for d in difficulties if (family, d) not in skip]
+            frozen = [d for d in difficulties if (family, d) in skip and open_levels and d < max(open_levels)]
+            if frozen:
+                raise ConfigError(f"rl.skip_cells: {family}@{frozen[0]} lies below {family}@{max(open_levels)}, which "
+                                  "the curriculum reaches only through it: skip a family's top cells only (or use "
+                                  "rl.prompts: pass_rate)")
     return skip
 
 
@@ -150,6 +159,7 @@ def _posttrain(stage: str) -> Callable[[dict], dict]:
         section = omit_defaults(preset[stage], POSTTRAIN_LATER_DEFAULTS)
         if stage == "rl":
             rl_skip_cells(section, preset["tasks"])  # a curriculum with no difficulty, or a skip of no cell, fails the plan
+            section["skip_cells"] = sorted(section.get("skip_cells", []))  # one digest whatever the order written
             section = omit_defaults(section, RL_LATER_DEFAULTS)
             if "prompts" not in section:  # pass_rate settings only matter when rl.prompts is pass_rate
                 section.pop("pass_rate", None)
@@ -205,8 +215,8 @@ STAGES: dict[str, Stage] = {s.name: s for s in (
         "9: as sft 7",
         "10: the curriculum draws every unlocked difficulty, within tasks.difficulties by default; each rl seed starts "
         "its own place in every cell's prompts; selection's sign test counts each distinct dev prompt once",
-        "11: select.rule (bonferroni by default: each checkpoint against step 0 at the z of alpha over the planned "
-        "checkpoints; select_then_confirm: a select half, then a confirm half at min_z 1.7; "
+        "11: select.rule (bonferroni by default: each checkpoint against step 0, exact sign test at p <= alpha over "
+        "the planned checkpoints; select_then_confirm: a select half, then a confirm half at min_z 1.7; "
         "dormouse/posttrain/selection.py); rl stops at the dev plateau (select.plateau)")),
     Stage("export", "quantized rungs (bf16 .. ternary) with bytes on disk and their BPB", 3, ("rl", "shard"),
           _export, (

@@ -119,7 +119,7 @@ def accuracy(model, items: list[tasks.Item], max_new_bytes: int, device, dtype: 
     grades = [grade(it, g) for it, g in zip(items, replies, strict=True)]
     return {"n": len(items), **tally(list(zip(items, grades))),
             "distinct_replies": len({chat.parse_assistant(g) for g in replies}),
-            "distinct_prompts": len({it.prompt for it in items}),  # small cells repeat prompts: the independent count
+            "distinct_prompts": len({it.prompt for it in items}),  # the independent count (heldout_items: all distinct)
             "constant_baseline": constant_baseline(items),
             **({"items_correct": "".join("1" if g == "correct" else "0" for g in grades)} if per_item else {})}
 
@@ -160,8 +160,9 @@ def heldout_accuracy(model, items: list[tasks.Item], task_params: dict, device, 
 def item_stream(split: str, families: list[str], difficulty_of, seed: int, spread: bool = False,
                 skip: frozenset = frozenset()) -> Iterator[tasks.Item]:
     """An endless seeded stream of `split` items: family drawn uniformly, difficulty from
-    `difficulty_of(family, rng)` (fixed list or a curriculum); a (family, difficulty) in `skip` is drawn again (a
-    family whose every open cell is skipped waits); spread as in cell_stream."""
+    `difficulty_of(family, rng)` (fixed list or a curriculum); a (family, difficulty) in `skip` is drawn again, so a
+    family with skipped cells is drawn less often (rl_skip_cells allows only a family's top cells under a curriculum,
+    which never freezes one); spread as in cell_stream."""
     def cell_of(rng):
         for _ in range(10_000):
             fam = rng.choice(families)

@@ -24,7 +24,7 @@ rl.cell_groups_teaching.*). Each seed starts at its own place in every cell's pr
 Model selection (dormouse/posttrain/selection.py): every `select.every` steps (and at step 0, the SFT model)
 greedy exact match on the dev split (task_eval.dev_items: distinct prompts rl never trains on and the held-out set
 never asks). `select.rule` bonferroni (default): the most accurate checkpoint whose paired sign test against step 0
-on all the dev prompts reaches the one-sided z of alpha / the planned checkpoints ships, else the SFT weights;
+on all the dev prompts (exact, one-sided) reaches p <= alpha / the planned checkpoints ships, else the SFT weights;
 select_then_confirm: the best on a select half ships if it beats step 0 on the confirm half at z >= min_z. Either
 ships a checkpoint no better than step 0 at most ~alpha of the time (benchmarks/rl_selection_sim.py). rl stops
 early when dev accuracy reaches its plateau (`select.plateau`). `shuffle_rewards`: the null arm (each group's
@@ -131,7 +131,7 @@ class PassRateSampler:
 class Selection:
     """Greedy dev correctness per item at step 0 (the SFT model) and every `select.every` steps; `restore` then ships
     what selection.decide picks under `select.rule` (bonferroni by default: the most accurate checkpoint that beats
-    step 0 on all the dev prompts at the z of alpha / the planned checkpoints), else step 0. Two CPU copies are kept:
+    step 0 on all the dev prompts at p <= alpha / the planned checkpoints), else step 0. Two CPU copies are kept:
     step 0's and the rule's candidate so far (selection.candidate stays put or moves to the newest step). Testing each
     of ten checkpoints at z >= 2 and shipping the best that passed (format 10) shipped noise ~17 % of the time under
     the null (benchmarks/rl_selection_sim.py). `stop` says when dev accuracy has reached its plateau
@@ -218,9 +218,9 @@ class Selection:
 def selection_line(r: dict) -> str:
     """The selection's evidence in one line."""
     if r["rule"] == "bonferroni":
-        best = max(r["tests"], key=lambda t: t["z"], default=None)
-        return (f"bonferroni: z_crit {r['z_crit']} for alpha {r['alpha']} over {r['planned_checkpoints']} planned "
-                f"checkpoints; best z {best['z'] if best else None} at step {best['step'] if best else None}")
+        best = min(r["tests"], key=lambda t: t["p"], default=None)
+        return (f"bonferroni: p <= {r['p_crit']} (alpha {r['alpha']} over {r['planned_checkpoints']} planned "
+                f"checkpoints); the least p {best['p'] if best else None} at step {best['step'] if best else None}")
     return (f"candidate {r['candidate_step']}, best on the select half; on the confirm half vs step 0: gained "
             f"{r['confirm']['gained']} lost {r['confirm']['lost']} z {r['confirm']['z']}, min_z {r['min_z']}")
 
