@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import os
 import sys
 
@@ -28,6 +29,10 @@ COMMANDS = {
 }
 
 
+# commands that need an optional extra: (the module that must import, the one line that installs it)
+EXTRAS = {"lm-eval": ("lm_eval", "pip install -e '.[lmeval]'  (lm_eval==0.4.13; `make test` installs it too)")}
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv and argv[0] in ("-V", "--version"):
@@ -51,6 +56,10 @@ def main(argv: list[str] | None = None) -> int:
     from dormouse.engine.lifeline import tie_to_snakemake
 
     tie_to_snakemake()  # a job of a killed Snakemake does not run on as an orphan
+    if argv[0] in EXTRAS and importlib.util.find_spec(EXTRAS[argv[0]][0]) is None:
+        print(f"dormouse {argv[0]}: needs the {EXTRAS[argv[0]][0]} package, not installed here: {EXTRAS[argv[0]][1]}",
+              file=sys.stderr)
+        return 2
     module_name, _, *fn = COMMANDS[argv[0]]
     entry = getattr(importlib.import_module(module_name), fn[0] if fn else "main")
     try:

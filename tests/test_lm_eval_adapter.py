@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import math
 from collections import Counter
+from pathlib import Path
 
 import pytest
 import torch
@@ -232,3 +233,34 @@ def test_sft_rl_and_export_artifacts_load_with_their_own_window(tmp_path):
     assert lm.window == 40 and lm.model.head_weight.shape == model.head_weight.shape
     with pytest.raises(ValueError, match="name a rung"):
         DormouseLM(pretrained=str(exp))
+
+
+def test_pretrained_takes_a_dir_or_a_preset_and_says_what_is_missing(tmp_path, monkeypatch):
+    """pretrained= as `dormouse serve --preset` reads it: a dir as is, a preset name for its rl model, `<preset>/<stage>`;
+    an unknown name or a model not built is one line naming what to do (was a FileNotFoundError traceback)."""
+    from dormouse.posttrain.lm_eval_adapter import resolve_pretrained
+
+    assert resolve_pretrained(tmp_path) == tmp_path
+    work = tmp_path / "clone"
+    work.mkdir()
+    (work / "config").symlink_to(Path(__file__).resolve().parents[1] / "config")
+    monkeypatch.chdir(work)  # a clone where nothing is built
+    with pytest.raises(SystemExit, match=r"pretrained=gpt-4o is neither an artifact dir nor a preset \(presets: tiny"):
+        resolve_pretrained("gpt-4o")
+    with pytest.raises(SystemExit, match=r"preset tiny's sft model .*results/store/sft/.* is not built yet: snakemake "
+                                         r"results/tiny/bench.json"):
+        resolve_pretrained("tiny/sft")
+    with pytest.raises(SystemExit, match="preset tiny has no stage 'bench2'"):
+        resolve_pretrained("tiny/bench2")
+
+
+def test_lm_eval_without_the_extra_is_one_line(monkeypatch, capsys):
+    import importlib.util
+
+    from dormouse import cli
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "lm_eval" else real(name, *a))
+    assert cli.main(["lm-eval", "--help"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "pip install -e '.[lmeval]'" in err[0]

@@ -3,6 +3,7 @@
     pip install -e '.[lmeval]'
     dormouse lm-eval --model dormouse --model_args pretrained=results/store/rl/<digest> --tasks <task>
     dormouse lm-eval --model dormouse --model_args pretrained=results/store/export/<digest>,rung=int8 --tasks <task>
+    dormouse lm-eval --model dormouse --model_args pretrained=tiny --tasks <task>   # a preset's rl (tiny/sft, tiny/export)
 
 (`dormouse lm-eval` is lm-eval's own command line with this model registered: lm-eval 0.4.13 has no plugin
 entry point, so a bare `lm_eval --model dormouse` cannot find it. In Python: `lm_eval.simple_evaluate(
@@ -68,6 +69,31 @@ class _PlainDir:
         return p
 
 
+def resolve_pretrained(spec: str | Path) -> Path:
+    """`pretrained=`: an artifact dir, or a preset name (its rl model), or `<preset>/<stage>` (pretrain, sft, rl,
+    export: then name a rung too), resolved through the plan of the clone around the cwd, as `dormouse serve
+    --preset` does. A preset's model not built yet, or a name that is neither, is a one-line error."""
+    path = Path(spec)
+    if path.exists():
+        return path
+    from dormouse.engine.plan import load_plan
+
+    preset, _, stage = str(spec).partition("/")
+    plan = load_plan(None)
+    if preset not in plan.presets:
+        raise SystemExit(f"dormouse lm-eval: pretrained={spec} is neither an artifact dir nor a preset "
+                         f"(presets: {', '.join(plan.presets)}; or a store path, results/store/<stage>/<digest>)")
+    stage = stage or "rl"
+    if stage not in plan.chain[preset]:
+        raise SystemExit(f"dormouse lm-eval: pretrained={spec}: preset {preset} has no stage {stage!r} "
+                         f"(stages: {', '.join(s for s in plan.chain[preset] if s in ('pretrain', 'sft', 'rl', 'export'))})")
+    path = Path(plan.artifact_dir(stage, plan.chain[preset][stage]))
+    if not (path / MANIFEST).exists():
+        raise SystemExit(f"dormouse lm-eval: preset {preset}'s {stage} model {path} is not built yet: "
+                         f"snakemake results/{preset}/bench.json")
+    return path
+
+
 def load_artifact_model(artifact_dir: str | Path, device="cpu", rung: str | None = None):
     """(ByteLM in eval mode, config.json dict) via dormouse.train.runtime.load_model (strict keys). A store
     artifact (manifest.json present) has config.json and model.safetensors checked against its manifest
@@ -109,7 +135,7 @@ class DormouseLM(LM):
                 log.warning("dormouse: device %s asked and no CUDA device visible: running on cpu", device)
             device = "cuda" if torch.cuda.is_available() else "cpu"
         self._device = torch.device(device)
-        self.model, self.config = load_artifact_model(pretrained, self._device, rung)
+        self.model, self.config = load_artifact_model(resolve_pretrained(pretrained), self._device, rung)
         window = max_length if max_length is not None else self.config["_window"]
         if window is None:
             raise ValueError(f"dormouse: {pretrained} names no window (config.json train.seq_len); pass max_length=")
