@@ -1,9 +1,12 @@
 # dormouse: raw corpus -> filter -> shard -> anchors (-> pretrain -> sft -> rl -> export -> bench).
 # `snakemake` builds results/<config.preset>/{anchors,pretrain,bench}.json; `snakemake results/<preset>/anchors.json`
 # builds another preset. The plan (preset -> stage -> digest) is made once, at parse time.
+import time
+
 from snakemake.utils import min_version
 
 min_version("9.20")
+STARTED = time.time()  # the headline below names the bench.json files this run wrote
 
 
 configfile: "config/config.yaml"
@@ -22,6 +25,10 @@ rule all:
         f"results/{config['preset']}/bench.json",
         f"results/{config['preset']}/plots/curves.png",
     default_target: True
+
+
+onsuccess:
+    shell(f"dormouse headline --since {STARTED} || true")  # what the run found; never fails the run
 
 
 include: "workflow/rules/corpus.smk"

@@ -22,6 +22,7 @@ COMMANDS = {
     "verdict": ("dormouse.engine.experiments", "judge an A/B experiment's arms over seeds (WIN / LOSE / TIE / INVALID)"),
     "history": ("dormouse.engine.history", "pretrain throughput/memory history; --check fails on a regression (default tolerance 0.10)"),
     "view": ("dormouse.engine.views", "write a per-preset result file from an artifact and its chain"),
+    "headline": ("dormouse.engine.headline", "what a run found: BPB against the anchors, task accuracy per stage, rungs"),
     "pack": ("dormouse.engine.transport", "an artifact into zstd parts of <= 60 MiB with their sha256 (to carry it)", "pack_main"),
     "unpack": ("dormouse.engine.transport", "verify carried parts and rebuild their artifact in the store", "unpack_main"),
     "lm-eval": ("dormouse.posttrain.lm_eval_adapter", "lm-evaluation-harness's CLI with the model \"dormouse\" registered (any artifact, any rung)"),
