@@ -53,7 +53,7 @@ def main(argv: list[str] | None = None) -> int:
         for name, (_, help_, *_fn) in COMMANDS.items():
             print(f"  {name:12s} {help_}")
         return 0 if argv else 2
-    from dormouse.engine.config import ConfigError
+    from dormouse.engine.config import ConfigError, InputError
     from dormouse.engine.lifeline import tie_to_snakemake
 
     tie_to_snakemake()  # a job of a killed Snakemake does not run on as an orphan
@@ -65,7 +65,7 @@ def main(argv: list[str] | None = None) -> int:
     entry = getattr(importlib.import_module(module_name), fn[0] if fn else "main")
     try:
         return int(entry(argv[1:]) or 0)
-    except ConfigError as e:
+    except (ConfigError, InputError) as e:  # the message names the file and the fix: one line, not a traceback
         print(f"dormouse {argv[0]}: {e}", file=sys.stderr)
         return 2
     except BrokenPipeError:  # `dormouse plan | head`: the reader left; stop quietly, as other tools do

@@ -166,7 +166,9 @@ def test_non_utf8_bytes(tmp_path):
         read(path)
     txt = tmp_path / "y.txt"
     txt.write_bytes(b"ok then \xff\xfe broken")
-    with pytest.raises(ReadError, match=r"y\.txt: not UTF-8 at byte 8"):
+    with pytest.raises(ReadError, match=r"y\.txt: not UTF-8 at byte 8.*data\.reader\.on_bad_record: skip counts and "
+                                        r"skips such records, e\.g\. snakemake \.\.\. --config set=data\.reader\."
+                                        r"on_bad_record=skip"):
         read(txt)
     recs, counters = read(txt, on_bad_record="skip")
     assert recs[0].skip == "bad_record_invalid_utf8" and recs[0].nbytes == 17
@@ -206,3 +208,21 @@ def test_txt_file_is_one_document(tmp_path):
     path.write_text(TEXTS[0])
     recs, _ = read(path)
     assert len(recs) == 1 and recs[0].id == "doc.txt" and recs[0].text == TEXTS[0]
+
+
+def test_a_bad_input_is_one_line_from_the_command_line(tmp_path, monkeypatch, capsys):
+    """A stage stopped by bad input prints the reader's message (file, place, the policy that skips it) as one line
+    and exits 2, as a configuration mistake does: it was a traceback through Snakemake's RuleException."""
+    from dormouse import cli
+    from dormouse.engine import plan_cli
+
+    txt = tmp_path / "y.txt"
+    txt.write_bytes(b"ok then \xff\xfe broken")
+
+    def stage(argv):
+        read(txt)
+    monkeypatch.setattr(plan_cli, "main", stage)
+    assert cli.main(["plan"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("dormouse plan: ") and "y.txt: not UTF-8 at byte 8" in err[0]
+    assert "on_bad_record=skip" in err[0]

@@ -22,8 +22,10 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import zstandard
 
+from dormouse.engine.config import InputError
 
-class ReadError(ValueError):
+
+class ReadError(InputError):
     """Unreadable input; the message names the file and the line or row. A stream that breaks part-way says what
     it lost: `lost_decoded`, text bytes decoded after the last whole record; `lost_beyond`, the bytes the break
     cut off (from the zstd frame header's content size), or None when the format cannot tell (gzip, a zstd
@@ -135,7 +137,11 @@ class RecordError(ReadError):
 
 def _bad(policy: str, reason: str, message: str, counters: Counter, prefix: str) -> None:
     if policy == "error":
-        raise (RecordError if prefix == "reader.records_skipped" else ReadError)(message)
+        record = prefix == "reader.records_skipped"
+        key = "on_bad_record" if record else "on_bad_file"
+        raise (RecordError if record else ReadError)(
+            f"{message} (data.reader.{key}: skip counts and skips such {'records' if record else 'files'}, e.g. "
+            f"snakemake ... --config set=data.reader.{key}=skip)")
     counters[f"{prefix}.{reason}"] += 1
 
 

@@ -21,6 +21,11 @@ class ConfigError(ValueError):
     pass
 
 
+class InputError(ValueError):
+    """Bad input data whose message names the file, the place and the policy that would skip it: the command line
+    prints it as one line (dormouse/cli.py), not a traceback."""
+
+
 def _with_defaults(validator_class):
     # The jsonschema FAQ recipe: a validator that also fills in `default` values of missing properties.
     validate_properties = validator_class.VALIDATORS["properties"]
