@@ -114,7 +114,8 @@ def test_the_reply_is_what_generate_decodes(server, model):
     ({"messages": [{"role": "user", "content": "x"}], "n": 3}, "n"),
     ({"messages": [{"role": "user", "content": "x"}], "stream": "yes"}, "stream"),
     ({"messages": [{"role": "user", "content": "a\x02b"}]}, "messages"),
-    ({"messages": [{"role": "system", "content": "be nice"}, {"role": "user", "content": "x"}]}, "messages.0.role"),
+    ({"messages": [{"role": "tool", "content": "be nice"}, {"role": "user", "content": "x"}]}, "messages.0.role"),
+    ({"messages": [{"role": "system", "content": "be nice"}]}, "messages"),  # no user turn to open
     ({"messages": [{"role": "user", "content": "x"}, {"role": "assistant", "content": "y"}]}, "messages"),
     ({"messages": [{"role": "user", "content": 5}]}, "messages.0.content.str"),
 ])
@@ -308,6 +309,50 @@ def test_requests_that_once_crashed_or_stalled_get_a_4xx(server, path, body, sta
     r = httpx.post(server.url + path, content=json.dumps(body).encode(), headers={"content-type": "application/json"})
     assert r.status_code == status, r.text
     assert r.json()["error"]["param"] == param
+
+
+def test_a_system_message_opens_the_next_user_turn_and_is_counted(server, model):
+    """Most chat clients send a system message first; the template has no such turn, so its text opens the user's."""
+    r = httpx.post(server.url + "/v1/chat/completions", json={
+        "messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "hello"}],
+        "max_tokens": 8, "temperature": 0}).json()
+    prompt = chat.encode_turns([("user", "Be brief.\n\nhello")]) + bytes([chat.ASSISTANT])
+    want = generate(model, [prompt], 8, bf16=False)[0].split(bytes([chat.END]))[0]
+    assert r["choices"][0]["message"]["content"] == want.decode("utf-8", "replace")
+    assert r["usage"]["prompt_tokens"] == len(prompt)
+    assert httpx.get(server.url + "/health").json()["counters"]["serve.system_messages_folded"] >= 1
+
+
+def test_models_are_named_as_openai_names_them_and_what_is_not_supported_says_so(server):
+    """An unknown model is a 404 (as vLLM answers; it was served by whatever model ran), GET /v1/models/<id> is the
+    model card (client.models.retrieve), and a sampling option we lack says "not supported" rather than a bound."""
+    openai = pytest.importorskip("openai")
+    client = openai.OpenAI(base_url=server.url + "/v1", api_key="unused")
+    assert client.models.retrieve("dormouse-test").id == "dormouse-test"
+    with pytest.raises(openai.NotFoundError):
+        client.models.retrieve("gpt-4o")
+    r = httpx.post(server.url + "/v1/chat/completions", json={"model": "gpt-4o", "messages": [{"role": "user",
+                                                                                              "content": "x"}]})
+    assert r.status_code == 404 and r.json()["error"]["code"] == "model_not_found" and "dormouse-test" in r.text
+    for path, body, param in (("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "top_p": 0.5},
+                               "top_p"),
+                              ("/v1/completions", {"prompt": "x", "logprobs": 1}, "logprobs")):
+        r = httpx.post(server.url + path, json=body)
+        assert r.status_code == 400 and r.json()["error"]["param"] == param
+        assert "not supported" in r.json()["error"]["message"], r.text
+
+
+def test_a_port_in_use_is_one_line_before_anything_loads(tmp_path):
+    import socket
+
+    from dormouse.serve.app import main
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        with pytest.raises(SystemExit, match=f"cannot listen on 127.0.0.1:{port} .*--port"):
+            main(["--model", str(tmp_path / "no-such-model"), "--port", str(port)])
 
 
 def test_deep_json_an_over_large_body_and_unknown_routes_get_error_bodies(server):

@@ -66,12 +66,19 @@ class Sampling(BaseModel):
     max_tokens: int | None = Field(None, ge=1, le=MAX_NEW_BYTES)
     temperature: float = Field(1.0, ge=0.0, le=2.0)
     top_k: int | None = Field(None, ge=1, le=256)
-    top_p: float | None = Field(None, ge=1.0, le=1.0, description="only 1 (no nucleus sampling)")
+    top_p: float | None = None  # only 1 (no nucleus sampling): anything else is refused by name
     n: int = Field(1, ge=1, le=1)
     stream: bool = False
     stop: str | list[str] | None = None
     seed: int | None = Field(None, ge=-(2**63), le=2**64 - 1, description="torch.Generator's range")
     stream_options: dict | None = None
+
+    @field_validator("top_p")
+    @classmethod
+    def _no_nucleus(cls, v):
+        if v is not None and v != 1:
+            raise ValueError("not supported: nucleus sampling (only top_p 1; use temperature or top_k)")
+        return v
 
     @field_validator("stop")
     @classmethod
@@ -96,7 +103,14 @@ class ChatRequest(Sampling):
 class CompletionRequest(Sampling):
     prompt: str | list[str] = Field(min_length=1)
     echo: bool = False
-    logprobs: int | None = Field(None, le=0, description="log-probs are not served")
+    logprobs: int | None = None  # refused when > 0: log-probs are not served
+
+    @field_validator("logprobs")
+    @classmethod
+    def _no_logprobs(cls, v):
+        if v:
+            raise ValueError("not supported: log-probs are not served")
+        return v
 
 
 class ClientGone(Exception):
@@ -122,12 +136,21 @@ def validation_message(e: ValidationError) -> tuple[str, str | None]:
 def chat_prompt(req: ChatRequest, limits: Limits) -> bytes:
     if len(req.messages) > limits.max_messages:
         raise BadRequest(f"messages: {len(req.messages)} messages, at most {limits.max_messages}", "messages")
-    turns = []
+    turns, system = [], []
     for i, m in enumerate(req.messages):
+        if m.role in ("system", "developer"):  # no such turn in the template: its text opens the next user turn
+            system.append(m.text())
+            continue
         if m.role not in chat.ROLE_OPENERS:
             raise BadRequest(f"messages.{i}.role: {m.role!r} is not in this model's chat template "
-                             f"(roles: {', '.join(sorted(chat.ROLE_OPENERS))})", f"messages.{i}.role")
-        turns.append((m.role, m.text()))
+                             f"(roles: {', '.join(sorted(chat.ROLE_OPENERS))}, and system, folded into the next user "
+                             f"turn)", f"messages.{i}.role")
+        text = m.text()
+        if system and m.role == "user":
+            text, system = "\n\n".join([*system, text]), []
+        turns.append((m.role, text))
+    if not turns:
+        raise BadRequest("messages: no user message (system messages open the next user turn)", "messages")
     if turns[-1][0] != "user":
         raise BadRequest("messages: the last message must be the user's (the model writes the assistant turn)", "messages")
     try:
@@ -268,12 +291,19 @@ def create_app(batcher: Batcher, model_id: str, limits: Limits | None = None, in
         return StreamingResponse(events(), media_type="text/event-stream",
                                  headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
 
+    def check_model(req: Sampling) -> None:
+        if req.model not in (None, "", model_id):  # as vLLM and OpenAI: a model this server does not serve is a 404
+            raise BadRequest(f"the model {req.model!r} does not exist here; this server serves {model_id!r} "
+                             "(GET /v1/models)", "model", code="model_not_found", status=404)
+
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request):
         req = await parse(request, ChatRequest)
+        check_model(req)
         if req.logprobs or req.top_logprobs is not None:
-            raise BadRequest("logprobs are not served", "logprobs" if req.logprobs else "top_logprobs")
+            raise BadRequest("not supported: log-probs are not served", "logprobs" if req.logprobs else "top_logprobs")
         prompt = chat_prompt(req, limits)
+        batcher.counters["serve.system_messages_folded"] += sum(m.role in ("system", "developer") for m in req.messages)
         check_length(prompt)
         max_new = req.max_completion_tokens or req.max_tokens or limits.default_max_tokens
         # a reply ends at the turn's END, or at a byte that would open another turn (the next request would refuse it)
@@ -297,6 +327,7 @@ def create_app(batcher: Batcher, model_id: str, limits: Limits | None = None, in
     @app.post("/v1/completions")
     async def completions(request: Request):
         req = await parse(request, CompletionRequest)
+        check_model(req)
         prompts = completion_prompts(req)
         for prompt in prompts:
             check_length(prompt)
@@ -320,9 +351,18 @@ def create_app(batcher: Batcher, model_id: str, limits: Limits | None = None, in
 
         return streaming(stream, q, chunk, bool((req.stream_options or {}).get("include_usage")))
 
+    card = {"id": model_id, "object": "model", "created": 0, "owned_by": "dormouse"}
+
     @app.get("/v1/models")
     async def models():
-        return {"object": "list", "data": [{"id": model_id, "object": "model", "created": 0, "owned_by": "dormouse"}]}
+        return {"object": "list", "data": [card]}
+
+    @app.get("/v1/models/{name:path}")
+    async def model(name: str):  # client.models.retrieve
+        if name != model_id:
+            raise BadRequest(f"the model {name!r} does not exist here; this server serves {model_id!r}", "model",
+                             code="model_not_found", status=404)
+        return card
 
     @app.get("/health")
     async def health():
@@ -404,6 +444,15 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     import uvicorn
 
+    import socket
+
+    with socket.socket(socket.AF_INET6 if ":" in args.host else socket.AF_INET) as probe:  # before a minute of loading
+        try:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            probe.bind((args.host, args.port))
+        except OSError as e:
+            raise SystemExit(f"dormouse serve: cannot listen on {args.host}:{args.port} ({e.strerror}); another server "
+                             "there? (--port)") from None
     model, device, bf16, model_id, info = load(args)
     batcher = Batcher(model, device, bf16, max_batch=args.max_batch)
     batcher.start()
