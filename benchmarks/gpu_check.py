@@ -222,9 +222,9 @@ def main(argv=None) -> int:
         return serve(args.port, args.device)
     if args.cmd == "lm-eval-result":
         return lm_eval_result(args.dir, args.device, args.log)
-    from dormouse.posttrain.lm_eval_adapter import write_local_mc_task
+    from dormouse.posttrain.lm_eval_adapter import write_local_task
 
-    print(write_local_mc_task(args.dir, "dormouse_tiny", TASK_JSONL, args.dir / "hf_cache"))
+    print(write_local_task(args.dir, "dormouse_tiny", TASK_JSONL, args.dir / "hf_cache"))
     return 0
 
 

@@ -23,7 +23,7 @@ from dormouse.engine.store import ArtifactError, ArtifactWriter, artifact_digest
 from dormouse.model.config import ModelConfig  # noqa: E402
 from dormouse.model.gpt import ByteLM  # noqa: E402
 from dormouse.posttrain import mc  # noqa: E402
-from dormouse.posttrain.lm_eval_adapter import DormouseLM, load_artifact_model, write_local_mc_task  # noqa: E402
+from dormouse.posttrain.lm_eval_adapter import DormouseLM, load_artifact_model, write_local_task  # noqa: E402
 from dormouse.train.checkpoint import CheckpointError  # noqa: E402
 
 torch.set_num_threads(1)
@@ -168,7 +168,7 @@ def test_simple_evaluate_end_to_end_on_a_local_task(artifact, tmp_path):
     from lm_eval.tasks import TaskManager
 
     tasks = tmp_path / "tasks"
-    write_local_mc_task(tasks, "dormouse_tiny", TASK, tmp_path / "hf_cache")
+    write_local_task(tasks, "dormouse_tiny", TASK, tmp_path / "hf_cache")
     r = lm_eval.simple_evaluate(model="dormouse", model_args=f"pretrained={artifact}", tasks=["dormouse_tiny"],
                                 task_manager=TaskManager(include_defaults=False, include_path=str(tasks)),
                                 log_samples=True)
@@ -197,7 +197,7 @@ def test_the_dormouse_lm_eval_command_runs_the_harness_cli(artifact, tmp_path):
     import sys
 
     tasks = tmp_path / "tasks"
-    write_local_mc_task(tasks, "dormouse_tiny", TASK, tmp_path / "hf_cache")
+    write_local_task(tasks, "dormouse_tiny", TASK, tmp_path / "hf_cache")
     out = tmp_path / "out"
     r = subprocess.run([sys.executable, "-m", "dormouse.cli", "lm-eval", "--model", "dormouse", "--model_args",
                         f"pretrained={artifact}", "--tasks", "dormouse_tiny", "--include_path", str(tasks),

@@ -220,28 +220,6 @@ def test_serve_loads_a_store_artifact_from_the_cli(tmp_path, model):
     json.dumps(info)  # /health serves it
 
 
-GEN_TASK = """\
-task: dormouse_serve_gen
-dataset_path: json
-dataset_kwargs:
-  data_files:
-    test: {data}
-  cache_dir: {cache}
-test_split: test
-output_type: generate_until
-doc_to_text: "{{{{question}}}}"
-doc_to_target: "{{{{answer}}}}"
-generation_kwargs:
-  until: ["\\n"]
-  max_gen_toks: 12
-  do_sample: false
-metric_list:
-  - metric: exact_match
-    aggregation: mean
-    higher_is_better: true
-"""
-
-
 @pytest.mark.parametrize("kind", ["local-completions", "local-chat-completions"])
 def test_lm_eval_harness_generates_through_the_server(server, tmp_path, kind):
     """lm-evaluation-harness's own OpenAI-API models against the server: every document is answered with the
@@ -252,9 +230,10 @@ def test_lm_eval_harness_generates_through_the_server(server, tmp_path, kind):
     docs = [{"question": f"Q{i}: 1+{i}=", "answer": str(1 + i)} for i in range(3)]
     data = tmp_path / "gen.jsonl"
     data.write_text("".join(json.dumps(d) + "\n" for d in docs))
+    from dormouse.posttrain.lm_eval_adapter import write_local_task
+
     tasks = tmp_path / "tasks"
-    tasks.mkdir()
-    (tasks / "gen.yaml").write_text(GEN_TASK.format(data=data, cache=tmp_path / "hf_cache"))
+    write_local_task(tasks, "dormouse_serve_gen", data, tmp_path / "hf_cache", output_type="generate_until")
     endpoint = "chat/completions" if kind == "local-chat-completions" else "completions"
     before = server.health()["counters"].get("serve.streams", 0)
     r = lm_eval.simple_evaluate(

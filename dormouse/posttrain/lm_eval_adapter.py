@@ -10,7 +10,7 @@ entry point, so a bare `lm_eval --model dormouse` cannot find it. In Python: `lm
 model=DormouseLM(dir), ...)`. Any model artifact works: pretrain, sft, rl, or an export with `rung=`; the window
 is the artifact's own (train.seq_len, or the eval window of sft/rl/export) unless `max_length=`; the device is
 cuda when visible, else cpu, whatever lm-eval's --device default says.) A local task is a yaml with `dataset_path: json` and
-`dataset_kwargs: {data_files: {test: <file.jsonl>}}`, found through `--include_path`: `write_local_mc_task` writes
+`dataset_kwargs: {data_files: {test: <file.jsonl>}}`, found through `--include_path`: `write_local_task` writes
 one for a jsonl of {question, choices, answer} items (tests/test_lm_eval_adapter.py and benchmarks/gpu_check.sh run
 it end to end).
 
@@ -220,7 +220,7 @@ class DormouseLM(LM):
         return out
 
 
-LOCAL_MC_TASK = """\
+LOCAL_TASK = """\
 task: {name}
 dataset_path: json
 dataset_kwargs:
@@ -228,8 +228,11 @@ dataset_kwargs:
     test: {data}
   cache_dir: {cache}
 test_split: test
-output_type: multiple_choice
 doc_to_text: "{{{{question}}}}"
+"""
+KINDS = {  # output_type -> the rest of the yaml
+    "multiple_choice": """\
+output_type: multiple_choice
 doc_to_choice: "{{{{choices}}}}"
 doc_to_target: "{{{{answer}}}}"
 metric_list:
@@ -239,16 +242,33 @@ metric_list:
   - metric: acc_bytes
     aggregation: mean
     higher_is_better: true
-"""
+""",
+    "generate_until": """\
+output_type: generate_until
+doc_to_target: "{{{{answer}}}}"
+generation_kwargs:
+  until: ["\\n"]
+  max_gen_toks: {max_gen_toks}
+  do_sample: false
+metric_list:
+  - metric: exact_match
+    aggregation: mean
+    higher_is_better: true
+""",
+}
 
 
-def write_local_mc_task(task_dir: str | Path, name: str, jsonl: str | Path, cache_dir: str | Path) -> Path:
-    """A multiple-choice lm-eval task over a local jsonl of {"question", "choices", "answer"} items (the bench's
-    own jsonl task format), as `<task_dir>/<name>.yaml` for `--include_path task_dir --tasks name`. The harness's
-    json loader caches under cache_dir (nothing is fetched). Returns the yaml's path."""
+def write_local_task(task_dir: str | Path, name: str, jsonl: str | Path, cache_dir: str | Path,
+                     output_type: str = "multiple_choice", max_gen_toks: int = 12) -> Path:
+    """An lm-eval task over a local jsonl, as `<task_dir>/<name>.yaml` for `--include_path task_dir --tasks name`:
+    multiple_choice over {"question", "choices", "answer"} items (the bench's own jsonl task format), or
+    generate_until over {"question", "answer"} (greedy to a newline, exact match). The harness's json loader caches
+    under cache_dir (nothing is fetched). Returns the yaml's path."""
     path = Path(task_dir) / f"{name}.yaml"
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(LOCAL_MC_TASK.format(name=name, data=Path(jsonl).resolve(), cache=Path(cache_dir).resolve()))
+    fields = {"name": name, "data": Path(jsonl).resolve(), "cache": Path(cache_dir).resolve(),
+              "max_gen_toks": max_gen_toks}
+    path.write_text(LOCAL_TASK.format(**fields) + KINDS[output_type].format(**fields))
     return path
 
 
