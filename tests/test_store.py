@@ -44,7 +44,9 @@ def test_failed_stage_leaves_nothing_that_looks_finished(tmp_path):
     with pytest.raises(RuntimeError):
         make(tmp_path, fail=True)
     assert not list((tmp_path / "filter").rglob("manifest.json"))
-    assert not [p for p in (tmp_path / "filter").iterdir()]  # temp dir removed too
+    # temp dir removed too; the digest's empty lock file stays (removing a flock'ed file races with a waiter)
+    digest = artifact_digest("filter", 1, {"k": 1}, {"corpus": "abc"}, [])
+    assert [p.name for p in (tmp_path / "filter").iterdir()] == [f".{digest}.lock"]
 
 
 def test_tampered_file_fails_loudly(tmp_path):
@@ -115,3 +117,53 @@ def test_leftovers_of_a_killed_writer_are_cleared_and_counted(tmp_path):
         art.path("x").write_text("1")
     assert not stale.exists()
     assert open_artifact(tmp_path / "shard" / d).manifest["counters"]["store.stale_tmp_dirs_removed"] == 1
+
+
+def _slow_writer(out, params, files, started, counters_q):
+    """A writer that takes its time: one file, the `started` signal, then the rest."""
+    import time
+
+    with ArtifactWriter(out, "x", 1, params, {}, []) as art:
+        for i, name in enumerate(files):
+            art.path(name).write_text(name * 100)
+            if i == 0 and started is not None:
+                started.set()
+            time.sleep(0.2)
+        counters = dict(art.counters)
+    counters_q.put(counters)
+
+
+def test_two_writers_of_one_digest_publish_one_whole_artifact(tmp_path):
+    """Two clones sharing a store, or a stage run by hand beside Snakemake: the second writer waits for the first's
+    lock on the digest. It used to delete the first's temp directory as a killed job's leftover, and the first then
+    published a manifest listing the one file written after that, which verify passed."""
+    import multiprocessing as mp
+
+    ctx = mp.get_context("fork")
+    params = {"a": 1}
+    out = tmp_path / "store" / "x" / artifact_digest("x", 1, params, {}, [])
+    started, q = ctx.Event(), ctx.Queue()
+    first = ctx.Process(target=_slow_writer, args=(out, params, ["a", "b", "c", "d"], started, q))
+    first.start()
+    assert started.wait(30)
+    second = ctx.Process(target=_slow_writer, args=(out, params, ["z"], None, q))
+    second.start()
+    first.join(60)
+    second.join(60)
+    assert first.exitcode == 0 and second.exitcode == 0
+    counters = [q.get(timeout=5), q.get(timeout=5)]
+    art = published(out)
+    assert sorted(art.manifest["files"]) == ["a", "b", "c", "d"]  # the first writer's whole list, verified
+    assert sorted(c.get("store.waited_for_writer", 0) for c in counters) == [0, 1]
+    assert not list(out.parent.glob(f".{out.name}.tmp-*"))  # nothing left behind
+
+
+def test_a_dead_writers_temp_directory_is_removed_and_counted(tmp_path):
+    params = {"a": 2}
+    out = tmp_path / "store" / "x" / artifact_digest("x", 1, params, {}, [])
+    dead = out.parent / f".{out.name}.tmp-999999"
+    dead.mkdir(parents=True)
+    (dead / "half").write_text("x")
+    with ArtifactWriter(out, "x", 1, params, {}, []) as art:
+        art.path("f").write_text("ok")
+    assert not dead.exists() and published(out).manifest["counters"]["store.stale_tmp_dirs_removed"] == 1

@@ -9,6 +9,7 @@ a bug fix that changes results is declared as a retraction instead.
 from __future__ import annotations
 
 import dataclasses
+import fcntl
 import hashlib
 import json
 import os
@@ -77,7 +78,11 @@ def sha256_file(path: Path, chunk: int = 1 << 22) -> str:
 class ArtifactWriter:
     """Builds an artifact in a temporary sibling directory and renames it into place on success.
 
-    A killed job leaves only `.<digest>.tmp-<pid>` (never a manifest), so nothing looks finished.
+    A killed job leaves only `.<digest>.tmp-<pid>` (never a manifest), so nothing looks finished. One writer of a
+    digest at a time, whoever runs it (two clones sharing a store hold two Snakemake locks, and a stage run by hand
+    holds none): `.<digest>.lock` beside the artifact is flock'ed for the whole build, a second writer waits for it
+    (counted `store.waited_for_writer`), and only then are the temp directories of dead writers removed. flock
+    works across hosts on NFSv4 and on Lustre mounted with `flock`; the kernel drops a killed writer's lock.
     """
 
     out_dir: Path
@@ -102,8 +107,16 @@ class ArtifactWriter:
         self._t0 = time.time()
 
     def __enter__(self) -> "ArtifactWriter":
-        # Leftovers of killed runs of this same job (any pid). Snakemake's lock means no other live
-        # writer builds this digest, so they are garbage; counted so a manifest shows the recovery.
+        self.out_dir.parent.mkdir(parents=True, exist_ok=True)
+        self._lock = open(self.out_dir.parent / f".{self.digest}.lock", "a+")
+        try:
+            fcntl.flock(self._lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            print(f"[store] {self.out_dir.name}: another writer is building this digest; waiting for it", flush=True)
+            self.counters["store.waited_for_writer"] += 1
+            fcntl.flock(self._lock, fcntl.LOCK_EX)
+        # Leftovers of killed runs of this same job (any pid, any host): with the lock held no live writer owns
+        # one, so they are garbage; counted so a manifest shows the recovery.
         for stale in self.out_dir.parent.glob(f".{self.digest}.tmp-*"):
             shutil.rmtree(stale, ignore_errors=True)
             self.counters["store.stale_tmp_dirs_removed"] += 1
@@ -124,6 +137,12 @@ class ArtifactWriter:
         return p
 
     def __exit__(self, exc_type, exc, tb):
+        try:
+            return self._finish(exc_type)
+        finally:
+            self._lock.close()  # releases the flock: the next writer of this digest goes on
+
+    def _finish(self, exc_type) -> bool:
         if exc_type is not None:
             shutil.rmtree(self.tmp, ignore_errors=True)
             return False
