@@ -82,3 +82,16 @@ def test_failed_rerun_keeps_the_finished_manifest(built):
     assert json.loads((anchors / "manifest.json").read_text()) == before
     assert (anchors / "manifest.json").stat().st_ino == (anchors / ".manifest.json").stat().st_ino
     assert dormouse(built, "verify", "--preset", "tiny").returncode == 0
+
+
+def test_verify_names_a_chain_artifact_moved_away_under_one_built_on_it(built):
+    """`verify --preset` once said "0 problems" with the preset's shard moved out of the store."""
+    shard = artifact(built, "shard")
+    away = shard.parent / f".moved-{shard.name}"
+    shard.rename(away)
+    try:
+        verify = dormouse(built, "verify", "--preset", "tiny")
+        assert verify.returncode == 1 and f"shard/{shard.name}: missing, while anchors" in verify.stdout, verify.stdout
+    finally:
+        away.rename(shard)
+    assert dormouse(built, "verify", "--preset", "tiny").returncode == 0

@@ -167,3 +167,32 @@ def test_a_dead_writers_temp_directory_is_removed_and_counted(tmp_path):
     with ArtifactWriter(out, "x", 1, params, {}, []) as art:
         art.path("f").write_text("ok")
     assert not dead.exists() and published(out).manifest["counters"]["store.stale_tmp_dirs_removed"] == 1
+
+
+def test_verify_finds_an_edited_or_unreadable_manifest(tmp_path):
+    """An altered file whose new hash was written into a new manifest.json (the .manifest.json copy keeps the
+    published one), a manifest edited in place (its params no longer give its digest), and a truncated manifest
+    (one problem line, not a traceback)."""
+    import hashlib
+    import json
+
+    from dormouse.engine.verify import artifact_problems
+
+    path = make(tmp_path)
+    assert artifact_problems(path) == []
+    manifest = json.loads((path / "manifest.json").read_text())
+    (path / "sub" / "data.txt").write_text("hellO")
+    forged = {**manifest, "files": {**manifest["files"], "sub/data.txt": {
+        "sha256": hashlib.sha256(b"hellO").hexdigest(), "size": 5}}}
+    (path / "manifest.json").unlink()  # a new file: the hard-linked copy keeps what was published
+    (path / "manifest.json").write_text(json.dumps(forged))
+    assert [p for p in artifact_problems(path) if "differs from its .manifest.json copy" in p]
+    (path / ".manifest.json").unlink()
+    (path / ".manifest.json").write_text(json.dumps({**forged, "params": {"k": 2}}))
+    (path / "manifest.json").unlink()
+    (path / "manifest.json").hardlink_to(path / ".manifest.json")  # edited in place, both names alike
+    assert [p for p in artifact_problems(path) if "give another digest" in p]
+    (path / "manifest.json").unlink()
+    (path / "manifest.json").write_text('{"stage": "filter", "files": {')
+    problems = artifact_problems(path)
+    assert len([p for p in problems if "unreadable manifest (JSONDecodeError" in p]) == 1

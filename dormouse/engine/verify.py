@@ -5,7 +5,10 @@
     dormouse verify --preset tiny         # the artifacts of one preset's chain (those built)
 
 A consumer stage checks only the files it reads, when it runs; this checks every file any manifest lists
-(`*.ids.jsonl` included), whether or not a stage will read it again, and files on disk that no manifest lists.
+(`*.ids.jsonl` included), whether or not a stage will read it again, files on disk that no manifest lists, that
+`manifest.json` equals its `.manifest.json` copy and names the digest its params, inputs and retractions give (an
+edited manifest), and, for --preset, that no artifact of the chain is missing under one built on it. An unreadable
+manifest is one problem line, and the rest of the store is still checked.
 """
 
 from __future__ import annotations
@@ -14,7 +17,7 @@ import argparse
 import json
 from pathlib import Path
 
-from dormouse.engine.store import MANIFEST, MANIFEST_KEEP, sha256_file
+from dormouse.engine.store import MANIFEST, MANIFEST_KEEP, artifact_digest, sha256_file
 
 
 def artifact_problems(path: Path) -> list[str]:
@@ -26,9 +29,23 @@ def artifact_problems(path: Path) -> list[str]:
     if manifest_path.name == MANIFEST_KEEP:
         problems.append(f"{path / MANIFEST}: missing ({MANIFEST_KEEP} holds it; running its job puts it back without "
                         f"recomputing: snakemake '{path / MANIFEST}')")
-    manifest = json.loads(manifest_path.read_text())
+    try:
+        manifest = json.loads(manifest_path.read_text())
+        keys = ("stage", "format_version", "params", "inputs", "retractions", "files")
+        missing = [k for k in keys if k not in manifest]
+        if missing:
+            raise ValueError(f"no {', '.join(missing)}")
+    except (OSError, ValueError) as e:  # JSONDecodeError is a ValueError
+        return problems + [f"{manifest_path}: unreadable manifest ({type(e).__name__}: {e})"]
+    keep = path / MANIFEST_KEEP
+    if manifest_path.name == MANIFEST and keep.exists() and keep.read_bytes() != manifest_path.read_bytes():
+        problems.append(f"{manifest_path}: differs from its {MANIFEST_KEEP} copy (edited after it was published)")
     if manifest.get("digest") != path.name:
         problems.append(f"{manifest_path}: digest {manifest.get('digest')!r} does not match its directory")
+    elif artifact_digest(manifest["stage"], manifest["format_version"], manifest["params"], manifest["inputs"],
+                         manifest["retractions"]) != path.name:
+        problems.append(f"{manifest_path}: its stage, params, inputs and retractions give another digest than "
+                        f"{path.name} (an edited manifest)")
     for name, meta in sorted(manifest.get("files", {}).items()):
         p = path / name
         if not p.is_file():
@@ -72,6 +89,21 @@ def main(argv=None) -> int:
         digests = plan.chain[args.preset]
     dirs = artifact_dirs(store, args.stage, digests)
     bad = 0
+    if digests is not None:  # a hole in the chain: an input artifact moved away under one built on it
+        def present(p: Path) -> bool:
+            return (p / MANIFEST).exists() or (p / MANIFEST_KEEP).exists()
+
+        holes: dict[Path, str] = {}
+        for s, d in digests.items():
+            if present(store / s / d):
+                for inp in plan.job(s, d).inputs.values():
+                    if inp["kind"] == "artifact" and args.stage in (None, inp["stage"]):
+                        gone = store / inp["stage"] / inp["digest"]
+                        if not present(gone):
+                            holes.setdefault(gone, f"{s} {d}")
+        for gone, user in holes.items():
+            bad += 1
+            print(f"{gone}: missing, while {user}, built on it, is present (moved or deleted?)", flush=True)
     for d in dirs:
         problems = artifact_problems(d)
         bad += bool(problems)
