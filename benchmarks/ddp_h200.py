@@ -165,7 +165,7 @@ def table(rows: list[dict]) -> str:
 
     body = [[h for h, _ in cols]] + [[cell(r, k) for _, k in cols] for r in rows]
     widths = [max(len(line[i]) for line in body) for i in range(len(cols))]
-    lines = ["  ".join(c.ljust(w) for c, w in zip(line, widths)) for line in body]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(line, widths, strict=True)) for line in body]
     lines.insert(1, "  ".join("-" * w for w in widths))
     return "\n".join(lines)
 

@@ -136,7 +136,7 @@ def main(argv=None) -> int:
             row = {**base, "row": label}
             try:
                 got = grads_of(path)
-                row["max_rel_err"] = f"{max(rel(a, b) for a, b in zip(got, ref)):.3g}"
+                row["max_rel_err"] = f"{max(rel(a, b) for a, b in zip(got, ref, strict=True)):.3g}"
                 ms = timed(lambda path=path: run(moe, path), args.reps, args.warmup, device)
                 row.update(ms=round(ms, 3), tflops=round(flops / ms / 1e9, 1), host_syncs=host_syncs(lambda path=path: run(moe, path)))
                 loop_ms = ms if label == "loop" else loop_ms

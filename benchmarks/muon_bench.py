@@ -112,7 +112,7 @@ def time_ns(hidden, device, opt, steps: int, warmup: int) -> tuple[float, float,
             if device.type == "cuda":
                 torch.cuda.synchronize(device)
             t = time.perf_counter()
-            for g, tall in zip(gs, talls):
+            for g, tall in zip(gs, talls, strict=True):
                 _newton_schulz_iterations(_normalized_bf16(g, group["eps"]), group["ns_coefficients"], group["ns_steps"], tall)
             if device.type == "cuda":
                 torch.cuda.synchronize(device)
@@ -122,7 +122,7 @@ def time_ns(hidden, device, opt, steps: int, warmup: int) -> tuple[float, float,
 
     talls = [tall for (_, _, tall) in by_shape]
     per = [((k, m) if tall else (m, k), n, timed([g], [tall]), ns_flops((m, k), n, group["ns_steps"]))
-           for ((m, k, tall), n), g in zip(by_shape.items(), stacks)]
+           for ((m, k, tall), n), g in zip(by_shape.items(), stacks, strict=True)]
     return timed(stacks, talls), sum(f for *_, f in per), per
 
 

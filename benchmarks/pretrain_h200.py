@@ -902,7 +902,7 @@ def check_equivalence(cfg: ModelConfig, train: dict, device: torch.device, batch
                          graphed=name == "graphed")
         losses[name] = [float(step().detach().float().item()) for _ in range(steps)]
     def max_rel(ref, other):
-        return max((abs(a - b) / max(abs(a), 1e-12) for a, b in zip(losses[ref], losses[other])), default=0.0)
+        return max((abs(a - b) / max(abs(a), 1e-12) for a, b in zip(losses[ref], losses[other], strict=True)), default=0.0)
 
     mx = max_rel("plain", "fast")
     ok = (mx <= tol and all(math.isfinite(x) for name, _ in arms for x in losses[name])
@@ -987,7 +987,7 @@ def table(rows: list[dict]) -> str:
     body = [[h for h, _ in TABLE]] + [[cell(r, k) for _, k in TABLE] for r in rows]
     widths = [max(len(line[i]) for line in body) for i in range(len(TABLE))]
     lines = ["  ".join(c.ljust(w) if i < 3 or i == len(TABLE) - 1 else c.rjust(w) for i, (c, w) in
-                       enumerate(zip(line, widths))) for line in body]
+                       enumerate(zip(line, widths, strict=True))) for line in body]
     lines.insert(1, "  ".join("-" * w for w in widths))
     return "\n".join(lines)
 

@@ -40,14 +40,19 @@ def half_of_prompt(prompt: str) -> str:
     return "confirm" if int.from_bytes(digest[16:24], "big") % 2 else "select"
 
 
-def halves(prompts: list[str]) -> tuple[list[int], list[int]]:
-    """Indices of the first item of each distinct prompt, in order, in the select half and the confirm half."""
+def distinct_units(prompts: list[str]) -> list[int]:
+    """The index of the first item of each distinct prompt, in order: what a test counts (a repeat answers alike)."""
     first: dict[str, int] = {}
     for i, p in enumerate(prompts):
         first.setdefault(p, i)
+    return sorted(first.values())
+
+
+def halves(prompts: list[str]) -> tuple[list[int], list[int]]:
+    """distinct_units split into the select half and the confirm half."""
     sel, conf = [], []
-    for p, i in first.items():
-        (conf if half_of_prompt(p) == "confirm" else sel).append(i)
+    for i in distinct_units(prompts):
+        (conf if half_of_prompt(prompts[i]) == "confirm" else sel).append(i)
     return sel, conf
 
 
@@ -97,11 +102,6 @@ def _tests(steps: list[int], correct: list[list[bool]], prompts: list[str]) -> l
     return out
 
 
-def _units(prompts: list[str]) -> list[int]:
-    first: dict[str, int] = {}
-    for i, p in enumerate(prompts):
-        first.setdefault(p, i)
-    return sorted(first.values())
 
 
 def candidate(rule: str, steps: list[int], correct: list[list[bool]], prompts: list[str], *, alpha: float = 0.05,
@@ -113,7 +113,7 @@ def candidate(rule: str, steps: list[int], correct: list[list[bool]], prompts: l
         return candidate_of(steps, correct, halves(prompts)[0])
     if rule != "bonferroni":
         raise ValueError(f"unknown selection rule {rule!r}; known: {RULES}")
-    crit, units = p_crit(alpha, planned), _units(prompts)
+    crit, units = p_crit(alpha, planned), distinct_units(prompts)
     best, best_step = -1, 0
     for t, right in zip(_tests(steps, correct, prompts), correct[1:], strict=True):
         n = sum(right[i] for i in units)
@@ -138,7 +138,7 @@ def decide(steps: list[int], correct: list[list[bool]], prompts: list[str], min_
         tests = [{**t, "z": round(t["z"], 3), "p": float(f"{t['p']:.4g}")} for t in _tests(steps, correct, prompts)]
         cand = candidate(rule, steps, correct, prompts, alpha=alpha, planned=max(planned, 1))
         return {"rule": rule, "alpha": alpha, "planned_checkpoints": planned, "p_crit": float(f"{crit:.4g}"),
-                "units": len(_units(prompts)), "tests": tests, "candidate_step": cand, "selected_step": cand}
+                "units": len(distinct_units(prompts)), "tests": tests, "candidate_step": cand, "selected_step": cand}
     if rule != "select_then_confirm":
         raise ValueError(f"unknown selection rule {rule!r}; known: {RULES}")
     sel, conf = halves(prompts)

@@ -165,7 +165,7 @@ class Selection:
 
     def check(self, step: int) -> float:
         right = task_eval.correct(self.model, self.dev, self.max_new, self.device, self.dtype)
-        units = selection._units(self.prompts)
+        units = selection.distinct_units(self.prompts)
         acc = round(sum(right[i] for i in units) / len(units), 5)  # each distinct prompt once, as the tests count
         self.curve.append((step, acc))
         self.steps.append(step)
