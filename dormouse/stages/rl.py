@@ -143,6 +143,7 @@ class Selection:
         self.prompts = [it.prompt for it in dev]
         every = select["every"]
         self.planned = len(set(range(every, steps + 1, every)) | {steps}) if every else 0  # as `due` checks
+        self.rule_args = {"rule": select["rule"], "alpha": select["alpha"], "planned": max(self.planned, 1)}
         self.curve: list[tuple[int, float]] = []
         self.paired: list[dict] = []
         self.steps: list[int] = []
@@ -160,9 +161,6 @@ class Selection:
     def _copy(self) -> dict:
         return {k: v.detach().to("cpu", copy=True) for k, v in self.model.state_dict().items()}
 
-    def _rule_args(self) -> dict:
-        return {"rule": self.select["rule"], "alpha": self.select["alpha"], "planned": max(self.planned, 1)}
-
     def check(self, step: int) -> float:
         right = task_eval.correct(self.model, self.dev, self.max_new, self.device, self.dtype)
         units = selection.distinct_units(self.prompts)
@@ -175,8 +173,7 @@ class Selection:
         else:  # all the dev prompts against step 0 (bonferroni's test; descriptive under select_then_confirm)
             paired = task_eval.paired_sign(self.rows[0], right, self.prompts)
             self.paired.append({"step": step, **paired, "z": round(paired["z"], 3)})
-            cand = selection.candidate(self.select["rule"], self.steps, self.rows, self.prompts, alpha=self.select["alpha"],
-                                       planned=max(self.planned, 1))
+            cand = selection.candidate(steps=self.steps, correct=self.rows, prompts=self.prompts, **self.rule_args)
             if cand == step and cand != self.cand_step:
                 self.cand_step = cand
                 self.cand_state = None  # the old copy goes before the new one is made
@@ -191,8 +188,7 @@ class Selection:
             [a for _, a in self.curve], plateau["checkpoints"], plateau["min_rise"])
 
     def decide(self) -> dict:
-        args = self._rule_args()
-        self.decision = selection.decide(self.steps, self.rows, self.prompts, self.select["min_z"], **args)
+        self.decision = selection.decide(self.steps, self.rows, self.prompts, self.select["min_z"], **self.rule_args)
         if self.decision["candidate_step"] != self.cand_step:
             raise RuntimeError(f"selection kept step {self.cand_step}, the rule's candidate is "
                                f"{self.decision['candidate_step']}")
