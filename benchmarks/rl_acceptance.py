@@ -12,13 +12,16 @@ rl.shuffle_rewards: the rewards permuted within each group), the null arm's held
 1) on the same sft model: the gain is RL's, not the selection's. The pooled row sums the seeds' gained and lost items
 (the same held-out items in every seed, so it is a summary, not a test). Exit 0 when accepted, 1 when not, 2 on bad
 input. --plot PNG draws every arm's dev curve (selection.curve from its bench.json's upstream rl: dev accuracy at
-step 0 and each checkpoint), the shipped step marked, the null arm dashed.
+step 0 and each checkpoint), the shipped step marked, the null arm dashed. When rl ran but no bench did (a device
+call's time ran out), `--logs <arm>_rl.log ... --plot PNG` draws the same curves from rl's logs alone (an arm named
+null_* dashed) and judges nothing.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -90,6 +93,26 @@ def dev_curves(benches: dict[Path, dict], null: tuple[Path, dict] | None) -> lis
     return out
 
 
+def curve_of_log(path: Path) -> dict:
+    """One arm's dev curve from its rl log: step 0 from the `[rl] dev@0:` line (logs before it have none: their
+    `[rl] start:` line is the held-out set, not dev, so the curve starts at the first checkpoint), each checkpoint
+    from a metrics row."""
+    text = path.read_text()
+    if not re.search(r"^\[rl\] (start|params)", text, re.M):
+        raise ValueError(f"{path}: no '[rl] start' or '[rl] params' line (not an rl log?)")
+    step0 = re.search(r"^\[rl\] dev@0: accuracy ([0-9.]+)", text, re.M)
+    chosen = re.search(r"^\[rl\] selected step (\d+) of", text, re.M)
+    curve = [(0, float(step0.group(1)))] if step0 else []
+    for line in text.splitlines():
+        if line.startswith('[rl] {"step"'):
+            row = json.loads(line[len("[rl] "):])
+            if row.get("dev_accuracy") is not None:
+                curve.append((row["step"], row["dev_accuracy"]))
+    arm = path.name.removesuffix(".log").removesuffix("_rl")
+    return {"label": arm, "curve": curve, "selected": int(chosen.group(1)) if chosen else None,
+            "null": arm.startswith("null")}
+
+
 def plot_dev_curves(curves: list[dict], path: Path) -> None:
     """One PNG: each arm's dev accuracy per checkpoint, its shipped step a filled marker (matplotlib's Agg canvas)."""
     from dormouse.engine.plots import new_figure, save
@@ -113,7 +136,8 @@ def plot_dev_curves(curves: list[dict], path: Path) -> None:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--bench", type=Path, nargs="+", required=True, help="bench.json files, one per rl seed")
+    ap.add_argument("--bench", type=Path, nargs="+", help="bench.json files, one per rl seed")
+    ap.add_argument("--logs", type=Path, nargs="+", help="rl logs (<arm>_rl.log): only --plot their dev curves")
     ap.add_argument("--min-z", type=float, default=2.0)
     ap.add_argument("--max-bpb-rise", type=float, default=0.05)
     ap.add_argument("--min-seeds", type=int, default=3)
@@ -122,6 +146,20 @@ def main(argv=None) -> int:
     ap.add_argument("--out", type=Path, default=None)
     ap.add_argument("--plot", type=Path, default=None, help="PNG of every arm's dev curve")
     args = ap.parse_args(argv)
+    if args.logs:
+        if not args.plot:
+            ap.error("--logs draws dev curves: give --plot PNG")
+        try:
+            curves = [curve_of_log(p) for p in args.logs]
+        except (OSError, ValueError) as e:
+            print(f"rl_acceptance: {e}", file=sys.stderr)
+            return 2
+        plot_dev_curves(curves, args.plot)
+        for c in curves:
+            print(f"{c['label']}: " + " ".join(f"{s}:{a:.4f}" for s, a in c["curve"]) + f"; shipped step {c['selected']}")
+        return 0
+    if not args.bench:
+        ap.error("give --bench (the acceptance) or --logs with --plot (dev curves only)")
     try:
         benches = {p: json.loads(p.read_text()) for p in args.bench}
         null = (args.null, json.loads(args.null.read_text())) if args.null else None

@@ -327,6 +327,25 @@ def test_selection_ships_the_select_halfs_best_when_the_confirm_half_confirms(mo
     assert [h["step"] for h in r["halves"]] == [0, 2, 4, 6] and r["rule"] == "select_then_confirm"
 
 
+def test_each_dev_check_reports_its_accuracy_per_cell_on_distinct_prompts(monkeypatch, capsys):
+    """Which cells rl moves (a flat dev curve can hide a gain in one cell and a loss in another): each check's
+    accuracy per family.difficulty counts each distinct prompt once, and the log says it at step 0 too."""
+    from dormouse.posttrain import task_eval, tasks
+    from dormouse.stages.rl import Selection
+
+    dev = [tasks.Item("add", 1, 0, "1+1", "2"), tasks.Item("add", 1, 1, "1+1", "2"),  # a repeat: counted once
+           tasks.Item("add", 1, 2, "2+2", "4"), tasks.Item("sort", 2, 3, "ba", "ab"), tasks.Item("sort", 2, 4, "dc", "cd")]
+    rows = iter([[True, False, False, False, False], [True, True, True, True, False]])
+    monkeypatch.setattr(task_eval, "correct", lambda *a: next(rows))
+    select = {"every": 2, "rule": "bonferroni", "alpha": 0.05, "min_z": 1.7, "plateau": None}
+    sel = Selection(torch.nn.Linear(2, 2), dev, {"max_new_bytes": 4}, "cpu", {"dtype": "float32"}, select, 2)
+    sel.check(2)
+    r = sel.report()
+    assert r["cell_curve"] == [{"step": 0, "add.1": 0.5, "sort.2": 0.0}, {"step": 2, "add.1": 1.0, "sort.2": 0.5}]
+    assert r["curve"] == [(0, 0.25), (2, 0.75)]  # 4 distinct prompts
+    assert "[rl] dev@0: accuracy 0.25 over 4 distinct prompts; per cell add.1 0.5 sort.2 0.0" in capsys.readouterr().out
+
+
 def test_selection_ships_step0_when_the_gain_is_on_the_select_half_alone(monkeypatch):
     from dormouse.posttrain import selection
 

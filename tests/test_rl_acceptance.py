@@ -67,3 +67,25 @@ def test_a_bench_without_paired_is_named(tmp_path, capsys):
     f.write_text(json.dumps(old))
     assert acc.main(["--bench", str(f)]) == 2
     assert f"{f}: no 'paired'" in capsys.readouterr().err
+
+
+def test_dev_curves_from_rl_logs_alone_when_no_bench_ran(tmp_path, capsys):
+    """A device call whose time ran out after rl: its logs still draw the dev curves (step 0 only from a dev@0 line:
+    the `[rl] start:` line is the held-out set, never taken for dev)."""
+    rows = [{"step": 20, "reward": 0.3, "dev_accuracy": 0.21}, {"step": 21, "reward": 0.3},
+            {"step": 40, "reward": 0.4, "dev_accuracy": 0.23}]
+    body = "\n".join(f"[rl] {json.dumps(r)}" for r in rows)
+    new = tmp_path / "rl_s0_rl.log"
+    new.write_text("[rl] start: accuracy 0.19703 (constant-reply baseline 0.1)\n[rl] dev@0: accuracy 0.2 over 842 "
+                   f"distinct prompts; per cell add.1 0.1\n{body}\n[rl] selected step 40 of 40 (bonferroni: ...)\n")
+    old = tmp_path / "null_s0_rl.log"
+    old.write_text(f"[rl] start: accuracy 0.19703 (constant-reply baseline 0.1)\n{body}\n")
+    png = tmp_path / "dev.png"
+    assert acc.main(["--logs", str(new), str(old), "--plot", str(png)]) == 0
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    c_new, c_old = acc.curve_of_log(new), acc.curve_of_log(old)
+    assert c_new == {"label": "rl_s0", "curve": [(0, 0.2), (20, 0.21), (40, 0.23)], "selected": 40, "null": False}
+    assert c_old["curve"] == [(20, 0.21), (40, 0.23)] and c_old["null"] and c_old["selected"] is None
+    assert "rl_s0: 0:0.2000 20:0.2100 40:0.2300; shipped step 40" in capsys.readouterr().out
+    (tmp_path / "x.log").write_text("no rl here\n")
+    assert acc.main(["--logs", str(tmp_path / "x.log"), "--plot", str(png)]) == 2

@@ -145,6 +145,8 @@ class Selection:
         self.planned = len(set(range(every, steps + 1, every)) | {steps}) if every else 0  # as `due` checks
         self.rule_args = {"rule": select["rule"], "alpha": select["alpha"], "planned": max(self.planned, 1)}
         self.curve: list[tuple[int, float]] = []
+        self.cell_curve: list[dict] = []  # per check: accuracy per family.difficulty (which cells rl moves)
+        self.units = selection.distinct_units(self.prompts)
         self.paired: list[dict] = []
         self.steps: list[int] = []
         self.rows: list[list[bool]] = []
@@ -163,9 +165,15 @@ class Selection:
 
     def check(self, step: int) -> float:
         right = task_eval.correct(self.model, self.dev, self.max_new, self.device, self.dtype)
-        units = selection.distinct_units(self.prompts)
-        acc = round(sum(right[i] for i in units) / len(units), 5)  # each distinct prompt once, as the tests count
+        acc = round(sum(right[i] for i in self.units) / len(self.units), 5)  # each distinct prompt once, as the tests count
         self.curve.append((step, acc))
+        by_cell: dict[str, list[bool]] = {}
+        for i in self.units:
+            by_cell.setdefault(f"{self.dev[i].family}.{self.dev[i].difficulty}", []).append(right[i])
+        cells = {k: round(sum(v) / len(v), 4) for k, v in sorted(by_cell.items())}
+        self.cell_curve.append({"step": step, **cells})
+        progress.note(f"[rl] dev@{step}: accuracy {acc} over {len(self.units)} distinct prompts; per cell "
+                      + " ".join(f"{k} {v}" for k, v in cells.items()))
         self.steps.append(step)
         self.rows.append(right)
         if step == 0:
@@ -202,13 +210,14 @@ class Selection:
 
     def report(self) -> dict:
         """The rule and its evidence (selection.decide), each step's accuracy on the distinct dev prompts (`curve`),
-        each checkpoint's test against step 0 on all of them (`vs_step0`) and the selected step (None with
+        its accuracy per family.difficulty cell (`cell_curve`: which cells rl moves), each checkpoint's test against step
+        0 on all of them (`vs_step0`) and the selected step (None with
         selection off)."""
         if not self.dev:
             return {"rule": self.select["rule"], "dev_items": 0, "curve": [], "vs_step0": [],
                     "min_z": self.select["min_z"], "selected_step": None}
-        return {"dev_items": len(self.dev), "curve": self.curve, "vs_step0": self.paired, "min_z": self.select["min_z"],
-                **(self.decision or self.decide())}
+        return {"dev_items": len(self.dev), "curve": self.curve, "cell_curve": self.cell_curve, "vs_step0": self.paired,
+                "min_z": self.select["min_z"], **(self.decision or self.decide())}
 
 
 def selection_line(r: dict) -> str:
