@@ -263,6 +263,9 @@ def test_rl_trains_on_signal_groups_and_ships_the_selected_checkpoint(chain, mon
     assert c.get("rl.null_shuffled_groups", 0) == (c["rl.groups_trained"] if shuffle else 0)
     skipped = job["params"]["tasks"]["families"][-1]
     assert c["rl.skipped_cells"] == int(shuffle) and (c.get(f"rl.cell_groups.{skipped}.2", 0) == 0) == shuffle
+    drawn = {k.removeprefix("rl.cell_groups."): v for k, v in c.items() if k.startswith("rl.cell_groups.")}
+    distinct = {k.removeprefix("rl.cell_prompts."): v for k, v in c.items() if k.startswith("rl.cell_prompts.")}
+    assert distinct.keys() == drawn.keys() and all(0 < distinct[k] <= drawn[k] for k in drawn)
     sel = m["final"]["selection"]
     assert [s for s, _ in sel["curve"]] == [0, 2, 4] and sel["dev_items"] == 2 * 1 * 4
     assert [p["step"] for p in sel["vs_step0"]] == [2, 4] and sel["rule"] == rule and c["rl.steps_run"] == 4

@@ -320,6 +320,7 @@ def main(argv=None) -> int:
             progress.note(f"[rl] start: {task_eval.held_out_line(start)}")
             select = Selection(model, dev, task_params, device, params, rl["select"], rl["steps"])
         metrics, t0 = [], time.time()
+        prompts_seen: dict[str, set[str]] = {}  # per cell: the distinct prompts rl trained on (rl.cell_prompts.*)
         meter = progress.Meter("rl", "step", rl["steps"])
         for step in range(rl["steps"]):
             set_lr(opts, wsd_multiplier(step, rl["steps"], rl["warmup_steps"], 0.0, 1.0))
@@ -341,6 +342,9 @@ def main(argv=None) -> int:
                 cell = f"{it.family}.{it.difficulty}"
                 c[f"rl.cell_groups.{cell}"] += 1
                 c[f"rl.cell_groups_teaching.{cell}"] += int(float(rewards[i].std()) > 0.0)
+                if it.prompt not in prompts_seen.setdefault(cell, set()):  # a small cell's few prompts come back
+                    prompts_seen[cell].add(it.prompt)
+                    c[f"rl.cell_prompts.{cell}"] += 1
                 if sampler is not None:
                     sampler.record(it.family, it.difficulty, rewards[i])
                 elif curriculum.record(it.family, it.difficulty, float(rewards[i].mean())):
