@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from dormouse.data.docs_io import PartWriter
-from dormouse.stages.shard import shard_documents, tail_size
+from dormouse.stages.shard import shard_documents, tail_size, whole_groups
 
 
 class Art:
@@ -48,6 +48,37 @@ def test_small_tail_warns_in_manifest(tmp_path):
 
 
 def test_tail_that_swallows_the_corpus_says_what_to_change(tmp_path):
-    with pytest.raises(SystemExit, match="eval_tail_fraction") as e:
-        shard_documents(parts(tmp_path, 5), 2, 10_000_000, Art(tmp_path / "out"), None)
+    with pytest.raises(SystemExit, match="eval_tail_fraction") as e:  # the share cap off: the byte target alone
+        shard_documents(parts(tmp_path, 5), 2, 10_000_000, Art(tmp_path / "out"), None, {"eval_tail_max_share": None})
     assert "are the document ids unique" not in str(e.value)
+
+
+def test_tail_size_share_cap_wins_and_keeps_one_document():
+    cum = np.cumsum(np.full(100, 1000))
+    assert tail_size(cum, 50_000, {"eval_tail_max_share": 0.1}) == 10
+    assert tail_size(cum, 5000, {"eval_tail_max_share": 0.1}) == 5  # under the cap: the target as before
+    assert tail_size(cum, 5000, {"eval_tail_min_docs": 40, "eval_tail_max_share": 0.2}) == 20  # caps win over floors
+    assert tail_size(cum, 50_000, {"eval_tail_max_share": 0.0001}) == 1  # one document (its group) at least
+
+
+def test_a_small_corpus_keeps_most_of_its_text_for_training_and_says_so(tmp_path, capsys):
+    """Issue #46 item 1: a 1 MB byte target took 69 % of a 1.47 MB corpus; by default the tail is capped at a fifth
+    of the corpus, the cap is a warning on the terminal and in the manifest, and the rest trains."""
+    art = Art(tmp_path / "out")
+    shard_documents(parts(tmp_path, 200, size=7000), 2, 1_000_000, art, None)  # 1.4 MB of 200 documents
+    c = art.counters
+    assert c["eval_bytes"] <= 0.2 * c["bytes_in"] and c["train_bytes"] >= 0.8 * c["bytes_in"]
+    assert c["eval_docs"] == 39 and c["train_docs"] == 161  # 40 documents of 7 001-7 003 bytes would pass a fifth
+    capped = [w for w in art.extra["warnings"] if "capped at eval_tail_max_share=0.2" in w]
+    assert len(capped) == 1 and "[shard] WARNING: the eval tail was capped" in capsys.readouterr().out
+    art = Art(tmp_path / "out2")  # the cap off: the byte target as before (the corpus's most)
+    shard_documents(parts(tmp_path, 200, size=7000), 2, 1_000_000, art, None, {"eval_tail_max_share": None})
+    assert art.counters["eval_bytes"] >= 1_000_000 and not any("capped" in w for w in art.extra.get("warnings", []))
+
+
+def test_the_share_cap_holds_after_the_last_group_is_made_whole():
+    keys, cum = np.array([1, 1, 2, 2, 2, 3], dtype=np.uint64), np.cumsum(np.full(6, 100))
+    assert whole_groups(3, keys, cum) == 5  # into group 2: the tail takes it whole
+    assert whole_groups(3, keys, cum, cap=250) == 2  # whole, group 2 would pass the cap: back to group 1's end
+    assert whole_groups(2, keys, cum, cap=250) == 2 and whole_groups(1, keys, cum, cap=50) == 2  # one group at least
+    assert whole_groups(0, keys, cum) == 0

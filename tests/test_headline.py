@@ -42,3 +42,14 @@ def test_since_names_only_the_runs_written_after_it(tmp_path, monkeypatch, capsy
     assert headline.main([]) == 2
     err = capsys.readouterr().err
     assert "results/tiny/bench.json: cannot read a bench.json" in err and "small" not in err  # the bad file only
+
+
+def test_the_headline_says_the_eval_tails_share_and_every_upstream_warning():
+    b = bench()
+    b["upstream"]["shard"] = {"counters": {"bytes_in": 1_470_000, "eval_bytes": 146_000, "eval_docs": 19,
+                                           "train_bytes": 1_324_000},
+                              "warnings": ["the eval tail was capped at eval_tail_max_share=0.1 of the corpus: ..."]}
+    lines = headline.headline(b, "results/tiny/bench.json")
+    assert "  eval tail 146000 bytes (9.9% of the sharded text, 19 documents); 1324000 bytes train" in lines
+    assert "  WARNING (shard): the eval tail was capped at eval_tail_max_share=0.1 of the corpus: ..." in lines
+    assert not any("WARNING" in line for line in headline.headline(bench(), "b"))

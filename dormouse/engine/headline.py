@@ -5,7 +5,8 @@ results/<preset>/bench.json the run wrote, and by `dormouse headline [bench.json
     dormouse headline --since 1733400000          # every results/*/bench.json written after that epoch second
 
 Per preset: pretrain's eval BPB against the best n-gram anchor on the same window, held-out task accuracy per stage
-with rl's paired test against sft and the step rl shipped, each export rung's BPB, and where to look next.
+with rl's paired test against sft and the step rl shipped, the eval tail's share of the text, every upstream stage's
+warnings (a capped or small eval tail), each export rung's BPB, and where to look next.
 """
 
 from __future__ import annotations
@@ -36,6 +37,13 @@ def headline(bench: dict, path: str | Path) -> list[str]:
     selection = ((bench.get("upstream", {}).get("rl", {}).get("final") or {}).get("selection")) or {}
     lines.append(f"  held-out task accuracy ({bench.get('heldout_items')} items): {acc}; rl vs sft +{rl_vs_sft.get('gained')}"
                  f" -{rl_vs_sft.get('lost')} (z {rl_vs_sft.get('z')}), rl shipped step {selection.get('selected_step')}")
+    shard = (bench.get("upstream") or {}).get("shard") or {}
+    sc = shard.get("counters") or {}
+    if sc.get("bytes_in"):
+        lines.append(f"  eval tail {sc['eval_bytes']} bytes ({sc['eval_bytes'] / sc['bytes_in']:.1%} of the sharded text,"
+                     f" {sc['eval_docs']} documents); {sc['train_bytes']} bytes train")
+    for stage, up in (bench.get("upstream") or {}).items():
+        lines += [f"  WARNING ({stage}): {w}" for w in up.get("warnings") or []]
     rungs = bench.get("rungs") or {}
     if rungs:
         lines.append("  export rungs, BPB: " + ", ".join(f"{r} {v['bpb']:.4f}" for r, v in rungs.items()))

@@ -48,7 +48,8 @@ def omit_defaults(section: dict, defaults: dict) -> dict:
 # Keys added to data.shard after digests were pinned: left out of the params at their default, so every preset
 # that does not set them keeps its digest (the shard stage applies the same defaults when a key is absent).
 SHARD_DEFAULTS_NOT_DIGESTED = {"eval_tail_fraction": None, "eval_tail_min_bytes": None, "eval_tail_max_bytes": None,
-                               "eval_tail_min_docs": None, "eval_tail_max_docs": None, "eval_tail_warn_below": 100}
+                               "eval_tail_min_docs": None, "eval_tail_max_docs": None, "eval_tail_warn_below": 100,
+                               "eval_tail_max_share": 0.2}
 
 
 def _shard(preset: dict) -> dict:

@@ -107,7 +107,8 @@ def score_rungs(export_art, label: str, suites, heldout, params, device, eval_by
 def upstream_summary(art) -> dict:
     m = art.manifest
     return {"digest": art.digest, "final": m.get("final"), "counters": m["counters"],
-            "wall_time_s": m.get("wall_time_s"), "device": m["environment"].get("device")}
+            "wall_time_s": m.get("wall_time_s"), "device": m["environment"].get("device"),
+            **({"warnings": m["warnings"]} if m.get("warnings") else {})}  # the run's closing summary prints them
 
 
 def main(argv=None) -> int:

@@ -31,6 +31,7 @@ from dormouse.data.docs_io import read_parts
 from dormouse.data.fnv import doc_hash
 from dormouse.data.shards import EVAL_STEM, ShardWriter, train_stem
 from dormouse.engine import progress
+from dormouse.engine.registry import SHARD_DEFAULTS_NOT_DIGESTED
 from dormouse.engine.stage import input_artifact, parse_job, summary, writer
 
 
@@ -62,8 +63,9 @@ def group_of(doc_id: str, part_pattern: re.Pattern | None) -> str:
 def tail_size(cum_bytes: np.ndarray, eval_target: int, sizing: dict | None = None) -> int:
     """How many documents, in group-hash order (`cum_bytes` their cumulative bytes), the tail takes before its
     last group is completed: to `eval_target` bytes, or `eval_tail_fraction` of the corpus within
-    [eval_tail_min_bytes, eval_tail_max_bytes]; then at least eval_tail_min_docs, at most eval_tail_max_docs
-    and eval_tail_max_bytes (caps win). No sizing keys: the plain byte target, as before they existed."""
+    [eval_tail_min_bytes, eval_tail_max_bytes]; then at least eval_tail_min_docs, at most eval_tail_max_docs,
+    eval_tail_max_bytes and eval_tail_max_share of the corpus's bytes (caps win; at least one document). No sizing
+    keys: the plain byte target (the stage passes the defaults, eval_tail_max_share 0.2 among them)."""
     sizing = {k: v for k, v in (sizing or {}).items() if v is not None}
     if not len(cum_bytes):
         return 0
@@ -77,11 +79,34 @@ def tail_size(cum_bytes: np.ndarray, eval_target: int, sizing: dict | None = Non
         n = min(n, max(1, int(np.searchsorted(cum_bytes, sizing["eval_tail_max_bytes"], side="right"))))
     if "eval_tail_max_docs" in sizing:
         n = min(n, sizing["eval_tail_max_docs"])
+    if "eval_tail_max_share" in sizing:
+        cap = sizing["eval_tail_max_share"] * int(cum_bytes[-1])
+        n = min(n, max(1, int(np.searchsorted(cum_bytes, cap, side="right"))))
     return n
+
+
+def whole_groups(n: int, keys: np.ndarray, cum_bytes: np.ndarray, cap: float | None = None) -> int:
+    """The tail's document count once its last group is whole (`keys`: the documents' group hashes in tail order,
+    so a group's documents are adjacent): `n` rounded up to its group's end; over `cap` bytes, back to the last
+    group end within the cap (the first group at least: a tail is never empty)."""
+    if n == 0:
+        return 0
+    ends = np.flatnonzero(np.r_[keys[1:] != keys[:-1], True]) + 1  # each group's exclusive end
+    m = int(ends[np.searchsorted(ends, n)])
+    if cap is not None and cum_bytes[m - 1] > cap:
+        within = ends[cum_bytes[ends - 1] <= cap]
+        m = int(within[-1]) if len(within) else int(ends[0])
+    return m
 
 
 TAIL_ADVICE = ("lower data.shard.eval_tail_bytes, or size the tail from the corpus: data.shard.eval_tail_fraction "
                "(e.g. 0.05) with eval_tail_min_bytes / eval_tail_max_bytes / eval_tail_max_docs")
+
+
+def warn(art, warning: str) -> None:
+    """A warning in the manifest (bench.json carries it up; the run's closing summary prints it) and on the terminal."""
+    art.extra.setdefault("warnings", []).append(warning)
+    progress.note(f"[shard] WARNING: {warning}")
 
 
 def shard_documents(parts: list[Path], n_shards: int, eval_target: int, art, part_pattern: str | None = None,
@@ -89,8 +114,10 @@ def shard_documents(parts: list[Path], n_shards: int, eval_target: int, art, par
     """The stage's work: route the documents of `parts` into `art` (anything with path(name),
     counters and extra, as an ArtifactWriter); the benchmark calls this same function. `sizing`: the
     eval_tail_* keys of data.shard (tail_size); eval_tail_warn_below (default 100) warns on a small tail."""
-    sizing = dict(sizing or {})
-    warn_below = sizing.pop("eval_tail_warn_below", 100)
+    sizing = {**SHARD_DEFAULTS_NOT_DIGESTED, **(sizing or {})}  # a key at its default is absent from the params
+    warn_below = sizing.pop("eval_tail_warn_below")
+    share = sizing["eval_tail_max_share"]
+    sizing = {k: v for k, v in sizing.items() if v is not None}
     pattern = re.compile(part_pattern) if part_pattern else None
     # Pass 1: decode every document once into a scratch byte file; id and group hashes and size per document.
     scratch = Path(tempfile.mkdtemp(prefix="dormouse-shard-"))
@@ -111,13 +138,16 @@ def shard_documents(parts: list[Path], n_shards: int, eval_target: int, art, par
         order = np.argsort(h, kind="stable")  # the write order
         by_group = np.argsort(gh, kind="stable")  # a group's documents share a hash: they are taken together
         cum = np.cumsum(sz[by_group])
+        keys = gh[by_group]
         n_eval = tail_size(cum, eval_target, sizing)
         n_groups = len(np.unique(gh))
         corpus = f"the corpus has {int(sz.sum())} bytes in {len(h)} documents, {n_groups} groups"
         if n_eval >= len(h):
             raise SystemExit(f"shard: the eval tail (eval_tail_bytes={eval_target}, sizing {sizing or 'none'}) takes the "
                              f"whole corpus: {corpus}; {TAIL_ADVICE}")
-        cutoff = int(gh[by_group[n_eval - 1]])
+        # the share cap holds after the last group is made whole (the byte caps, as before it, hold before)
+        n_eval = whole_groups(n_eval, keys, cum, None if share is None else share * int(cum[-1]))
+        cutoff = int(keys[n_eval - 1])
         is_eval = gh <= np.uint64(cutoff)
         if is_eval.all():
             if n_groups == 1:  # ids that tie (e.g. one constant id for every document)
@@ -131,11 +161,20 @@ def shard_documents(parts: list[Path], n_shards: int, eval_target: int, art, par
         art.counters["groups_of_several_parts"] = int((group_sizes > 1).sum())
         art.counters["eval_groups"] = int((groups <= np.uint64(cutoff)).sum())
         n_eval_docs = int(is_eval.sum())
+        tail_bytes, kept = int(sz[is_eval].sum()), int(sz.sum())
+        uncapped = whole_groups(tail_size(cum, eval_target, {k: v for k, v in sizing.items() if k != "eval_tail_max_share"}),
+                                keys, cum)
+        if share is not None and n_eval < uncapped:
+            warn(art, f"the eval tail was capped at eval_tail_max_share={share} of the corpus: {tail_bytes} bytes "
+                      f"({tail_bytes / kept:.1%} of {kept}) where eval_tail_bytes / the sizing keys asked for more; "
+                      f"the rest trains (a small corpus: its eval BPB rests on a small tail)")
+        if share is not None and tail_bytes > share * kept:
+            warn(art, f"the eval tail holds {tail_bytes / kept:.1%} of the corpus's {kept} bytes, over "
+                      f"eval_tail_max_share={share}: its one group is that large (a tail holds whole groups); "
+                      f"{TAIL_ADVICE}")
         if warn_below and (n_eval_docs < warn_below or art.counters["eval_groups"] < warn_below):
-            warning = (f"the eval tail holds {n_eval_docs} documents in {art.counters['eval_groups']} groups "
-                       f"(< eval_tail_warn_below={warn_below}): every eval BPB rests on them; {TAIL_ADVICE}")
-            art.extra.setdefault("warnings", []).append(warning)
-            print(f"[shard] WARNING: {warning}", flush=True)
+            warn(art, f"the eval tail holds {n_eval_docs} documents in {art.counters['eval_groups']} groups "
+                      f"(< eval_tail_warn_below={warn_below}): every eval BPB rests on them; {TAIL_ADVICE}")
         buf = np.memmap(scratch / "texts.bin", dtype=np.uint8, mode="r") if off[-1] else np.zeros(0, np.uint8)
         text_of = lambda i: buf[off[i] : off[i + 1]].tobytes()
         # Copies of eval texts can only hide among train documents of the same length.
