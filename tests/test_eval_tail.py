@@ -71,6 +71,9 @@ def test_a_small_corpus_keeps_most_of_its_text_for_training_and_says_so(tmp_path
     assert c["eval_docs"] == 39 and c["train_docs"] == 161  # 40 documents of 7 001-7 003 bytes would pass a fifth
     capped = [w for w in art.extra["warnings"] if "capped at eval_tail_max_share=0.2" in w]
     assert len(capped) == 1 and "[shard] WARNING: the eval tail was capped" in capsys.readouterr().out
+    art = Art(tmp_path / "small")  # a byte target past the whole corpus: capped too, not an error
+    shard_documents(parts(tmp_path, 50, size=7000), 2, 1_000_000, art, None)
+    assert art.counters["eval_docs"] == 10 and art.counters["train_docs"] == 40
     art = Art(tmp_path / "out2")  # the cap off: the byte target as before (the corpus's most)
     shard_documents(parts(tmp_path, 200, size=7000), 2, 1_000_000, art, None, {"eval_tail_max_share": None})
     assert art.counters["eval_bytes"] >= 1_000_000 and not any("capped" in w for w in art.extra.get("warnings", []))
@@ -82,3 +85,4 @@ def test_the_share_cap_holds_after_the_last_group_is_made_whole():
     assert whole_groups(3, keys, cum, cap=250) == 2  # whole, group 2 would pass the cap: back to group 1's end
     assert whole_groups(2, keys, cum, cap=250) == 2 and whole_groups(1, keys, cum, cap=50) == 2  # one group at least
     assert whole_groups(0, keys, cum) == 0
+    assert whole_groups(7, keys, cum) == 6 and whole_groups(7, keys, cum, cap=250) == 2  # a target past the corpus

@@ -92,7 +92,7 @@ def whole_groups(n: int, keys: np.ndarray, cum_bytes: np.ndarray, cap: float | N
     if n == 0:
         return 0
     ends = np.flatnonzero(np.r_[keys[1:] != keys[:-1], True]) + 1  # each group's exclusive end
-    m = int(ends[np.searchsorted(ends, n)])
+    m = int(ends[np.searchsorted(ends, min(n, len(keys)))])  # a target past the corpus: every group
     if cap is not None and cum_bytes[m - 1] > cap:
         within = ends[cum_bytes[ends - 1] <= cap]
         m = int(within[-1]) if len(within) else int(ends[0])
