@@ -39,13 +39,17 @@ echo "carry for the small chain (gpu_small_chain.sh, gpu_rl_acceptance.sh, gpu_s
 # (rl_s<seed>) and the null arm (null_s0: rl.shuffle_rewards, each group's rewards permuted), all from the one small sft
 # model; the published small-scale recipe of #23 (rlx_s<seed>: Dr. GRPO advantage, token-level loss, prompts by
 # measured pass rate, no KL, 16 samples a prompt as nanochat) stays planned for ARMS="rlx_s0 rlx_s1". Each dir holds
-# small_{rl,export,bench}.json, after `STAGES="pretrain sft" bash benchmarks/gpu_small_chain.sh`
-for arm in rl_s0 rl_s1 rl_s2 null_s0 rlx_s0 rlx_s1; do
+# small_{rl,export,bench}.json, after `STAGES="pretrain sft" bash benchmarks/gpu_small_chain.sh`.
+# gen_s<seed> (ARMS="gen_s0 gen_s1 gen_s2 null_s0"): rl only on cells whose prompts it cannot learn one by one — the
+# 1-digit sums, differences and products hold 15-18 rl prompts each, drawn ~50 times in 300 steps, and no held-out fact
+# is among them (records/2026-12-05-rl-acceptance-h100) — prompts by measured pass rate (which may skip any cell)
+for arm in rl_s0 rl_s1 rl_s2 null_s0 rlx_s0 rlx_s1 gen_s0 gen_s1 gen_s2; do
   s=${arm#*_s}
   case ${arm%_s*} in
     rl) set_=rl.seed=$s ;;
     null) set_=rl.seed=$s,rl.shuffle_rewards=true ;;
     rlx) set_="rl.seed=$s,rl.advantage=mean,rl.loss_norm=token,rl.prompts=pass_rate,rl.kl_coef=0,rl.group_size=16" ;;
+    gen) set_="rl.seed=$s,rl.prompts=pass_rate,rl.skip_cells=[add@1, sub@1, mul@1, sort@2, reverse@2]" ;;
   esac
   mkdir -p .job/$arm
   for st in rl export bench; do .venv/bin/python -m dormouse.cli plan --preset small --stage $st --set "$set_" > .job/$arm/small_$st.json; done
