@@ -7,7 +7,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 export PATH := $(abspath $(BIN)):$(PATH)
 
-.PHONY: env run test test-all test-system lint dry-run clean-env scale
+.PHONY: env env-slurm run test test-all test-system lint dry-run clean-env scale
 
 $(VENV)/.installed: requirements.txt pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -21,6 +21,11 @@ $(VENV)/.installed-test: $(VENV)/.installed requirements-test.txt
 	touch $@
 
 env: $(VENV)/.installed
+
+# The SLURM executor plugin (pyproject's [slurm] extra) for workflow/profiles/slurm; not in `make env`, as it costs
+# every snakemake command ~10 s where the SLURM client is installed but no controller answers (docs/slurm.md).
+env-slurm: $(VENV)/.installed
+	$(BIN)/python -m pip install -q -e '.[slurm]'
 
 run: env
 	$(BIN)/snakemake
