@@ -31,7 +31,7 @@ run: env
 	$(BIN)/snakemake
 
 # The scale corpus (corpus/scale/README.md): ~1 GB of downloads, ~4.3 GB of text, a few minutes; then e.g.
-#   snakemake results/small/anchors.json --config corpus=corpus/scale/data
+#   snakemake results/small@scale/anchors.json --config corpus=corpus/scale/data
 scale: env
 	$(BIN)/snakemake --cores 1 corpus/scale/BUILD.json
 

@@ -42,3 +42,12 @@ def test_since_names_only_the_runs_written_after_it(tmp_path, monkeypatch, capsy
     assert headline.main([]) == 2
     err = capsys.readouterr().err
     assert "results/tiny/bench.json: cannot read a bench.json" in err and "small" not in err  # the bad file only
+
+
+def test_a_run_with_overrides_says_so_and_points_at_its_own_folder():
+    b = {**bench(), "view": "tiny@35e08989", "overrides": {"set": "train.steps=50", "corpus": "/data/my corpus"}}
+    lines = headline.headline(b, "results/tiny@35e08989/bench.json")
+    assert lines[0] == ("[dormouse] results/tiny@35e08989/bench.json (preset tiny; overrides set=train.steps=50, "
+                        "corpus=/data/my corpus):")
+    assert lines[-1].startswith("  next: results/tiny@35e08989/plots/ (curves, rungs, tasks); dormouse serve --preset "
+                                "tiny --set train.steps=50 --corpus '/data/my corpus';")
