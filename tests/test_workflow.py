@@ -130,6 +130,13 @@ def test_a_run_with_overrides_keeps_the_presets_own_views(fixture_workflow):
     assert reused.returncode == 1 and (f"dormouse: results/{view}/anchors.json: results/{view}/ holds the views of a "
                                        "run with set=anchors.max_order=3, not this run's (set=anchors.max_order=2)"
                                        ) in reused.stderr
+    art = f"results/store/anchors/{mine['digest_chain'][0]['digest']}"  # and the view command itself refuses
+    over = subprocess.run([str(BIN / "dormouse"), "view", "anchors", "--preset", "tiny", "--view", view, "--overrides",
+                           '{"set": "anchors.max_order=2"}', "--artifact", art, "--out", f"results/{view}/anchors.json"],
+                          cwd=fixture_workflow, capture_output=True, text=True)
+    assert over.returncode == 2 and over.stderr.startswith(f"dormouse view: results/{view}/anchors.json: holds the view "
+                                                           "of a run with overrides {'set': 'anchors.max_order=3'}")
+    assert len(over.stderr.splitlines()) == 1 and "max_order=3" in (fixture_workflow / "results" / view / "anchors.json").read_text()
 
 
 def test_only_what_changes_results_is_an_override(workdir, monkeypatch):
