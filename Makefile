@@ -7,7 +7,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 export PATH := $(abspath $(BIN)):$(PATH)
 
-.PHONY: env run test test-all test-system lint dry-run clean-env scale
+.PHONY: env env-slurm run test test-all test-system lint dry-run clean-env scale
 
 $(VENV)/.installed: requirements.txt pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -22,11 +22,16 @@ $(VENV)/.installed-test: $(VENV)/.installed requirements-test.txt
 
 env: $(VENV)/.installed
 
+# The SLURM executor plugin (pyproject's [slurm] extra) for workflow/profiles/slurm; not in `make env`, as it costs
+# every snakemake command ~10 s where the SLURM client is installed but no controller answers (docs/slurm.md).
+env-slurm: $(VENV)/.installed
+	$(BIN)/python -m pip install -q -e '.[slurm]'
+
 run: env
 	$(BIN)/snakemake
 
 # The scale corpus (corpus/scale/README.md): ~1 GB of downloads, ~4.3 GB of text, a few minutes; then e.g.
-#   snakemake results/small/anchors.json --config corpus=corpus/scale/data
+#   snakemake results/small@scale/anchors.json --config corpus=corpus/scale/data
 scale: env
 	$(BIN)/snakemake --cores 1 corpus/scale/BUILD.json
 

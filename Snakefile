@@ -1,6 +1,7 @@
 # dormouse: raw corpus -> filter -> shard -> anchors (-> pretrain -> sft -> rl -> export -> bench).
 # `snakemake` builds results/<config.preset>/{anchors,pretrain,bench}.json; `snakemake results/<preset>/anchors.json`
-# builds another preset. The plan (preset -> stage -> digest) is made once, at parse time.
+# builds another preset. The plan (preset -> stage -> digest) is made once, at parse time. A run with --config
+# overrides (set=, corpus=, ...) writes its views to results/<preset>@<tag>/ instead (workflow/rules/common.smk).
 import time
 
 from snakemake.utils import min_version
@@ -20,10 +21,10 @@ include: "workflow/rules/common.smk"
 
 rule all:
     input:
-        f"results/{config['preset']}/anchors.json",
-        f"results/{config['preset']}/pretrain.json",
-        f"results/{config['preset']}/bench.json",
-        f"results/{config['preset']}/plots/curves.png",
+        f"results/{PLAN.view_name(config['preset'])}/anchors.json",
+        f"results/{PLAN.view_name(config['preset'])}/pretrain.json",
+        f"results/{PLAN.view_name(config['preset'])}/bench.json",
+        f"results/{PLAN.view_name(config['preset'])}/plots/curves.png",
     default_target: True
 
 

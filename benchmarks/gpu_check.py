@@ -2,6 +2,7 @@
 ...") and exits 0 on PASS, 1 on FAIL.
 
     gpu_check.py path --set SET --stage rl        the artifact dir the plan gives that stage under --config set=SET
+    gpu_check.py view --set SET                   tiny's view folder under --config set=SET (results/tiny@<tag>)
     gpu_check.py chain --set SET                  the chain's manifests show every stage ran on the GPU's paths
     gpu_check.py decode --model DIR               step-by-step decode == what the parallel forward predicts
     gpu_check.py serve --port P                   the openai client streams one chat completion from `dormouse serve`
@@ -196,6 +197,8 @@ def main(argv=None) -> int:
     p = sub.add_parser("path")
     p.add_argument("--set", default="")
     p.add_argument("--stage", required=True)
+    p = sub.add_parser("view")
+    p.add_argument("--set", default="")
     p = sub.add_parser("chain")
     p.add_argument("--set", default="")
     p = sub.add_parser("decode")
@@ -213,6 +216,11 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     if args.cmd == "path":
         print(plan_dir(args.set, args.stage))
+        return 0
+    if args.cmd == "view":  # a run with --config set= writes its own view folder, not results/tiny/
+        from dormouse.engine.plan import load_plan
+
+        print(f"results/{load_plan(None, args.set or None).view_name('tiny')}")
         return 0
     if args.cmd == "chain":
         return chain(args.set)

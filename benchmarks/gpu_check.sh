@@ -12,7 +12,7 @@
 # Parts (each one verdict line):
 #   setup    the wheels into /tmp/site, every package the parts import, the GPU seen; tiny's data unpacked
 #   tests    every test marked gpu (pytest -m gpu), run beside the chain
-#   chain    `snakemake results/tiny/bench.json --config set=train.device=cuda,...` through Snakemake itself,
+#   chain    `snakemake results/tiny@<tag>/bench.json --config set=train.device=cuda,...` through Snakemake itself,
 #            pretrain to bench on CUDA (compiled regions and CUDA graphs on); the manifests must show the GPU paths
 #   decode   the rl model's step-by-step greedy decode (FLA's recurrent kernel, conv caches) gives the bytes its
 #            parallel forward (FLA's chunk kernel) predicts, fp32, on tiny's held-out prompts
@@ -121,7 +121,8 @@ PY
     rm -rf "$d" "results/scratch/$s/$(basename "$d")"
   done
   runpart chain 430 bash -c '
-    python3 -m snakemake --nolock --cores 16 --resources gpu=1 --config "set=$1" -- results/tiny/bench.json > "$2/chain.log" 2>&1
+    python3 -m snakemake --nolock --cores 16 --resources gpu=1 --config "set=$1" -- \
+      "$(python3 benchmarks/gpu_check.py view --set "$1")/bench.json" > "$2/chain.log" 2>&1
     rc=$?
     if [ $rc -ne 0 ]; then
       for f in $(ls -t results/logs/*/*.log 2>/dev/null | head -1); do echo "== $f"; tail -40 "$f"; done >> "$2/chain.log"

@@ -2,14 +2,22 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 from pathlib import Path
 
+import pytest
 import yaml
 
 from dormouse.cli import main as dormouse_main
 from dormouse.engine.plan import build_plan
+
+# workflow/profiles/slurm's executor is pyproject's [slurm] extra, not in requirements.txt (it slows every
+# snakemake start where no SLURM controller answers); requirements-test.txt installs it for `make test`.
+needs_slurm_plugin = pytest.mark.skipif(
+    importlib.util.find_spec("snakemake_executor_plugin_slurm") is None,
+    reason="snakemake-executor-plugin-slurm is not installed: pyproject's [slurm] extra (make env-slurm; make test has it)")
 
 
 def configure(workdir: Path, corpus: Path, positive: Path, negative: Path, presets=("tiny",), **shard) -> dict:

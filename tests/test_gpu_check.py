@@ -54,3 +54,12 @@ def test_lm_eval_result_reads_the_device_and_the_score(tmp_path, capsys):
     assert capsys.readouterr().out.startswith("lm-eval: PASS dormouse_tiny acc 0.5")
     assert gpu_check.lm_eval_result(tmp_path / "out", "cpu") == 1
     assert "ran on 'cuda'" in capsys.readouterr().out
+
+
+def test_view_names_the_folder_the_chain_part_builds(workdir, monkeypatch, capsys):
+    """gpu_check.sh's chain runs `snakemake <view>/bench.json --config set=...`: a set= run's own view folder."""
+    from dormouse.engine.plan import override_tag
+
+    monkeypatch.chdir(workdir)
+    assert gpu_check.main(["view", "--set", "train.device=cuda"]) == 0
+    assert capsys.readouterr().out == f"results/tiny@{override_tag({'set': 'train.device=cuda'})}\n"

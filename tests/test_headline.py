@@ -53,3 +53,12 @@ def test_the_headline_says_the_eval_tails_share_and_every_upstream_warning():
     assert "  eval tail 146000 bytes (9.9% of the sharded text, 19 documents); 1324000 bytes train" in lines
     assert "  WARNING (shard): the eval tail was capped at eval_tail_max_share=0.1 of the corpus: ..." in lines
     assert not any("WARNING" in line for line in headline.headline(bench(), "b"))
+
+
+def test_a_run_with_overrides_says_so_and_points_at_its_own_folder():
+    b = {**bench(), "view": "tiny@35e08989", "overrides": {"set": "train.steps=50", "corpus": "/data/my corpus"}}
+    lines = headline.headline(b, "results/tiny@35e08989/bench.json")
+    assert lines[0] == ("[dormouse] results/tiny@35e08989/bench.json (preset tiny; overrides set=train.steps=50, "
+                        "corpus=/data/my corpus):")
+    assert lines[-1].startswith("  next: results/tiny@35e08989/plots/ (curves, rungs, tasks); dormouse serve --preset "
+                                "tiny --set train.steps=50 --corpus '/data/my corpus';")

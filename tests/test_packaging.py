@@ -41,6 +41,16 @@ def test_training_extras_carry_the_tested_pins():
     assert ex["cuda"]["torch"] == "2.11.0"  # the torch the H200 figures were measured with (benchmarks/records)
 
 
+def test_the_slurm_plugin_is_an_extra_not_in_the_base_environment():
+    # Snakemake loads every installed executor plugin at start; this one runs `scontrol show config` then (~10 s
+    # where no controller answers), so only the SLURM profile's users and `make test` install it.
+    base = pins((REPO / "requirements.txt").read_text().splitlines())
+    test = pins((REPO / "requirements-test.txt").read_text().splitlines())
+    plugin = "snakemake-executor-plugin-slurm"
+    assert plugin not in base and plugin not in extras()["train"]
+    assert extras()["slurm"] == {plugin: test[plugin]}, (extras()["slurm"], test.get(plugin))
+
+
 def test_a_wheel_plans_from_a_subfolder_of_a_clone(tmp_path, workdir, tmp_path_factory):
     src = tmp_path / "src"  # a copy: an in-tree build would leave build/ in the repository
     src.mkdir()

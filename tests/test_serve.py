@@ -220,6 +220,38 @@ def test_serve_loads_a_store_artifact_from_the_cli(tmp_path, model):
     json.dumps(info)  # /health serves it
 
 
+def test_serve_preset_with_set_loads_that_runs_model_and_says_which(workdir, model, monkeypatch, capsys):
+    """`dormouse serve --preset tiny --set ...` (dormouse plan's --set/--corpus) resolves the rl model of the run
+    `snakemake --config set=...` made, not the preset's own, and prints the artifact it loaded."""
+    import argparse
+    from pathlib import Path
+
+    from dormouse.engine.plan import load_plan, override_tag
+    from dormouse.serve.app import load, main
+
+    monkeypatch.chdir(workdir)
+    plan, own = load_plan(None, "train.steps=7"), load_plan(None)
+    digest = plan.chain["tiny"]["rl"]
+    assert digest != own.chain["tiny"]["rl"]
+    job, out = plan.job("rl", digest), Path(plan.artifact_dir("rl", digest))
+    with ArtifactWriter(out, "rl", job.format_version, job.params, {k: v["digest"] for k, v in job.inputs.items()},
+                        job.retractions) as art:  # the overridden run's rl artifact, at its planned digest
+        save_model_artifact(art, model, {"model": model.cfg.to_dict()}, [])
+    args = dict(model=None, preset="tiny", rung=None, device="cpu", config=None, corpus=None)
+    _, _, _, model_id, info = load(argparse.Namespace(**args, set="train.steps=7"))
+    assert info["artifact"] == str(out) and model_id == f"dormouse-tiny-{digest[:8]}"
+    assert f"[serve] preset tiny, set=train.steps=7: {out}\n" in capsys.readouterr().out
+    with pytest.raises(SystemExit, match=f"preset tiny's rl model results/store/rl/{own.chain['tiny']['rl']} is not "
+                                         "built yet: snakemake results/tiny/bench.json "):
+        load(argparse.Namespace(**args, set=None))  # the preset's own model: not built here
+    with pytest.raises(SystemExit, match=f"snakemake results/tiny@{override_tag({'set': 'train.steps=8'})}/bench.json "
+                                         "--config set=train.steps=8 "):  # what builds another run's model
+        load(argparse.Namespace(**args, set="train.steps=8"))
+    with pytest.raises(SystemExit):
+        main(["--model", str(out), "--set", "train.steps=7"])  # --set picks a run of --preset, not of a model dir
+    assert "--set/--corpus choose which run of --preset to serve" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("kind", ["local-completions", "local-chat-completions"])
 def test_lm_eval_harness_generates_through_the_server(server, tmp_path, kind):
     """lm-evaluation-harness's own OpenAI-API models against the server: every document is answered with the

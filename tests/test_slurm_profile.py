@@ -15,7 +15,9 @@ from pathlib import Path
 
 import pytest
 import yaml
-from pipeline_util import configure, plan_in
+from pipeline_util import configure, needs_slurm_plugin, plan_in
+
+pytestmark = needs_slurm_plugin
 
 
 BIN = Path(sys.executable).parent

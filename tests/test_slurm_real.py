@@ -21,9 +21,9 @@ import yaml
 
 import real_slurm
 from dormouse.engine.plan import build_plan
-from pipeline_util import configure
+from pipeline_util import configure, needs_slurm_plugin
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, needs_slurm_plugin]
 
 BIN = Path(sys.executable).parent
 PROFILE = "workflow/profiles/slurm"

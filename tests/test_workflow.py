@@ -10,6 +10,8 @@ from pathlib import Path
 import pytest
 from pipeline_util import configure
 
+from dormouse.engine.plan import load_plan, override_tag, run_overrides
+
 ROOT = Path(__file__).resolve().parents[1]
 
 BIN = Path(sys.executable).parent
@@ -86,11 +88,69 @@ def test_config_corpus_override_points_the_chain_at_another_corpus(fixture_workf
     base = job_counts(snakemake(fixture_workflow, "-n", "results/tiny/anchors.json").stdout)
     assert base["filter"] == 1
     snakemake(fixture_workflow, "results/tiny/anchors.json")
-    # Built: nothing to do for the configured corpus; a --config corpus=... override re-plans the chain.
-    proc = snakemake(fixture_workflow, "-n", "results/tiny/anchors.json", "--config", f"corpus={other}")
+    # Built: nothing to do for the configured corpus; a --config corpus=... override re-plans the chain, whose
+    # views go to their own folder (the preset's stay tiny's own).
+    view = f"tiny@{override_tag({'corpus': str(other)})}"
+    proc = snakemake(fixture_workflow, "-n", f"results/{view}/anchors.json", "--config", f"corpus={other}")
     assert job_counts(proc.stdout) == {"filter": 1, "shard": 1, "anchors": 1, "anchors_view": 1, "total": 4}
     missing = snakemake(fixture_workflow, "-n", "--config", f"corpus={tmp_path / 'nowhere'}", check=False)
     assert missing.returncode != 0 and "matched no files" in missing.stdout + missing.stderr
+
+
+def test_a_run_with_overrides_keeps_the_presets_own_views(fixture_workflow):
+    """A one-off run (--config set=...) writes results/<preset>@<tag>/, recording its overrides; the preset's own
+    results/<preset>/ stays as it was, and a target there is one line naming this run's folder."""
+    snakemake(fixture_workflow, "results/tiny/anchors.json")
+    own = fixture_workflow / "results" / "tiny" / "anchors.json"
+    before = (own.read_bytes(), own.stat().st_mtime_ns)
+    override = "set=anchors.max_order=3"  # the anchors stage alone: a quick rerun
+    view = f"tiny@{override_tag({'set': 'anchors.max_order=3'})}"
+    planned = snakemake(fixture_workflow, "-n", "--config", override).stdout  # the default target of such a run
+    assert f"results/{view}/bench.json" in planned and "results/tiny/" not in planned
+    refused = snakemake(fixture_workflow, "-n", "results/tiny/anchors.json", "--config", override, check=False)
+    assert refused.returncode == 1 and "Traceback" not in refused.stderr
+    assert (f"dormouse: results/tiny/anchors.json: results/tiny/ holds the preset's own views, which a run with "
+            f"overrides leaves as they are; this run (set=anchors.max_order=3) writes results/{view}/ (or "
+            f"results/tiny@<label>/): "
+            f"snakemake results/{view}/anchors.json --config set=anchors.max_order=3") in refused.stderr
+    snakemake(fixture_workflow, f"results/{view}/anchors.json", "--config", override)
+    assert (own.read_bytes(), own.stat().st_mtime_ns) == before
+    mine, theirs = (json.loads(p.read_text()) for p in (fixture_workflow / "results" / view / "anchors.json", own))
+    assert (mine["preset"], mine["view"], mine["overrides"]) == ("tiny", view, {"set": "anchors.max_order=3"})
+    assert (theirs["view"], theirs["overrides"]) == ("tiny", {})
+    assert mine["digest_chain"][0]["digest"] != theirs["digest_chain"][0]["digest"]
+    assert mine["digest_chain"][1:] == theirs["digest_chain"][1:]  # the same shard and filter
+    again = snakemake(fixture_workflow, "-n", f"results/{view}/anchors.json", "--config", override)
+    assert "Nothing to be done" in again.stdout + again.stderr
+    # a folder named by the user holds the same run; a folder of other overrides is never reused
+    labelled = snakemake(fixture_workflow, "-n", "results/tiny@order3/anchors.json", "--config", override).stdout
+    assert job_counts(labelled) == {"anchors_view": 1, "total": 1}
+    reused = snakemake(fixture_workflow, "-n", f"results/{view}/anchors.json", "--config", "set=anchors.max_order=2",
+                       check=False)
+    assert reused.returncode == 1 and (f"dormouse: results/{view}/anchors.json: results/{view}/ holds the views of a "
+                                       "run with set=anchors.max_order=3, not this run's (set=anchors.max_order=2)"
+                                       ) in reused.stderr
+    art = f"results/store/anchors/{mine['digest_chain'][0]['digest']}"  # and the view command itself refuses
+    over = subprocess.run([str(BIN / "dormouse"), "view", "anchors", "--preset", "tiny", "--view", view, "--overrides",
+                           '{"set": "anchors.max_order=2"}', "--artifact", art, "--out", f"results/{view}/anchors.json"],
+                          cwd=fixture_workflow, capture_output=True, text=True)
+    assert over.returncode == 2 and over.stderr.startswith(f"dormouse view: results/{view}/anchors.json: holds the view "
+                                                           "of a run with overrides {'set': 'anchors.max_order=3'}")
+    assert len(over.stderr.splitlines()) == 1 and "max_order=3" in (fixture_workflow / "results" / view / "anchors.json").read_text()
+
+
+def test_only_what_changes_results_is_an_override(workdir, monkeypatch):
+    file_config = {"corpus": "corpus/demo/data", "preset": "tiny", "store": "results/store"}
+    given = {"corpus": "corpus/demo/data", "preset": "small", "store": "/scratch/store", "set": "",
+             "slurm": {"partition": "gpu"}}
+    assert run_overrides(file_config, given) == {}  # the file's corpus, an empty set, where and which
+    assert run_overrides(file_config, {"corpus": "/data/mine", "set": "train.steps=50"}) == {
+        "corpus": "/data/mine", "set": "train.steps=50"}
+    assert override_tag({"set": "train.steps=50"}) == override_tag({"set": "train.steps=50"}) != override_tag({})
+    monkeypatch.chdir(workdir)  # views move only where the overrides change a preset's chain
+    assert load_plan(None, "train.steps=50").view_name("tiny") == f"tiny@{override_tag({'set': 'train.steps=50'})}"
+    assert load_plan(None, "resources.runtime_min.pretrain=99").view_name("tiny") == "tiny"  # not digested
+    assert load_plan(None, corpus="corpus/demo/data").view_name("tiny") == "tiny"  # the file's own corpus
 
 
 def test_every_registered_stage_has_its_rule():

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import sys
 from pathlib import Path
 
@@ -25,7 +26,9 @@ def _anchor(bench: dict) -> dict | None:
 def headline(bench: dict, path: str | Path) -> list[str]:
     """The lines for one bench.json (format 4 or 5)."""
     preset, stages = bench.get("preset", "?"), bench["stages"]
-    lines = [f"[dormouse] {path} (preset {preset}):"]
+    overrides = bench.get("overrides") or {}  # a one-off run's (results/<preset>@<tag>/): said, not implied
+    said = "; overrides " + ", ".join(f"{k}={v}" for k, v in overrides.items()) if overrides else ""
+    lines = [f"[dormouse] {path} (preset {preset}{said}):"]
     pre, best = stages["pretrain"]["bpb"], _anchor(bench)
     if best is not None:
         side = "below" if pre < best["bpb"] else "above"
@@ -47,8 +50,10 @@ def headline(bench: dict, path: str | Path) -> list[str]:
     rungs = bench.get("rungs") or {}
     if rungs:
         lines.append("  export rungs, BPB: " + ", ".join(f"{r} {v['bpb']:.4f}" for r, v in rungs.items()))
-    lines.append(f"  next: results/{preset}/plots/ (curves, rungs, tasks); dormouse serve --preset {preset}; "
-                 "snakemake --report report.html")
+    # serve takes set and corpus as --set/--corpus (dormouse.engine.plan.add_plan_arguments): the same rl model
+    serve = f"dormouse serve --preset {preset}" + "".join(f" --{k} {shlex.quote(str(v))}" for k, v in overrides.items()
+                                                           if k in ("set", "corpus"))
+    lines.append(f"  next: {Path(path).parent}/plots/ (curves, rungs, tasks); {serve}; snakemake --report report.html")
     return lines
 
 

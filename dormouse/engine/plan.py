@@ -6,8 +6,13 @@ Snakemake (workflow/rules/common.smk) and `dormouse plan` both build it with `bu
 
 from __future__ import annotations
 
+import argparse
+import hashlib
 import json
+import re
+import shlex
 import sys
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -67,7 +72,7 @@ def matching_retractions(entries: list[dict], stage: str, params: dict) -> list[
     return sorted(hits)
 
 
-# What `snakemake results/<preset>/<file>` can build (workflow/rules/*.smk)
+# What `snakemake results/<view>/<file>` can build (workflow/rules/*.smk)
 PRESET_TARGETS = ("anchors.json", "pretrain.json", "bench.json", "plots/curves.png", "plots/rungs.png", "plots/tasks.png")
 
 
@@ -80,10 +85,48 @@ class Plan:
     # chain's twin with every qat key off, up to export, whose rungs its bench scores too) -> stage -> digest
     retractions: list[dict]
     experiments: dict = field(default_factory=dict)  # name -> dormouse.engine.experiments.Experiment
+    overrides: dict = field(default_factory=dict)  # run_overrides: this run's --config keys that change results
+    own_chain: dict = field(default_factory=dict)  # with overrides: the chains the config file alone plans
 
     @property
     def store(self) -> str:
         return self.config["store"]
+
+    def view_name(self, preset: str) -> str:
+        """The folder of a preset's views in results/: the preset's name, or `<preset>@<tag>` when this run's
+        overrides change the preset's chain, so a one-off run (another corpus, --config set=...) never replaces
+        the preset's own views. Overrides that change no digest (set=resources.*, the file's own corpus) keep it."""
+        if not self.overrides or self.own_chain.get(preset) == self.chain[preset]:
+            return preset
+        return f"{preset}@{override_tag(self.overrides)}"
+
+    def view_overrides(self, preset: str) -> dict:
+        """What the preset's views record: the overrides that put them in their own folder, else none."""
+        return self.overrides if self.view_name(preset) != preset else {}
+
+    @property
+    def views(self) -> dict[str, str]:
+        """view name -> preset, for this run's presets (the default names: rule all's targets)."""
+        return {self.view_name(p): p for p in self.presets}
+
+    def view_preset(self, name: str) -> str | None:
+        """The preset whose views this run writes to results/<name>/: its default view name, or, for a preset
+        whose chain the overrides change, `<preset>@<label>` with a label of the user's choosing."""
+        preset, at, label = name.partition("@")
+        if preset not in self.presets or at != ("@" if self.view_name(preset) != preset else ""):
+            return None
+        return preset if not at or re.fullmatch(VIEW_LABEL, label) else None
+
+    def view_pattern(self) -> str:
+        """A regex of the view names view_preset accepts (the Snakemake wildcard's constraint)."""
+        return "|".join(re.escape(p) + (f"@{VIEW_LABEL}" if self.view_name(p) != p else "") for p in self.presets)
+
+    def overrides_args(self, overrides: dict | None = None) -> str:
+        """This run's overrides (or those given) as Snakemake's --config arguments, for a command in a message."""
+        overrides = self.overrides if overrides is None else overrides
+        if not overrides:
+            return ""
+        return " --config " + " ".join(shlex.quote(f"{k}={v}") for k, v in overrides.items())
 
     def job(self, stage: str, digest: str) -> Job:
         try:
@@ -162,11 +205,30 @@ class Plan:
             return (f"{target}: no experiment {parts[2]!r} (experiments: {known}); "
                     "an experiment is config/experiments/<name>.yaml")
         name, rest = parts[1], "/".join(parts[2:])
-        if name not in self.presets:
-            there = (root / "config" / "presets" / f"{name}.yaml").exists()
-            hint = (f"config/presets/{name}.yaml exists: add it to the run with --config 'presets=[{', '.join(self.presets)}, {name}]'"
+        preset, said = name.partition("@")[0], describe_overrides(self.overrides)
+        if preset not in self.presets:
+            there = (root / "config" / "presets" / f"{preset}.yaml").exists()
+            hint = (f"config/presets/{preset}.yaml exists: add it to the run with --config 'presets=[{', '.join(self.presets)}, {preset}]'"
                     if there else "a preset is config/presets/<name>.yaml, listed in config.yaml's presets")
-            return f"{target}: no preset {name!r} in this run (presets: {', '.join(self.presets)}); {hint}"
+            return f"{target}: no preset {preset!r} in this run (presets: {', '.join(self.presets)}); {hint}"
+        mine = self.view_name(preset)
+        theirs = recorded_overrides(root / "results" / name)
+        if self.view_preset(name) is None:  # the preset's own folder under overrides, or a run's under none
+            if name == preset:
+                other = "the preset's own views, which a run with overrides leaves as they are"
+            elif mine != preset:
+                other = f"no view (a label is letters, digits, '.', '_' and '-': {VIEW_LABEL})"
+            elif theirs is not None:
+                other = (f"the views of a run with {describe_overrides(theirs)} (rebuild: snakemake "
+                         f"{target}{self.overrides_args(theirs)})")
+            else:
+                other = "the views of a run with overrides (none recorded there yet)"
+            where = f"results/{mine}/ (or results/{preset}@<label>/)" if mine != preset else f"results/{mine}/"
+            return (f"{target}: results/{name}/ holds {other}; this run ({said}) writes {where}: "
+                    f"snakemake results/{mine}/{rest}{self.overrides_args()}")
+        if theirs is not None and theirs != self.view_overrides(preset):  # a label reused for other overrides
+            return (f"{target}: results/{name}/ holds the views of a run with {describe_overrides(theirs)}, not "
+                    f"this run's ({said}): name another label, or snakemake results/{mine}/{rest}{self.overrides_args()}")
         if rest not in PRESET_TARGETS:
             return f"{target}: results/{name}/ holds {', '.join(PRESET_TARGETS)}"
         return None
@@ -192,6 +254,69 @@ class Plan:
         return out
 
 
+# A view label (results/<preset>@<label>/): a word a path and a Snakemake wildcard take as it is
+VIEW_LABEL = r"[A-Za-z0-9][A-Za-z0-9_.-]*"
+
+# --config keys that say which presets run, where artifacts live and how jobs are submitted: they change no
+# result, so a run that sets them still writes the presets' own views.
+VIEW_NEUTRAL = frozenset({"preset", "presets", "store", "slurm"})
+
+
+def run_overrides(file_config: Mapping, given: Mapping) -> dict:
+    """The overrides a run was given (Snakemake's --config, or a command's --set/--corpus) that can change what
+    its chain computes: every key but VIEW_NEUTRAL whose value is not the config file's, sorted by key."""
+    return {k: given[k] for k in sorted(given)
+            if k not in VIEW_NEUTRAL and (given[k] or None) != (file_config.get(k) or None)}
+
+
+def override_tag(overrides: dict) -> str:
+    """8 hex of the overrides' digest: the same overrides name the same view folder in every run."""
+    return hashlib.sha256(canonical_json(overrides).encode()).hexdigest()[:8]
+
+
+def describe_overrides(overrides: dict) -> str:
+    return ", ".join(f"{k}={v}" for k, v in overrides.items()) or "no overrides"
+
+
+def recorded_overrides(view_dir: Path) -> dict | None:
+    """The overrides a view folder's files record (dormouse view writes them); None when none says."""
+    for name in ("bench.json", "pretrain.json", "anchors.json"):
+        try:
+            return json.loads((view_dir / name).read_text())["overrides"]
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+    return None
+
+
+def add_plan_arguments(ap: argparse.ArgumentParser) -> None:
+    """--config, --corpus and --set for a command that builds the plan (dormouse plan, dormouse serve): the
+    overrides as `snakemake --config` takes them, so a command finds a one-off run's artifacts by its overrides."""
+    ap.add_argument("--config", help="config.yaml (default: config/config.yaml of the clone around the cwd)")
+    ap.add_argument("--corpus", help="override config corpus (as snakemake --config corpus=...)")
+    ap.add_argument("--set", help="preset overrides, 'key=value,...' (as snakemake --config set=...)")
+
+
+def build_run_plan(config: dict, file_config: Mapping, given: Mapping, root: Path = Path(".")) -> Plan:
+    """The plan of a run whose config is the config file updated with `given` (Snakemake's --config, or a
+    command's --set/--corpus): with overrides, also the chains the file alone plans, to tell which presets'
+    views they change (Plan.view_name)."""
+    overrides = run_overrides(file_config, given)
+    plan = build_plan(config, root, overrides)
+    if overrides:
+        own = {k: v for k, v in config.items() if k not in overrides} | {k: file_config[k] for k in overrides
+                                                                           if k in file_config}
+        try:
+            plan.own_chain = build_plan(own, root).chain
+        except ConfigError:  # the file alone does not plan (its corpus is missing, say): every view is this run's
+            plan.own_chain = {}
+    return plan
+
+
+def plan_from_args(args: argparse.Namespace) -> Plan:
+    """load_plan with the arguments add_plan_arguments declared."""
+    return load_plan(args.config, args.set, **({"corpus": args.corpus} if args.corpus else {}))
+
+
 def resolve_presets(config: dict, root: Path = Path(".")) -> dict[str, dict]:
     return {name: load_preset(name, root, config.get("set", "")) for name in config["presets"]}
 
@@ -206,13 +331,16 @@ def load_plan(config_arg: str | None, set_: str | None = None, **paths: str) -> 
     for key, value in paths.items():
         absolute = Path(value).resolve()
         rebased[key] = str(absolute.relative_to(root.resolve()) if absolute.is_relative_to(root.resolve()) else absolute)
-    plan = build_plan({**load_yaml(path), **rebased, **({"set": set_} if set_ else {})}, root)
+    file_config = load_yaml(path)
+    given = {**rebased, **({"set": set_} if set_ else {})}
+    plan = build_run_plan({**file_config, **given}, file_config, given, root)
     if root.resolve() != Path.cwd().resolve() and not Path(plan.config["store"]).is_absolute():
         plan.config["store"] = str(root / plan.config["store"])
     return plan
 
 
-def build_plan(config: dict, root: Path = Path(".")) -> Plan:
+def build_plan(config: dict, root: Path = Path("."), overrides: dict | None = None) -> Plan:
+    """`overrides`: run_overrides of this run; its presets' views then go to results/<preset>@<tag>/."""
     config = validate(json.loads(json.dumps(config)), "config.schema.yaml", "config")
     if config["preset"] not in config["presets"]:
         raise ConfigError(f"config: preset {config['preset']!r} is not in presets {config['presets']}")
@@ -274,7 +402,7 @@ def build_plan(config: dict, root: Path = Path(".")) -> Plan:
             plan_chain(run_name, preset, f"{exp.path} arm {arm} seed {seed}", "bench" if exp.bench else "pretrain",
                        exp.trunk(arm, seed))
     check_match_keys(retractions, jobs.values(), config["retractions"])
-    return Plan(config, presets, jobs, chain, retractions, experiments)
+    return Plan(config, presets, jobs, chain, retractions, experiments, dict(overrides or {}))
 
 
 def pretrain_gpus(preset: dict, source: str) -> int:

@@ -9,20 +9,19 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 
-from dormouse.engine.plan import load_plan
+from dormouse.engine.plan import add_plan_arguments, describe_overrides, plan_from_args
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="dormouse plan", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--config", help="config.yaml (default: config/config.yaml of the clone around the cwd)")
-    ap.add_argument("--corpus", help="override config corpus (as snakemake --config corpus=...)")
-    ap.add_argument("--set", help="preset overrides, 'key=value,...' (as snakemake --config set=...)")
+    add_plan_arguments(ap)
     ap.add_argument("--preset")
     ap.add_argument("--stage")
     args = ap.parse_args(argv)
-    plan = load_plan(args.config, args.set, **({"corpus": args.corpus} if args.corpus else {}))
+    plan = plan_from_args(args)
     config = plan.config
     if args.preset and args.preset not in plan.chain:
         raise SystemExit(f"dormouse plan: no preset {args.preset!r} in the plan (presets: {', '.join(plan.presets)}; "
@@ -33,6 +32,12 @@ def main(argv=None) -> int:
             raise SystemExit(f"dormouse plan: no stage {args.stage!r} (stages: {', '.join(plan.chain[preset])})")
         print(plan.job_json(args.stage, plan.chain[preset][args.stage]))
         return 0
+    if plan.overrides:  # on stderr: stdout stays the table (or the job's JSON)
+        preset = args.preset or config["preset"]
+        view = plan.view_name(preset)
+        print(f"dormouse plan: {describe_overrides(plan.overrides)}: " + (
+            f"{preset}'s views of such a run go to results/{view}/ (results/{preset}/ stays the preset's own)"
+            if view != preset else f"no digest of {preset} changes; its views stay results/{preset}/"), file=sys.stderr)
     for preset, stages in plan.chain.items():
         if args.preset and preset != args.preset:
             continue

@@ -1,7 +1,7 @@
 """Job status under workflow/profiles/slurm: the status command this cluster can answer, and a
 guard that fails a job whose status stays unreadable instead of losing it.
 
-snakemake-executor-plugin-slurm 2.8.0 (requirements.txt) queries `sacct` whenever the binary exists.
+snakemake-executor-plugin-slurm 2.8.0 (pyproject's [slurm] extra) queries `sacct` whenever the binary exists.
 On a cluster without accounting (AccountingStorageType=accounting_storage/none) every query fails
 ("Slurm accounting storage is disabled"); after `status_attempts` failed queries in one check the
 plugin yields none of its active jobs, so they leave Snakemake's active list neither done nor

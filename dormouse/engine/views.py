@@ -1,4 +1,8 @@
-"""Per-preset result files (`results/<preset>/anchors.json`): a stage's result plus its digest chain."""
+"""Per-preset result files (`results/<view>/anchors.json`): a stage's result plus its digest chain.
+
+The view folder is the preset's name, or `<preset>@<tag>` for a run with overrides (dormouse.engine.plan,
+Plan.view_name); each file records the overrides it was made with, so a one-off run says what it was.
+"""
 
 from __future__ import annotations
 
@@ -7,6 +11,7 @@ import json
 from pathlib import Path
 
 from dormouse.engine import history
+from dormouse.engine.config import ConfigError
 from dormouse.engine.store import open_artifact
 
 
@@ -38,6 +43,9 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="dormouse view")
     ap.add_argument("kind", choices=["anchors", "pretrain", "bench"])
     ap.add_argument("--preset", required=True)
+    ap.add_argument("--view", default=None, help="the view folder's name (default: the preset's)")
+    ap.add_argument("--overrides", type=json.loads, default={},
+                    help="the run's overrides as JSON (Plan.overrides), recorded in the view")
     ap.add_argument("--artifact", required=True, help="the artifact's directory or manifest.json")
     ap.add_argument("--store", default="results/store")
     ap.add_argument("--out", required=True)
@@ -61,11 +69,17 @@ def main(argv=None) -> int:
     chain = digest_chain(art.path, Path(args.store))
     view = {
         "preset": args.preset,
+        "view": args.view or args.preset,
+        "overrides": args.overrides,
         **result,
         "digest_chain": chain,
         "retractions_applied": sorted({r for link in chain for r in link["retractions"]}),
     }
     out = Path(args.out)
+    recorded = json.loads(out.read_text()).get("overrides") if out.exists() else None
+    if recorded is not None and recorded != args.overrides:  # a label reused: never replace another run's view
+        raise ConfigError(f"{out}: holds the view of a run with overrides {recorded}, not {args.overrides}; "
+                          f"name another label (results/{args.preset}@<label>/)")
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_suffix(".tmp")
     tmp.write_text(json.dumps(view, indent=2) + "\n")

@@ -2,6 +2,7 @@
 
     dormouse serve --preset small                    # the preset's rl model (the artifact the chain ships)
     dormouse serve --preset small --rung int8        # one of its exported rungs
+    dormouse serve --preset tiny --set train.steps=50   # the rl model of `snakemake --config set=train.steps=50`
     dormouse serve --model results/store/sft/<digest> --port 8001   # any pretrain/sft/rl artifact
 
 Endpoints: POST /v1/chat/completions and /v1/completions (OpenAI's request and response shapes, `stream: true` as
@@ -398,16 +399,17 @@ def load(args) -> tuple:
         art = open_artifact(args.model)
         label = f"{art.manifest['stage']}-{art.path.name[:8]}"
     else:
-        from dormouse.engine.plan import load_plan
+        from dormouse.engine.plan import plan_from_args
 
-        plan = load_plan(args.config)
+        plan = plan_from_args(args)  # with --set/--corpus: the run `snakemake --config set=... corpus=...` made
         if args.preset not in plan.chain:
             raise SystemExit(f"dormouse serve: no preset {args.preset!r} (known: {', '.join(p for p in plan.presets)})")
         stage = "rl"
         path = Path(plan.artifact_dir(stage, plan.chain[args.preset][stage]))
         if not (path / "manifest.json").exists():
-            raise SystemExit(f"dormouse serve: preset {args.preset}'s rl model {path} is not built yet: "
-                             f"snakemake results/{args.preset}/bench.json (or --model DIR for another artifact)")
+            raise SystemExit(f"dormouse serve: preset {args.preset}'s rl model {path} is not built yet: snakemake "
+                             f"results/{plan.view_name(args.preset)}/bench.json{plan.overrides_args()} (or --model DIR "
+                             f"for another artifact)")
         art = open_artifact(path)
         label = f"{args.preset}-{path.name[:8]}"
     model, cfg = load_model(art, device)
@@ -423,25 +425,33 @@ def load(args) -> tuple:
             raise SystemExit(f"dormouse serve: export has no rung {args.rung!r} (rungs: {', '.join(known)})")
         model = quant.load_rung_model(export.file(rung_file), cfg, device)
         label += f"-{args.rung}"
+    if args.preset:  # which run's model: the overrides pick another artifact than the preset's own
+        said = "".join(f", {k}={v}" for k, v in plan.overrides.items())
+        rung = f", rung {args.rung} of {export.path}" if args.rung else ""
+        print(f"[serve] preset {args.preset}{said}: {art.path}{rung}", flush=True)
     model.eval()
     info = {"artifact": str(art.path), "stage": art.manifest["stage"], "rung": args.rung, "device": str(device)}
     return model, device, True, f"dormouse-{label}", info
 
 
 def main(argv=None) -> int:
+    from dormouse.engine.plan import add_plan_arguments
+
     ap = argparse.ArgumentParser(prog="dormouse serve", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     which = ap.add_mutually_exclusive_group(required=True)
     which.add_argument("--preset", help="serve this preset's finished rl model")
     which.add_argument("--model", type=Path, help="serve this model artifact (pretrain, sft or rl) instead")
     ap.add_argument("--rung", help="one of the preset's export rungs (bf16, int8, fp8, mxfp4, nvfp4, ternary)")
-    ap.add_argument("--config", help="config.yaml (default: config/config.yaml of the clone around the cwd)")
+    add_plan_arguments(ap)  # --config, and --set/--corpus to find a run made with those overrides
     ap.add_argument("--host", default="127.0.0.1")
     ap.add_argument("--port", type=int, default=8000)
     ap.add_argument("--device", default=None, help="cpu or cuda (default: cuda when visible)")
     ap.add_argument("--max-batch", type=int, default=64, help="streams decoded together in one step")
     ap.add_argument("--max-prompt-bytes", type=int, default=Limits().max_prompt_bytes)
     args = ap.parse_args(argv)
+    if args.model and (args.set or args.corpus):
+        ap.error("--set/--corpus choose which run of --preset to serve; --model names the artifact itself")
     import uvicorn
 
     import socket

@@ -5,11 +5,14 @@ import sys
 from pathlib import Path
 
 from dormouse.data import demo_corpus, scale_corpus
-from dormouse.engine.config import ConfigError
-from dormouse.engine.plan import build_plan
+from dormouse.engine.config import ConfigError, load_yaml
+from dormouse.engine.plan import build_run_plan
+from dormouse.engine.store import canonical_json
 
 try:
-    PLAN = build_plan(config)
+    # What --config changed against config/config.yaml (set=, corpus=, ...): where that changes a preset's chain,
+    # its views go to results/<preset>@<tag>/, so a one-off run does not replace the preset's own results/<preset>/.
+    PLAN = build_run_plan(config, load_yaml(Path("config/config.yaml")), dict(workflow.config_settings.config))
 except ConfigError as e:  # a configuration mistake: the message names what to fix; no traceback
     print(f"dormouse: {e}", file=sys.stderr)
     sys.exit(1)
@@ -23,7 +26,7 @@ if problem:
 
 wildcard_constraints:
     d="[0-9a-f]{20}",
-    preset="|".join(PLAN.presets),
+    view=PLAN.view_pattern(),
     exp="|".join(PLAN.experiments) or "(?!)",
 
 
@@ -57,7 +60,15 @@ def stage_job_file(stage):
 
 
 def view_input(stage):
-    return lambda w: ancient(PLAN.manifest_path(stage, PLAN.chain[w.preset][stage]))
+    return lambda w: ancient(PLAN.manifest_path(stage, PLAN.chain[PLAN.view_preset(w.view)][stage]))
+
+
+def view_params():
+    """What `dormouse view` records beside the result: the preset and this run's overrides (canonical JSON, so
+    the params trigger sees a stable string)."""
+    return {"preset": lambda w: PLAN.view_preset(w.view),
+            "overrides": lambda w: canonical_json(PLAN.view_overrides(PLAN.view_preset(w.view)))}
+
 
 
 def slurm(gpu=False):

@@ -71,17 +71,18 @@ rule anchors:
 
 
 rule anchors_view:
-    """results/<preset>/anchors.json: the ladder plus the digest chain it came from."""
+    """results/<view>/anchors.json: the ladder plus the digest chain it came from."""
     input:
         anchors=view_input("anchors"),
     output:
-        "results/{preset}/anchors.json",
+        "results/{view}/anchors.json",
     log:
-        "results/logs/view/{preset}.anchors.log",
+        "results/logs/view/{view}.anchors.log",
     benchmark:
-        "results/benchmarks/view/{preset}.anchors.tsv"
+        "results/benchmarks/view/{view}.anchors.tsv"
     params:
         store=STORE,
+        **view_params(),
     threads: 1
     resources:
         mem_mb=1000,
@@ -90,4 +91,4 @@ rule anchors_view:
     conda:
         "../../envs/dormouse.yaml"
     shell:
-        "dormouse view anchors --preset {wildcards.preset} --artifact {input.anchors:q} --store {params.store:q} --out {output:q} > {log:q} 2>&1"
+        "dormouse view anchors --preset {params.preset} --view {wildcards.view} --overrides {params.overrides:q} --artifact {input.anchors:q} --store {params.store:q} --out {output:q} > {log:q} 2>&1"

@@ -34,17 +34,18 @@ rule pretrain:
 
 
 rule pretrain_view:
-    """results/<preset>/pretrain.json: final eval BPB, the curve, counters and the digest chain."""
+    """results/<view>/pretrain.json: final eval BPB, the curve, counters and the digest chain."""
     input:
         pretrain=view_input("pretrain"),
     output:
-        "results/{preset}/pretrain.json",
+        "results/{view}/pretrain.json",
     log:
-        "results/logs/view/{preset}.pretrain.log",
+        "results/logs/view/{view}.pretrain.log",
     benchmark:
-        "results/benchmarks/view/{preset}.pretrain.tsv"
+        "results/benchmarks/view/{view}.pretrain.tsv"
     params:
         store=STORE,
+        **view_params(),
         history="results/history.jsonl",  # appended from the finished artifact, once per digest (dormouse history)
     threads: 1
     resources:
@@ -54,7 +55,7 @@ rule pretrain_view:
     conda:
         "../../envs/dormouse.yaml"
     shell:
-        "dormouse view pretrain --preset {wildcards.preset} --artifact {input.pretrain:q} --store {params.store:q} "
+        "dormouse view pretrain --preset {params.preset} --view {wildcards.view} --overrides {params.overrides:q} --artifact {input.pretrain:q} --store {params.store:q} "
         "--history {params.history:q} --out {output:q} > {log:q} 2>&1"
 
 
@@ -159,17 +160,18 @@ rule bench:
 
 
 rule bench_view:
-    """results/<preset>/bench.json: every stage's and rung's scores, the anchors, the digest chain."""
+    """results/<view>/bench.json: every stage's and rung's scores, the anchors, the digest chain."""
     input:
         bench=view_input("bench"),
     output:
-        "results/{preset}/bench.json",
+        "results/{view}/bench.json",
     log:
-        "results/logs/view/{preset}.bench.log",
+        "results/logs/view/{view}.bench.log",
     benchmark:
-        "results/benchmarks/view/{preset}.bench.tsv"
+        "results/benchmarks/view/{view}.bench.tsv"
     params:
         store=STORE,
+        **view_params(),
     threads: 1
     resources:
         mem_mb=1000,
@@ -178,22 +180,22 @@ rule bench_view:
     conda:
         "../../envs/dormouse.yaml"
     shell:
-        "dormouse view bench --preset {wildcards.preset} --artifact {input.bench:q} --store {params.store:q} --out {output:q} > {log:q} 2>&1"
+        "dormouse view bench --preset {params.preset} --view {wildcards.view} --overrides {params.overrides:q} --artifact {input.bench:q} --store {params.store:q} --out {output:q} > {log:q} 2>&1"
 
 
 rule plots:
     """Figures for `snakemake --report`: curves vs the anchor ladder, the rung table, task scores."""
     input:
-        bench="results/{preset}/bench.json",
+        bench="results/{view}/bench.json",
     output:
-        curves=report("results/{preset}/plots/curves.png", caption="../report/curves.rst", category="{preset}"),
-        rungs=report("results/{preset}/plots/rungs.png", caption="../report/rungs.rst", category="{preset}"),
-        tasks=report("results/{preset}/plots/tasks.png", caption="../report/tasks.rst", category="{preset}"),
+        curves=report("results/{view}/plots/curves.png", caption="../report/curves.rst", category="{view}"),
+        rungs=report("results/{view}/plots/rungs.png", caption="../report/rungs.rst", category="{view}"),
+        tasks=report("results/{view}/plots/tasks.png", caption="../report/tasks.rst", category="{view}"),
     log:
-        "results/logs/view/{preset}.plots.log",
+        "results/logs/view/{view}.plots.log",
     params:
         store=STORE,
-        out_dir="results/{preset}/plots",
+        out_dir="results/{view}/plots",
     threads: 1
     resources:
         mem_mb=2000,
