@@ -9,7 +9,7 @@ server-sent events, `usage` counted in bytes: this is a byte model), GET /v1/mod
 decode state's bytes per stream, counters) and / (a chat page). Chat turns go through the chat template
 (dormouse/posttrain/chat.py: user and assistant roles); completions continue the raw prompt text. Every live
 stream decodes in one batched step (dormouse/serve/batcher.py). Bad requests get a 400 (413 for a body over
-`max_body_bytes`) with OpenAI's error body ({"error": {"message", "type", "param", "code"}}); a client that goes away
+--max-body-bytes, counted while it is read, chunked included) with OpenAI's error body ({"error": {"message", "type", "param", "code"}}); a client that goes away
 frees its row (counted); a decode error fails only its streams (500, or an SSE error event).
 """
 
@@ -190,18 +190,31 @@ def create_app(batcher: Batcher, model_id: str, limits: Limits | None = None, in
     @app.exception_handler(BadRequest)
     async def _bad(request, e: BadRequest):
         batcher.counters[f"serve.rejected.{e.code}"] += 1
-        return JSONResponse(error_body(e.message, e.param, e.code), status_code=e.status)
+        # a body refused unread: close the connection rather than read (and drop) the rest of it
+        headers = {"Connection": "close"} if e.status == 413 else None
+        return JSONResponse(error_body(e.message, e.param, e.code), status_code=e.status, headers=headers)
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(request, e: StarletteHTTPException):  # 404, 405: OpenAI's error body, not FastAPI's {"detail"}
         return JSONResponse(error_body(str(e.detail), code=f"http_{e.status_code}"), status_code=e.status_code)
 
+    async def read_body(request: Request) -> bytes:
+        """The body, refused with a 413 as soon as it passes max_body_bytes: a Content-Length over it before a byte is
+        read, a chunked one when its running total does (neither uvicorn nor Starlette caps a request body)."""
+        too_big = BadRequest(f"the request body is over {limits.max_body_bytes} bytes", code="request_too_large",
+                             status=413)
+        if int(request.headers.get("content-length") or 0) > limits.max_body_bytes:  # h11 checked it is a number
+            raise too_big
+        parts, size = [], 0
+        async for part in request.stream():
+            size += len(part)
+            if size > limits.max_body_bytes:
+                raise too_big
+            parts.append(part)
+        return b"".join(parts)
+
     async def parse(request: Request, kind: type[Sampling]) -> Sampling:
-        size = int(request.headers.get("content-length") or 0)
-        raw = await request.body() if size <= limits.max_body_bytes else b""
-        if max(size, len(raw)) > limits.max_body_bytes:
-            raise BadRequest(f"the request body is {max(size, len(raw))} bytes, at most {limits.max_body_bytes}",
-                             code="request_too_large", status=413)
+        raw = await read_body(request)
         try:
             body = json.loads(raw)
         except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as e:
@@ -441,6 +454,8 @@ def main(argv=None) -> int:
     ap.add_argument("--device", default=None, help="cpu or cuda (default: cuda when visible)")
     ap.add_argument("--max-batch", type=int, default=64, help="streams decoded together in one step")
     ap.add_argument("--max-prompt-bytes", type=int, default=Limits().max_prompt_bytes)
+    ap.add_argument("--max-body-bytes", type=int, default=Limits().max_body_bytes,
+                    help="a request body over this gets a 413 as soon as that many bytes are read (default 1 MiB)")
     args = ap.parse_args(argv)
     import uvicorn
 
@@ -456,7 +471,7 @@ def main(argv=None) -> int:
     model, device, bf16, model_id, info = load(args)
     batcher = Batcher(model, device, bf16, max_batch=args.max_batch)
     batcher.start()
-    app = create_app(batcher, model_id, Limits(max_prompt_bytes=args.max_prompt_bytes), info)
+    app = create_app(batcher, model_id, Limits(max_prompt_bytes=args.max_prompt_bytes, max_body_bytes=args.max_body_bytes), info)
     print(f"[serve] {model_id} on {device}: http://{args.host}:{args.port}/ (OpenAI API under /v1)", flush=True)
     try:
         uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
