@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import time
 import uuid
 from pathlib import Path
@@ -30,6 +31,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from dormouse.posttrain import chat
 from dormouse.serve.batcher import Batcher, Stream
+from dormouse.serve.guard import Guard, default_allowed_hosts, error_body
 from dormouse.serve.page import PAGE
 
 MAX_NEW_BYTES = 4096  # max_tokens ceiling (bytes)
@@ -123,10 +125,6 @@ class BadRequest(Exception):
         self.message, self.param, self.code, self.status = message, param, code, status
 
 
-def error_body(message: str, param: str | None = None, code: str = "invalid_request_error") -> dict:
-    return {"error": {"message": message, "type": "invalid_request_error", "param": param, "code": code}}
-
-
 def validation_message(e: ValidationError) -> tuple[str, str | None]:
     err = e.errors()[0]
     where = ".".join(str(x) for x in err["loc"])
@@ -183,9 +181,13 @@ def completion_prompts(req: CompletionRequest) -> list[bytes]:
     return out
 
 
-def create_app(batcher: Batcher, model_id: str, limits: Limits | None = None, info: dict | None = None):
+def create_app(batcher: Batcher, model_id: str, limits: Limits | None = None, info: dict | None = None, *,
+               api_key: str | None = None, allowed_hosts: list[str] | None = None):
+    """The API behind Guard (dormouse/serve/guard.py): allowed_hosts None or ["*"] takes any Host; api_key None
+    takes requests without a key."""
     limits = limits or Limits()
     app = FastAPI(title="dormouse", docs_url=None, redoc_url=None)
+    app.add_middleware(Guard, counters=batcher.counters, api_key=api_key, allowed_hosts=allowed_hosts)
 
     @app.exception_handler(BadRequest)
     async def _bad(request, e: BadRequest):
@@ -389,7 +391,7 @@ def create_app(batcher: Batcher, model_id: str, limits: Limits | None = None, in
 
     @app.get("/", response_class=HTMLResponse)
     async def page():
-        return PAGE.replace("{{MODEL}}", model_id)
+        return PAGE.replace("{{MODEL}}", model_id).replace("{{KEY_REQUIRED}}", "true" if api_key else "false")
 
     @app.exception_handler(ClientGone)
     async def _gone(request, e: ClientGone):
@@ -456,6 +458,12 @@ def main(argv=None) -> int:
     ap.add_argument("--max-prompt-bytes", type=int, default=Limits().max_prompt_bytes)
     ap.add_argument("--max-body-bytes", type=int, default=Limits().max_body_bytes,
                     help="a request body over this gets a 413 as soon as that many bytes are read (default 1 MiB)")
+    ap.add_argument("--api-key", default=os.environ.get("DORMOUSE_API_KEY"),
+                    help="require 'Authorization: Bearer <key>' on /v1 requests (default: $DORMOUSE_API_KEY, else none); "
+                         "the chat page asks for it")
+    ap.add_argument("--allowed-hosts", default=None,
+                    help="comma-separated names clients reach the server by (the Host header; '*' for any); default: "
+                         "localhost, 127.0.0.1, ::1 and --host (this machine's names when --host is 0.0.0.0 or ::)")
     args = ap.parse_args(argv)
     import uvicorn
 
@@ -471,7 +479,10 @@ def main(argv=None) -> int:
     model, device, bf16, model_id, info = load(args)
     batcher = Batcher(model, device, bf16, max_batch=args.max_batch)
     batcher.start()
-    app = create_app(batcher, model_id, Limits(max_prompt_bytes=args.max_prompt_bytes, max_body_bytes=args.max_body_bytes), info)
+    allowed = args.allowed_hosts.split(",") if args.allowed_hosts else default_allowed_hosts(args.host)
+    app = create_app(batcher, model_id, Limits(max_prompt_bytes=args.max_prompt_bytes,
+                                               max_body_bytes=args.max_body_bytes), info,
+                     api_key=args.api_key or None, allowed_hosts=[h.strip() for h in allowed if h.strip()])
     print(f"[serve] {model_id} on {device}: http://{args.host}:{args.port}/ (OpenAI API under /v1)", flush=True)
     try:
         uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
