@@ -18,7 +18,7 @@ from dormouse.model.config import ModelConfig
 from dormouse.model.gpt import ByteLM
 from dormouse.posttrain import chat
 from dormouse.posttrain.decode import generate, prefill_prompts
-from dormouse.serve.app import Limits, create_app
+from dormouse.serve.app import Limits, create_app, server_config
 from dormouse.serve.batcher import Batcher, Stream, state_bytes_per_row
 from dormouse.train.runtime import save_model_artifact
 
@@ -39,7 +39,7 @@ class Server:
         self.batcher = Batcher(model, torch.device("cpu"), bf16=False, max_batch=max_batch)
         self.batcher.start()
         app = create_app(self.batcher, "dormouse-test", limits, **app_kw)
-        self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning"))
+        self.server = uvicorn.Server(server_config(app, "127.0.0.1", 0, limits))
         self.thread = threading.Thread(target=self.server.run, daemon=True)
         self.thread.start()
         deadline = time.monotonic() + 30

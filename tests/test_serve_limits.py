@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 
 import httpx
 import pytest
@@ -122,4 +123,112 @@ def test_posts_are_json_from_this_origin_to_this_host_with_the_key(model):
         client = openai.OpenAI(base_url=s.url + "/v1", api_key="sekret")
         assert client.completions.create(model="dormouse-test", prompt="hi", max_tokens=2).choices[0].finish_reason
     finally:
+        s.close()
+
+
+def test_idle_sockets_are_capped_and_timed_out_while_health_answers(model):
+    """5 000 sockets that connect and send nothing (a tenth dribbling half a request head) against a server
+    capped at 500 connections, with the test's open-file limit set so that a server holding every socket would
+    run out of files (as one did at 20 500 sockets: /health stopped answering): the server holds at most its cap,
+    closing the longest idle, /health answers throughout, and every idle socket is closed after --read-timeout
+    (they were held forever)."""
+    import resource
+    import selectors
+    import socket
+
+    from dormouse.serve.app import Limits
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    n = 5000 if hard == resource.RLIM_INFINITY or hard >= 9000 else hard - 4000
+    if n < 1000:
+        pytest.skip(f"the open-file hard limit ({hard}) leaves too few sockets")
+    # the client's n files and 4 000: the server's cap, a burst of accepts before their closes, the rest; a server
+    # that held every socket would need 2 n
+    resource.setrlimit(resource.RLIMIT_NOFILE, (n + 4000, hard))
+    s = Server(model, Limits(max_connections=500, read_timeout=3.0))
+    port = int(s.url.rsplit(":", 1)[1])
+    socks, sel = [], selectors.DefaultSelector()
+    base = len(os.listdir("/proc/self/fd"))
+
+    def server_files():  # this process's open files beyond the client's sockets and what was open before
+        return len(os.listdir("/proc/self/fd")) - len(socks) - base
+
+    try:
+        t0 = time.monotonic()
+        for i in range(n):
+            c = socket.create_connection(("127.0.0.1", port))
+            if i % 10 == 0:
+                c.sendall(b"GET /health HTTP/1.1\r\nHo")  # a head that never ends
+            socks.append(c)
+            if i % 250 == 249:  # the server thread shares this GIL: let it accept and close before the next burst
+                deadline = time.monotonic() + 2
+                while (held := server_files()) > 600 and time.monotonic() < deadline:
+                    time.sleep(0.01)
+                assert held <= 600, f"{i + 1} sockets open: the server holds {held} files, cap 500 connections"
+        opened = time.monotonic() - t0
+        r = httpx.get(s.url + "/health", timeout=5)
+        assert r.status_code == 200 and r.json()["status"] == "ok"
+        held = len(s.server.server_state.connections)
+        assert held <= 501, f"the server holds {held} connections, cap 500"
+        counts = s.batcher.counters
+        assert counts["serve.connections_evicted"] >= n - 500 and counts["serve.connections_over_limit"] == 0
+        for c in socks:
+            c.setblocking(False)
+            sel.register(c, selectors.EVENT_READ)
+        closed, deadline = 0, time.monotonic() + 3.0 + 5
+        while closed < n and time.monotonic() < deadline:
+            for key, _ in sel.select(timeout=0.5):
+                try:
+                    data = key.fileobj.recv(1024)
+                except ConnectionResetError:
+                    data = b""
+                assert data == b"", data  # closed without a reply (nothing was asked)
+                sel.unregister(key.fileobj)
+                closed += 1
+        assert closed == n, f"{n - closed} of {n} idle sockets still open {time.monotonic() - t0:.1f} s in " \
+                            f"(opened in {opened:.1f} s)"
+        assert counts["serve.connections_evicted"] + counts["serve.connections_timed_out"] >= n
+        assert httpx.get(s.url + "/health", timeout=5).status_code == 200
+    finally:
+        for c in socks:
+            c.close()
+        sel.close()
+        s.close()
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
+def test_a_trickled_body_times_out_and_a_newcomer_over_a_busy_cap_gets_a_503(model):
+    """A request whose body never finishes holds its connection busy (not idle: the cap cannot close it) only for
+    --read-timeout, then gets a 408 and is closed; while every connection under the cap is busy, a newcomer's
+    request gets a 503 in OpenAI's error body rather than hanging."""
+    import socket
+
+    from dormouse.serve.app import Limits
+
+    s = Server(model, Limits(max_connections=2, read_timeout=1.5))
+    port = int(s.url.rsplit(":", 1)[1])
+    slow = []
+    try:
+        for _ in range(2):
+            c = socket.create_connection(("127.0.0.1", port))
+            c.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                      b"Content-Length: 100\r\n\r\n{\"prompt\": ")
+            slow.append(c)
+        time.sleep(0.3)
+        t0 = time.monotonic()
+        r = httpx.get(s.url + "/health", timeout=5)
+        assert r.status_code == 503 and r.json()["error"]["code"] == "too_many_connections", r.text
+        assert time.monotonic() - t0 < 1.0  # answered at once, not when a slot frees
+        for c in slow:
+            c.settimeout(5)
+            reply = b""
+            while chunk := c.recv(4096):  # the 408, then the server closes
+                reply += chunk
+            head, _, body = reply.partition(b"\r\n\r\n")
+            assert head.startswith(b"HTTP/1.1 408") and b"request_timeout" in body, reply
+        assert time.monotonic() - t0 < 3.0
+        assert httpx.get(s.url + "/health", timeout=5).json()["counters"]["serve.connections_over_limit"] == 1
+    finally:
+        for c in slow:
+            c.close()
         s.close()

@@ -31,7 +31,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from dormouse.posttrain import chat
 from dormouse.serve.batcher import Batcher, Stream
-from dormouse.serve.guard import Guard, default_allowed_hosts, error_body
+from dormouse.serve.guard import Guard, default_allowed_hosts, error_body, raise_file_limit
 from dormouse.serve.page import PAGE
 
 MAX_NEW_BYTES = 4096  # max_tokens ceiling (bytes)
@@ -41,6 +41,8 @@ MAX_STOPS, MAX_STOP_CHARS = 4, 64  # OpenAI's up-to-4 stop sequences; a stop is 
 class Limits(BaseModel):
     max_prompt_bytes: int = 16384
     max_body_bytes: int = 1 << 20  # the request body before it is parsed (413 above)
+    read_timeout: float = 15.0  # seconds to send a request's head (from connecting or the last reply), then its body
+    max_connections: int = 1000  # open connections; over it the one idle longest is closed
     max_messages: int = 64
     default_max_tokens: int = 256
 
@@ -187,13 +189,14 @@ def create_app(batcher: Batcher, model_id: str, limits: Limits | None = None, in
     takes requests without a key."""
     limits = limits or Limits()
     app = FastAPI(title="dormouse", docs_url=None, redoc_url=None)
+    app.state.counters = batcher.counters  # server_config's connection counters go to /health beside the rest
     app.add_middleware(Guard, counters=batcher.counters, api_key=api_key, allowed_hosts=allowed_hosts)
 
     @app.exception_handler(BadRequest)
     async def _bad(request, e: BadRequest):
         batcher.counters[f"serve.rejected.{e.code}"] += 1
         # a body refused unread: close the connection rather than read (and drop) the rest of it
-        headers = {"Connection": "close"} if e.status == 413 else None
+        headers = {"Connection": "close"} if e.status in (408, 413) else None
         return JSONResponse(error_body(e.message, e.param, e.code), status_code=e.status, headers=headers)
 
     @app.exception_handler(StarletteHTTPException)
@@ -208,11 +211,16 @@ def create_app(batcher: Batcher, model_id: str, limits: Limits | None = None, in
         if int(request.headers.get("content-length") or 0) > limits.max_body_bytes:  # h11 checked it is a number
             raise too_big
         parts, size = [], 0
-        async for part in request.stream():
-            size += len(part)
-            if size > limits.max_body_bytes:
-                raise too_big
-            parts.append(part)
+        try:
+            async with asyncio.timeout(limits.read_timeout):  # a body trickled byte by byte holds its connection
+                async for part in request.stream():
+                    size += len(part)
+                    if size > limits.max_body_bytes:
+                        raise too_big
+                    parts.append(part)
+        except TimeoutError:
+            raise BadRequest(f"the request body took over {limits.read_timeout:g} s to arrive ({size} bytes came)",
+                             code="request_timeout", status=408) from None
         return b"".join(parts)
 
     async def parse(request: Request, kind: type[Sampling]) -> Sampling:
@@ -401,6 +409,18 @@ def create_app(batcher: Batcher, model_id: str, limits: Limits | None = None, in
     return app
 
 
+def server_config(app, host: str, port: int, limits: Limits | None = None, **kw):
+    """uvicorn's config for the app: its h11 protocol with a read timeout and a connection cap (guard.h11_protocol),
+    its own keep-alive timeout (5 s) between requests."""
+    import uvicorn
+
+    from dormouse.serve.guard import h11_protocol
+
+    limits = limits or Limits()
+    http = h11_protocol(limits.max_connections, limits.read_timeout, app.state.counters)
+    return uvicorn.Config(app, host=host, port=port, http=http, **{"log_level": "warning", **kw})
+
+
 def load(args) -> tuple:
     """(model, device, bf16, model id, info) from --preset/--rung or --model."""
     import torch
@@ -458,6 +478,13 @@ def main(argv=None) -> int:
     ap.add_argument("--max-prompt-bytes", type=int, default=Limits().max_prompt_bytes)
     ap.add_argument("--max-body-bytes", type=int, default=Limits().max_body_bytes,
                     help="a request body over this gets a 413 as soon as that many bytes are read (default 1 MiB)")
+    ap.add_argument("--read-timeout", type=float, default=Limits().read_timeout,
+                    help="seconds a connection gets to send a request's head (from opening, or from its last reply), "
+                         "then again its body; then it is closed (default %(default)s)")
+    ap.add_argument("--max-connections", type=int, default=Limits().max_connections,
+                    help="open connections at most (default %(default)s, lowered to fit the open-file limit, which "
+                         "is raised to its hard limit); over it the one idle longest is closed, and when all are busy "
+                         "a newcomer gets a 503")
     ap.add_argument("--api-key", default=os.environ.get("DORMOUSE_API_KEY"),
                     help="require 'Authorization: Bearer <key>' on /v1 requests (default: $DORMOUSE_API_KEY, else none); "
                          "the chat page asks for it")
@@ -480,12 +507,17 @@ def main(argv=None) -> int:
     batcher = Batcher(model, device, bf16, max_batch=args.max_batch)
     batcher.start()
     allowed = args.allowed_hosts.split(",") if args.allowed_hosts else default_allowed_hosts(args.host)
-    app = create_app(batcher, model_id, Limits(max_prompt_bytes=args.max_prompt_bytes,
-                                               max_body_bytes=args.max_body_bytes), info,
+    max_connections = raise_file_limit(args.max_connections)
+    if max_connections < args.max_connections:
+        print(f"[serve] --max-connections {args.max_connections} lowered to {max_connections} (the open-file limit, "
+              "ulimit -Hn)", flush=True)
+    limits = Limits(max_prompt_bytes=args.max_prompt_bytes, max_body_bytes=args.max_body_bytes,
+                    read_timeout=args.read_timeout, max_connections=max_connections)
+    app = create_app(batcher, model_id, limits, info,
                      api_key=args.api_key or None, allowed_hosts=[h.strip() for h in allowed if h.strip()])
     print(f"[serve] {model_id} on {device}: http://{args.host}:{args.port}/ (OpenAI API under /v1)", flush=True)
     try:
-        uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
+        uvicorn.Server(server_config(app, args.host, args.port, limits)).run()
     finally:
         batcher.stop()
     return 0
