@@ -44,6 +44,8 @@ class Limits(BaseModel):
     read_timeout: float = 15.0  # seconds to send a request's head (from connecting or the last reply), then its body
     max_connections: int = 1000  # open connections; over it the one idle longest is closed
     max_messages: int = 64
+    max_prompts: int = 64  # prompts in one /v1/completions request
+    max_request_tokens: int = 65536  # bytes one request may ask for: its prompts times max_tokens
     default_max_tokens: int = 256
 
 
@@ -241,12 +243,24 @@ def create_app(batcher: Batcher, model_id: str, limits: Limits | None = None, in
             raise BadRequest(f"the prompt is {len(prompt)} bytes, at most {limits.max_prompt_bytes}",
                              code="context_length_exceeded")
 
-    def start(prompt: bytes, req: Sampling, max_new: int, stop_bytes=frozenset({chat.END})) -> tuple[Stream, asyncio.Queue]:
+    def check_request_size(prompts: list[bytes], max_new: int) -> None:
+        """A request's share of the server: at most max_prompts prompts and max_request_tokens bytes asked for (the
+        batcher shares rows fairly between requests; these bound what one request queues)."""
+        if len(prompts) > limits.max_prompts:
+            raise BadRequest(f"prompt: {len(prompts)} prompts in one request, at most {limits.max_prompts} (send "
+                             "the rest in other requests)", "prompt", code="too_many_prompts")
+        if len(prompts) * max_new > limits.max_request_tokens:
+            raise BadRequest(f"max_tokens: {len(prompts)} prompt(s) x {max_new} max_tokens = {len(prompts) * max_new} "
+                             f"bytes asked for, at most {limits.max_request_tokens} per request (lower max_tokens or "
+                             "split the prompts)", "max_tokens", code="too_many_tokens")
+
+    def start(prompt: bytes, req: Sampling, max_new: int, stop_bytes=frozenset({chat.END}),
+              group: object = None) -> tuple[Stream, asyncio.Queue]:
         loop, q = asyncio.get_running_loop(), asyncio.Queue()
         stream = Stream(prompt, max_new, emit=lambda text: loop.call_soon_threadsafe(q.put_nowait, ("text", text)),
                         finish=lambda reason, usage: loop.call_soon_threadsafe(q.put_nowait, ("done", reason, usage)),
                         temperature=req.temperature, top_k=req.top_k, stops=req.stops(), seed=req.seed,
-                        stop_bytes=stop_bytes)
+                        stop_bytes=stop_bytes, group=group)
         batcher.submit(stream)
         return stream, q
 
@@ -329,6 +343,7 @@ def create_app(batcher: Batcher, model_id: str, limits: Limits | None = None, in
         batcher.counters["serve.system_messages_folded"] += sum(m.role in ("system", "developer") for m in req.messages)
         check_length(prompt)
         max_new = req.max_completion_tokens or req.max_tokens or limits.default_max_tokens
+        check_request_size([prompt], max_new)
         # a reply ends at the turn's END, or at a byte that would open another turn (the next request would refuse it)
         stream, q = start(prompt, req, max_new, stop_bytes=frozenset({chat.USER, chat.ASSISTANT, chat.END}))
         rid, created = f"chatcmpl-{uuid.uuid4().hex[:24]}", int(time.time())
@@ -354,7 +369,10 @@ def create_app(batcher: Batcher, model_id: str, limits: Limits | None = None, in
         prompts = completion_prompts(req)
         for prompt in prompts:
             check_length(prompt)
-        started = [start(prompt, req, req.max_tokens or limits.default_max_tokens) for prompt in prompts]
+        max_new = req.max_tokens or limits.default_max_tokens
+        check_request_size(prompts, max_new)
+        group = object()  # the request's prompts share its rows (batcher: fair between requests)
+        started = [start(prompt, req, max_new, group=group) for prompt in prompts]
         rid, created = f"cmpl-{uuid.uuid4().hex[:24]}", int(time.time())
         if not req.stream:
             done = await collect_all(request, started)
@@ -391,7 +409,7 @@ def create_app(batcher: Batcher, model_id: str, limits: Limits | None = None, in
     async def health():
         alive = batcher.alive()  # the decode thread: without it nothing decodes
         body = {"status": "ok" if alive else "error", "model": model_id, **(info or {}), "live_streams": batcher.live,
-                "waiting_streams": len(batcher.waiting), "max_batch": batcher.max_batch,
+                "waiting_streams": batcher.waiting_streams(), "max_batch": batcher.max_batch,
                 "state_bytes_per_stream": batcher.state_bytes_per_stream,
                 "last_error": batcher.last_error,
                 "counters": {k: v for k, v in sorted(batcher.counters.items()) if k.startswith("serve.")}}
@@ -478,6 +496,11 @@ def main(argv=None) -> int:
     ap.add_argument("--max-prompt-bytes", type=int, default=Limits().max_prompt_bytes)
     ap.add_argument("--max-body-bytes", type=int, default=Limits().max_body_bytes,
                     help="a request body over this gets a 413 as soon as that many bytes are read (default 1 MiB)")
+    ap.add_argument("--max-prompts", type=int, default=Limits().max_prompts,
+                    help="prompts in one /v1/completions request at most (default %(default)s)")
+    ap.add_argument("--max-request-tokens", type=int, default=Limits().max_request_tokens,
+                    help="bytes one request may ask for, its prompts times max_tokens, at most (default %(default)s); "
+                         "rows are shared fairly between requests whatever their size")
     ap.add_argument("--read-timeout", type=float, default=Limits().read_timeout,
                     help="seconds a connection gets to send a request's head (from opening, or from its last reply), "
                          "then again its body; then it is closed (default %(default)s)")
@@ -512,6 +535,7 @@ def main(argv=None) -> int:
         print(f"[serve] --max-connections {args.max_connections} lowered to {max_connections} (the open-file limit, "
               "ulimit -Hn)", flush=True)
     limits = Limits(max_prompt_bytes=args.max_prompt_bytes, max_body_bytes=args.max_body_bytes,
+                    max_prompts=args.max_prompts, max_request_tokens=args.max_request_tokens,
                     read_timeout=args.read_timeout, max_connections=max_connections)
     app = create_app(batcher, model_id, limits, info,
                      api_key=args.api_key or None, allowed_hosts=[h.strip() for h in allowed if h.strip()])
