@@ -257,8 +257,15 @@ def create_app(batcher: Batcher, model_id: str, limits: Limits | None = None, in
     def start(prompt: bytes, req: Sampling, max_new: int, stop_bytes=frozenset({chat.END}),
               group: object = None) -> tuple[Stream, asyncio.Queue]:
         loop, q = asyncio.get_running_loop(), asyncio.Queue()
-        stream = Stream(prompt, max_new, emit=lambda text: loop.call_soon_threadsafe(q.put_nowait, ("text", text)),
-                        finish=lambda reason, usage: loop.call_soon_threadsafe(q.put_nowait, ("done", reason, usage)),
+
+        def deliver(item):  # from the decode thread
+            try:
+                loop.call_soon_threadsafe(q.put_nowait, item)
+            except RuntimeError:  # the server's loop closed (shutting down): no one waits; the decode thread goes on
+                pass
+
+        stream = Stream(prompt, max_new, emit=lambda text: deliver(("text", text)),
+                        finish=lambda reason, usage: deliver(("done", reason, usage)),
                         temperature=req.temperature, top_k=req.top_k, stops=req.stops(), seed=req.seed,
                         stop_bytes=stop_bytes, group=group)
         batcher.submit(stream)
