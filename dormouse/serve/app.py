@@ -8,9 +8,15 @@ Endpoints: POST /v1/chat/completions and /v1/completions (OpenAI's request and r
 server-sent events, `usage` counted in bytes: this is a byte model), GET /v1/models, /health (live streams, the
 decode state's bytes per stream, counters) and / (a chat page). Chat turns go through the chat template
 (dormouse/posttrain/chat.py: user and assistant roles); completions continue the raw prompt text. Every live
-stream decodes in one batched step (dormouse/serve/batcher.py). Bad requests get a 400 (413 for a body over
---max-body-bytes, counted while it is read, chunked included) with OpenAI's error body ({"error": {"message", "type", "param", "code"}}); a client that goes away
-frees its row (counted); a decode error fails only its streams (500, or an SSE error event).
+stream decodes in one batched step (dormouse/serve/batcher.py), rows shared fairly between requests. Bad requests
+get a 400 (413 for a body over --max-body-bytes, counted while it is read, chunked included) with OpenAI's error
+body ({"error": {"message", "type", "param", "code"}}); a client that goes away frees its row (counted); a decode
+error fails only its streams (500, or an SSE error event).
+
+Against other clients and web pages (dormouse/serve/guard.py): POSTs must be application/json, a browser's Origin
+the server's own, Host one of --allowed-hosts; --api-key requires a Bearer key on /v1; a connection gets
+--read-timeout to send its request, at most --max-connections are open (the longest idle closed first), and one
+request may carry --max-prompts prompts and ask for --max-request-tokens bytes.
 """
 
 from __future__ import annotations
