@@ -18,10 +18,11 @@ from dormouse.model.config import ModelConfig
 from dormouse.model.gpt import ByteLM
 from dormouse.posttrain import chat
 from dormouse.posttrain.decode import generate, prefill_prompts
-from dormouse.serve.app import Limits, create_app
+from dormouse.serve.app import Limits, create_app, server_config
 from dormouse.serve.batcher import Batcher, Stream, state_bytes_per_row
 from dormouse.train.runtime import save_model_artifact
 
+JSON = {"content-type": "application/json"}  # what httpx's json= sends; raw bodies must say it too
 TINY = {"d_model": 32, "n_heads": 2, "head_dim": 16, "ffn_hidden": 64, "n_core": 1, "kda_chunk_size": 16,
         "engram": True, "engram_rows": 256, "engram_dim": 8}
 
@@ -34,11 +35,11 @@ def tiny_model(seed: int = 0) -> ByteLM:
 class Server:
     """The app under uvicorn on a free loopback port, in this process (its decode thread included)."""
 
-    def __init__(self, model: ByteLM, limits: Limits | None = None, max_batch: int = 64):
+    def __init__(self, model: ByteLM, limits: Limits | None = None, max_batch: int = 64, **app_kw):
         self.batcher = Batcher(model, torch.device("cpu"), bf16=False, max_batch=max_batch)
         self.batcher.start()
-        app = create_app(self.batcher, "dormouse-test", limits)
-        self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning"))
+        app = create_app(self.batcher, "dormouse-test", limits, **app_kw)
+        self.server = uvicorn.Server(server_config(app, "127.0.0.1", 0, limits))
         self.thread = threading.Thread(target=self.server.run, daemon=True)
         self.thread.start()
         deadline = time.monotonic() + 30
@@ -120,7 +121,7 @@ def test_the_reply_is_what_generate_decodes(server, model):
     ({"messages": [{"role": "user", "content": 5}]}, "messages.0.content.str"),
 ])
 def test_bad_chat_requests_get_a_400_with_a_json_error(server, body, param):
-    kw = {"content": body} if isinstance(body, bytes) else {"json": body}
+    kw = {"content": body, "headers": JSON} if isinstance(body, bytes) else {"json": body}
     r = httpx.post(server.url + "/v1/chat/completions", **kw)
     assert r.status_code == 400, r.text
     err = r.json()["error"]
@@ -367,9 +368,9 @@ def test_a_port_in_use_is_one_line_before_anything_loads(tmp_path):
 
 
 def test_deep_json_an_over_large_body_and_unknown_routes_get_error_bodies(server):
-    r = httpx.post(server.url + "/v1/completions", content=b"[" * 100_000 + b"]" * 100_000)
+    r = httpx.post(server.url + "/v1/completions", content=b"[" * 100_000 + b"]" * 100_000, headers=JSON)
     assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_json"  # RecursionError: was a 500
-    r = httpx.post(server.url + "/v1/completions", content=b" " * ((1 << 20) + 1))
+    r = httpx.post(server.url + "/v1/completions", content=b" " * ((1 << 20) + 1), headers=JSON)
     assert r.status_code == 413 and r.json()["error"]["code"] == "request_too_large"
     r = httpx.get(server.url + "/v1/nothing")
     assert r.status_code == 404 and r.json()["error"]["code"] == "http_404"

@@ -9,9 +9,15 @@ Endpoints: POST /v1/chat/completions and /v1/completions (OpenAI's request and r
 server-sent events, `usage` counted in bytes: this is a byte model), GET /v1/models, /health (live streams, the
 decode state's bytes per stream, counters) and / (a chat page). Chat turns go through the chat template
 (dormouse/posttrain/chat.py: user and assistant roles); completions continue the raw prompt text. Every live
-stream decodes in one batched step (dormouse/serve/batcher.py). Bad requests get a 400 (413 for a body over
-`max_body_bytes`) with OpenAI's error body ({"error": {"message", "type", "param", "code"}}); a client that goes away
-frees its row (counted); a decode error fails only its streams (500, or an SSE error event).
+stream decodes in one batched step (dormouse/serve/batcher.py), rows shared fairly between requests. Bad requests
+get a 400 (413 for a body over --max-body-bytes, counted while it is read, chunked included) with OpenAI's error
+body ({"error": {"message", "type", "param", "code"}}); a client that goes away frees its row (counted); a decode
+error fails only its streams (500, or an SSE error event).
+
+Against other clients and web pages (dormouse/serve/guard.py): POSTs must be application/json, a browser's Origin
+the server's own, Host one of --allowed-hosts; --api-key requires a Bearer key on /v1; a connection gets
+--read-timeout to send its request, at most --max-connections are open (the longest idle closed first), and one
+request may carry --max-prompts prompts and ask for --max-request-tokens bytes.
 """
 
 from __future__ import annotations
@@ -19,6 +25,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import time
 import uuid
 from pathlib import Path
@@ -31,6 +38,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from dormouse.posttrain import chat
 from dormouse.serve.batcher import Batcher, Stream
+from dormouse.serve.guard import Guard, default_allowed_hosts, error_body, raise_file_limit
 from dormouse.serve.page import PAGE
 
 MAX_NEW_BYTES = 4096  # max_tokens ceiling (bytes)
@@ -40,7 +48,11 @@ MAX_STOPS, MAX_STOP_CHARS = 4, 64  # OpenAI's up-to-4 stop sequences; a stop is 
 class Limits(BaseModel):
     max_prompt_bytes: int = 16384
     max_body_bytes: int = 1 << 20  # the request body before it is parsed (413 above)
+    read_timeout: float = 15.0  # seconds to send a request's head (from connecting or the last reply), then its body
+    max_connections: int = 1000  # open connections; over it the one idle longest is closed
     max_messages: int = 64
+    max_prompts: int = 64  # prompts in one /v1/completions request
+    max_request_tokens: int = 65536  # bytes one request may ask for: its prompts times max_tokens
     default_max_tokens: int = 256
 
 
@@ -124,10 +136,6 @@ class BadRequest(Exception):
         self.message, self.param, self.code, self.status = message, param, code, status
 
 
-def error_body(message: str, param: str | None = None, code: str = "invalid_request_error") -> dict:
-    return {"error": {"message": message, "type": "invalid_request_error", "param": param, "code": code}}
-
-
 def validation_message(e: ValidationError) -> tuple[str, str | None]:
     err = e.errors()[0]
     where = ".".join(str(x) for x in err["loc"])
@@ -184,25 +192,48 @@ def completion_prompts(req: CompletionRequest) -> list[bytes]:
     return out
 
 
-def create_app(batcher: Batcher, model_id: str, limits: Limits | None = None, info: dict | None = None):
+def create_app(batcher: Batcher, model_id: str, limits: Limits | None = None, info: dict | None = None, *,
+               api_key: str | None = None, allowed_hosts: list[str] | None = None):
+    """The API behind Guard (dormouse/serve/guard.py): allowed_hosts None or ["*"] takes any Host; api_key None
+    takes requests without a key."""
     limits = limits or Limits()
     app = FastAPI(title="dormouse", docs_url=None, redoc_url=None)
+    app.state.counters = batcher.counters  # server_config's connection counters go to /health beside the rest
+    app.add_middleware(Guard, counters=batcher.counters, api_key=api_key, allowed_hosts=allowed_hosts)
 
     @app.exception_handler(BadRequest)
     async def _bad(request, e: BadRequest):
         batcher.counters[f"serve.rejected.{e.code}"] += 1
-        return JSONResponse(error_body(e.message, e.param, e.code), status_code=e.status)
+        # a body refused unread: close the connection rather than read (and drop) the rest of it
+        headers = {"Connection": "close"} if e.status in (408, 413) else None
+        return JSONResponse(error_body(e.message, e.param, e.code), status_code=e.status, headers=headers)
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(request, e: StarletteHTTPException):  # 404, 405: OpenAI's error body, not FastAPI's {"detail"}
         return JSONResponse(error_body(str(e.detail), code=f"http_{e.status_code}"), status_code=e.status_code)
 
+    async def read_body(request: Request) -> bytes:
+        """The body, refused with a 413 as soon as it passes max_body_bytes: a Content-Length over it before a byte is
+        read, a chunked one when its running total does (neither uvicorn nor Starlette caps a request body)."""
+        too_big = BadRequest(f"the request body is over {limits.max_body_bytes} bytes", code="request_too_large",
+                             status=413)
+        if int(request.headers.get("content-length") or 0) > limits.max_body_bytes:  # h11 checked it is a number
+            raise too_big
+        parts, size = [], 0
+        try:
+            async with asyncio.timeout(limits.read_timeout):  # a body trickled byte by byte holds its connection
+                async for part in request.stream():
+                    size += len(part)
+                    if size > limits.max_body_bytes:
+                        raise too_big
+                    parts.append(part)
+        except TimeoutError:
+            raise BadRequest(f"the request body took over {limits.read_timeout:g} s to arrive ({size} bytes came)",
+                             code="request_timeout", status=408) from None
+        return b"".join(parts)
+
     async def parse(request: Request, kind: type[Sampling]) -> Sampling:
-        size = int(request.headers.get("content-length") or 0)
-        raw = await request.body() if size <= limits.max_body_bytes else b""
-        if max(size, len(raw)) > limits.max_body_bytes:
-            raise BadRequest(f"the request body is {max(size, len(raw))} bytes, at most {limits.max_body_bytes}",
-                             code="request_too_large", status=413)
+        raw = await read_body(request)
         try:
             body = json.loads(raw)
         except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as e:
@@ -219,12 +250,31 @@ def create_app(batcher: Batcher, model_id: str, limits: Limits | None = None, in
             raise BadRequest(f"the prompt is {len(prompt)} bytes, at most {limits.max_prompt_bytes}",
                              code="context_length_exceeded")
 
-    def start(prompt: bytes, req: Sampling, max_new: int, stop_bytes=frozenset({chat.END})) -> tuple[Stream, asyncio.Queue]:
+    def check_request_size(prompts: list[bytes], max_new: int) -> None:
+        """A request's share of the server: at most max_prompts prompts and max_request_tokens bytes asked for (the
+        batcher shares rows fairly between requests; these bound what one request queues)."""
+        if len(prompts) > limits.max_prompts:
+            raise BadRequest(f"prompt: {len(prompts)} prompts in one request, at most {limits.max_prompts} (send "
+                             "the rest in other requests)", "prompt", code="too_many_prompts")
+        if len(prompts) * max_new > limits.max_request_tokens:
+            raise BadRequest(f"max_tokens: {len(prompts)} prompt(s) x {max_new} max_tokens = {len(prompts) * max_new} "
+                             f"bytes asked for, at most {limits.max_request_tokens} per request (lower max_tokens or "
+                             "split the prompts)", "max_tokens", code="too_many_tokens")
+
+    def start(prompt: bytes, req: Sampling, max_new: int, stop_bytes=frozenset({chat.END}),
+              group: object = None) -> tuple[Stream, asyncio.Queue]:
         loop, q = asyncio.get_running_loop(), asyncio.Queue()
-        stream = Stream(prompt, max_new, emit=lambda text: loop.call_soon_threadsafe(q.put_nowait, ("text", text)),
-                        finish=lambda reason, usage: loop.call_soon_threadsafe(q.put_nowait, ("done", reason, usage)),
+
+        def deliver(item):  # from the decode thread
+            try:
+                loop.call_soon_threadsafe(q.put_nowait, item)
+            except RuntimeError:  # the server's loop closed (shutting down): no one waits; the decode thread goes on
+                pass
+
+        stream = Stream(prompt, max_new, emit=lambda text: deliver(("text", text)),
+                        finish=lambda reason, usage: deliver(("done", reason, usage)),
                         temperature=req.temperature, top_k=req.top_k, stops=req.stops(), seed=req.seed,
-                        stop_bytes=stop_bytes)
+                        stop_bytes=stop_bytes, group=group)
         batcher.submit(stream)
         return stream, q
 
@@ -307,6 +357,7 @@ def create_app(batcher: Batcher, model_id: str, limits: Limits | None = None, in
         batcher.counters["serve.system_messages_folded"] += sum(m.role in ("system", "developer") for m in req.messages)
         check_length(prompt)
         max_new = req.max_completion_tokens or req.max_tokens or limits.default_max_tokens
+        check_request_size([prompt], max_new)
         # a reply ends at the turn's END, or at a byte that would open another turn (the next request would refuse it)
         stream, q = start(prompt, req, max_new, stop_bytes=frozenset({chat.USER, chat.ASSISTANT, chat.END}))
         rid, created = f"chatcmpl-{uuid.uuid4().hex[:24]}", int(time.time())
@@ -332,7 +383,10 @@ def create_app(batcher: Batcher, model_id: str, limits: Limits | None = None, in
         prompts = completion_prompts(req)
         for prompt in prompts:
             check_length(prompt)
-        started = [start(prompt, req, req.max_tokens or limits.default_max_tokens) for prompt in prompts]
+        max_new = req.max_tokens or limits.default_max_tokens
+        check_request_size(prompts, max_new)
+        group = object()  # the request's prompts share its rows (batcher: fair between requests)
+        started = [start(prompt, req, max_new, group=group) for prompt in prompts]
         rid, created = f"cmpl-{uuid.uuid4().hex[:24]}", int(time.time())
         if not req.stream:
             done = await collect_all(request, started)
@@ -369,7 +423,7 @@ def create_app(batcher: Batcher, model_id: str, limits: Limits | None = None, in
     async def health():
         alive = batcher.alive()  # the decode thread: without it nothing decodes
         body = {"status": "ok" if alive else "error", "model": model_id, **(info or {}), "live_streams": batcher.live,
-                "waiting_streams": len(batcher.waiting), "max_batch": batcher.max_batch,
+                "waiting_streams": batcher.waiting_streams(), "max_batch": batcher.max_batch,
                 "state_bytes_per_stream": batcher.state_bytes_per_stream,
                 "last_error": batcher.last_error,
                 "counters": {k: v for k, v in sorted(batcher.counters.items()) if k.startswith("serve.")}}
@@ -377,7 +431,7 @@ def create_app(batcher: Batcher, model_id: str, limits: Limits | None = None, in
 
     @app.get("/", response_class=HTMLResponse)
     async def page():
-        return PAGE.replace("{{MODEL}}", model_id)
+        return PAGE.replace("{{MODEL}}", model_id).replace("{{KEY_REQUIRED}}", "true" if api_key else "false")
 
     @app.exception_handler(ClientGone)
     async def _gone(request, e: ClientGone):
@@ -385,6 +439,18 @@ def create_app(batcher: Batcher, model_id: str, limits: Limits | None = None, in
         return JSONResponse(error_body("client closed the request", code="client_closed_request"), status_code=499)
 
     return app
+
+
+def server_config(app, host: str, port: int, limits: Limits | None = None, **kw):
+    """uvicorn's config for the app: its h11 protocol with a read timeout and a connection cap (guard.h11_protocol),
+    its own keep-alive timeout (5 s) between requests."""
+    import uvicorn
+
+    from dormouse.serve.guard import h11_protocol
+
+    limits = limits or Limits()
+    http = h11_protocol(limits.max_connections, limits.read_timeout, app.state.counters)
+    return uvicorn.Config(app, host=host, port=port, http=http, **{"log_level": "warning", **kw})
 
 
 def load(args) -> tuple:
@@ -449,6 +515,26 @@ def main(argv=None) -> int:
     ap.add_argument("--device", default=None, help="cpu or cuda (default: cuda when visible)")
     ap.add_argument("--max-batch", type=int, default=64, help="streams decoded together in one step")
     ap.add_argument("--max-prompt-bytes", type=int, default=Limits().max_prompt_bytes)
+    ap.add_argument("--max-body-bytes", type=int, default=Limits().max_body_bytes,
+                    help="a request body over this gets a 413 as soon as that many bytes are read (default 1 MiB)")
+    ap.add_argument("--max-prompts", type=int, default=Limits().max_prompts,
+                    help="prompts in one /v1/completions request at most (default %(default)s)")
+    ap.add_argument("--max-request-tokens", type=int, default=Limits().max_request_tokens,
+                    help="bytes one request may ask for, its prompts times max_tokens, at most (default %(default)s); "
+                         "rows are shared fairly between requests whatever their size")
+    ap.add_argument("--read-timeout", type=float, default=Limits().read_timeout,
+                    help="seconds a connection gets to send a request's head (from opening, or from its last reply), "
+                         "then again its body; then it is closed (default %(default)s)")
+    ap.add_argument("--max-connections", type=int, default=Limits().max_connections,
+                    help="open connections at most (default %(default)s, lowered to fit the open-file limit, which "
+                         "is raised to its hard limit); over it the one idle longest is closed, and when all are busy "
+                         "a newcomer gets a 503")
+    ap.add_argument("--api-key", default=os.environ.get("DORMOUSE_API_KEY"),
+                    help="require 'Authorization: Bearer <key>' on /v1 requests (default: $DORMOUSE_API_KEY, else none); "
+                         "the chat page asks for it")
+    ap.add_argument("--allowed-hosts", default=None,
+                    help="comma-separated names clients reach the server by (the Host header; '*' for any); default: "
+                         "localhost, 127.0.0.1, ::1 and --host (this machine's names when --host is 0.0.0.0 or ::)")
     args = ap.parse_args(argv)
     if args.model and (args.set or args.corpus):
         ap.error("--set/--corpus choose which run of --preset to serve; --model names the artifact itself")
@@ -466,10 +552,19 @@ def main(argv=None) -> int:
     model, device, bf16, model_id, info = load(args)
     batcher = Batcher(model, device, bf16, max_batch=args.max_batch)
     batcher.start()
-    app = create_app(batcher, model_id, Limits(max_prompt_bytes=args.max_prompt_bytes), info)
+    allowed = args.allowed_hosts.split(",") if args.allowed_hosts else default_allowed_hosts(args.host)
+    max_connections = raise_file_limit(args.max_connections)
+    if max_connections < args.max_connections:
+        print(f"[serve] --max-connections {args.max_connections} lowered to {max_connections} (the open-file limit, "
+              "ulimit -Hn)", flush=True)
+    limits = Limits(max_prompt_bytes=args.max_prompt_bytes, max_body_bytes=args.max_body_bytes,
+                    max_prompts=args.max_prompts, max_request_tokens=args.max_request_tokens,
+                    read_timeout=args.read_timeout, max_connections=max_connections)
+    app = create_app(batcher, model_id, limits, info,
+                     api_key=args.api_key or None, allowed_hosts=[h.strip() for h in allowed if h.strip()])
     print(f"[serve] {model_id} on {device}: http://{args.host}:{args.port}/ (OpenAI API under /v1)", flush=True)
     try:
-        uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
+        uvicorn.Server(server_config(app, args.host, args.port, limits)).run()
     finally:
         batcher.stop()
     return 0

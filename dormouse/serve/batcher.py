@@ -12,6 +12,13 @@ a stop sequence, max bytes, or a client that went away), and step the rest. The 
 characters (an incremental decoder holds back a partial one) and never part of a stop sequence. An error in a
 prefill fails the streams being admitted, one in a step the batch's streams (finish reason "error", counted); the
 thread goes on.
+
+Fair between requests: a stream belongs to a request (`group`: a completions request's prompts are one group), and
+rows go round-robin over the requests waiting, not first come first served over rows. When the batch is full and a
+waiting request holds fewer rows than its fair share (max_batch over the requests with work), the request holding
+the most rows pauses one: its state row and logits wait beside it and rejoin later with no prefill, since the
+state is a fixed size (counted serve.preempted). So a small request starts within a step or two even while one
+request of 2 000 prompts fills the batch (it once waited for all 2 000).
 """
 
 from __future__ import annotations
@@ -19,7 +26,7 @@ from __future__ import annotations
 import codecs
 import threading
 import time
-from collections import Counter, deque
+from collections import Counter, OrderedDict, deque
 from collections.abc import Callable
 from contextlib import nullcontext
 from dataclasses import dataclass, field
@@ -71,6 +78,8 @@ class Stream:
     _decoder: codecs.IncrementalDecoder = field(default_factory=lambda: codecs.getincrementaldecoder("utf-8")("replace"))
     _held: str = ""  # decoded text not yet emitted: it may be the start of a stop sequence
     generator: torch.Generator | None = None
+    group: object = None  # the request it belongs to (rows are shared between requests); its own when None
+    paused: tuple | None = None  # (logits row, state row) of a stream paused to give its row to another request
     t_submit: float = field(default_factory=time.perf_counter)
     t_first: float | None = None
 
@@ -123,7 +132,7 @@ class Batcher:
         assert not model.training
         self.model, self.device, self.max_batch = model, device, max_batch
         self.amp = torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" and bf16 else nullcontext()
-        self.waiting: deque[Stream] = deque()
+        self.waiting: OrderedDict[object, deque[Stream]] = OrderedDict()  # per request, served round-robin
         self.cv = threading.Condition()
         self.counters: Counter = Counter()
         self.state_bytes_per_stream: int | None = None
@@ -147,31 +156,89 @@ class Batcher:
     def submit(self, stream: Stream) -> None:
         if stream.seed is not None:
             stream.generator = torch.Generator().manual_seed(stream.seed)
+        if stream.group is None:
+            stream.group = object()
         with self.cv:
-            self.waiting.append(stream)
+            self.waiting.setdefault(stream.group, deque()).append(stream)
             self.counters["serve.streams"] += 1
             self.cv.notify()
+
+    def waiting_streams(self) -> int:
+        with self.cv:
+            return sum(len(q) for q in self.waiting.values())
+
+    def _take(self, rows: list[Stream]) -> list[Stream]:
+        """Waiting streams for the free rows: first to the requests under their fair share, up to it, then to any,
+        one per request in turn (a request served goes to the back of the line). Under self.cv."""
+        held = Counter(s.group for s in rows)
+        fair = max(1, self.max_batch // max(1, len(set(held) | set(self.waiting))))
+        new: list[Stream] = []
+        for cap in (fair, self.max_batch):
+            while self.waiting and len(rows) + len(new) < self.max_batch:
+                group = next((g for g in self.waiting if held[g] < cap), None)
+                if group is None:
+                    break
+                q = self.waiting[group]
+                new.append(q.popleft())
+                held[group] += 1
+                if q:
+                    self.waiting.move_to_end(group)
+                else:
+                    del self.waiting[group]
+        return new
+
+    def _preempt(self, rows: list[Stream], logits, state):
+        """With the batch full, a row for each waiting request under its fair share, paused from the request holding
+        the most rows over its own (its newest row: the least decoded). Under self.cv."""
+        if len(rows) < self.max_batch or not self.waiting:
+            return rows, logits, state
+        held = Counter(s.group for s in rows)
+        fair = max(1, self.max_batch // len(set(held) | set(self.waiting)))
+        wanted = sum(min(fair - held[g], len(q)) for g, q in self.waiting.items() if held[g] < fair)
+        pause: list[int] = []
+        for _ in range(wanted):
+            donor, most = held.most_common(1)[0]
+            if most <= fair:
+                break
+            pause.append(max(i for i, s in enumerate(rows) if s.group is donor and i not in pause))
+            held[donor] -= 1
+        if not pause:
+            return rows, logits, state
+        for i in sorted(pause, reverse=True):  # back to the front of its request's line, state and logits beside it
+            s = rows[i]
+            s.paused = (logits[i:i + 1].clone(), state.select([i]))  # not a view: the batch's logits go
+            self.waiting.setdefault(s.group, deque()).appendleft(s)
+        self.counters["serve.preempted"] += len(pause)
+        keep = [i for i in range(len(rows)) if i not in pause]
+        sel = torch.tensor(keep)
+        return [rows[i] for i in keep], logits[sel.to(logits.device)], state.select(sel)
 
     def _admit(self, rows: list[Stream], logits, state):
         with self.cv:
             while not self.waiting and not rows and not self._stopping:
                 self.cv.wait()
-            new = []
-            while self.waiting and len(rows) + len(new) < self.max_batch:
-                new.append(self.waiting.popleft())
+            rows, logits, state = self._preempt(rows, logits, state)
+            new = self._take(rows)
         new = [s for s in new if not self._drop_cancelled(s)]
-        if new:
+        resumed, fresh = [s for s in new if s.paused], [s for s in new if not s.paused]
+        if resumed:  # no prefill: the state they paused with
+            logits = torch.cat([x for x in [logits] if x is not None] + [s.paused[0] for s in resumed])
+            state = cat_states([x for x in [state] if x is not None] + [s.paused[1] for s in resumed])
+            rows = rows + resumed
+            for s in resumed:
+                s.paused = None
+        if fresh:
             try:
-                lg, st = prefill_prompts(self.model, [s.prompt for s in new], self.counters)
+                lg, st = prefill_prompts(self.model, [s.prompt for s in fresh], self.counters)
             except Exception as e:  # noqa: BLE001 - a failed prefill (out of memory on long prompts) fails those streams only
-                self._fail(new, e)
+                self._fail(fresh, e)
                 return rows, logits, state
             self.counters["serve.prefills"] += 1
             if self.state_bytes_per_stream is None:
                 self.state_bytes_per_stream = state_bytes_per_row(st)
             logits = lg if logits is None else torch.cat([logits, lg])
             state = st if state is None else cat_states([state, st])
-            rows = rows + new
+            rows = rows + fresh
         return rows, logits, state
 
     def _drop_cancelled(self, s: Stream) -> bool:
@@ -223,7 +290,7 @@ class Batcher:
             while True:
                 rows, logits, state = self._admit(rows, logits, state)
                 if self._stopping:
-                    for s in rows + list(self.waiting):
+                    for s in rows + [s for q in self.waiting.values() for s in q]:
                         s.finish("cancelled", self._usage(s))
                     return
                 if not rows:

@@ -1,5 +1,7 @@
 """The chat page `dormouse serve` answers at /: one HTML file, no dependencies. It keeps the conversation in the
-page, posts it to /v1/chat/completions with `stream: true` and appends each server-sent delta to the reply."""
+page, posts it to /v1/chat/completions with `stream: true` and appends each server-sent delta to the reply. When the
+server has an API key (--api-key) the page asks for it and sends it as a Bearer token; it is same-origin, so the
+server's Origin check lets it through."""
 
 PAGE = """<!doctype html>
 <html lang="en">
@@ -32,6 +34,17 @@ PAGE = """<!doctype html>
 <script>
 const log = document.getElementById("log"), input = document.getElementById("input");
 const history = [];
+const KEY_REQUIRED = {{KEY_REQUIRED}};  // dormouse serve --api-key: the page asks once, keeps it for this tab
+let apiKey = sessionStorage.getItem("dormouse-api-key") || "";
+function askKey(why) {
+  apiKey = (window.prompt(why + " Enter the API key dormouse serve was started with (--api-key):") || "").trim();
+  sessionStorage.setItem("dormouse-api-key", apiKey);
+}
+function post(body) {
+  const headers = {"Content-Type": "application/json"};
+  if (apiKey) headers["Authorization"] = "Bearer " + apiKey;
+  return fetch("/v1/chat/completions", {method: "POST", headers, body});
+}
 function bubble(role, text) {
   const div = document.createElement("div");
   div.className = "msg " + role;
@@ -53,11 +66,15 @@ document.getElementById("form").addEventListener("submit", async e => {
   reply.id = "reply-" + history.length;
   document.getElementById("send").disabled = true;
   try {
-    const res = await fetch("/v1/chat/completions", {
-      method: "POST", headers: {"Content-Type": "application/json"},
-      body: JSON.stringify({messages: history, stream: true,
-        temperature: Number(document.getElementById("temperature").value),
-        max_tokens: Number(document.getElementById("max_tokens").value)})});
+    const body = JSON.stringify({messages: history, stream: true,
+      temperature: Number(document.getElementById("temperature").value),
+      max_tokens: Number(document.getElementById("max_tokens").value)});
+    if (KEY_REQUIRED && !apiKey) askKey("This server needs an API key.");
+    let res = await post(body);
+    if (res.status === 401) {  // no key, or a wrong one: ask (again) and retry once
+      askKey("The server refused the key.");
+      res = await post(body);
+    }
     if (!res.ok) {
       const err = await res.json();
       reply.className = "msg error";
