@@ -205,6 +205,27 @@ def test_files_without_a_reader_are_counted_and_listed(workdir, small_corpus, qu
     assert {e["reason"] for e in m["corpus_files_ignored"]} == {"unknown_suffix"}
 
 
+def test_a_link_out_of_the_corpus_is_counted_listed_and_not_read(workdir, small_corpus, quality_examples, tmp_path):
+    """`ln -s .. corp/loop_up` read the corpus's parent: 10 documents from outside the corpus were kept."""
+    import os
+    import shutil
+
+    from conftest import write_jsonl_zst
+
+    corpus = tmp_path / "parent" / "corp"
+    shutil.copytree(small_corpus, corpus)
+    write_jsonl_zst(tmp_path / "parent" / "outside.jsonl.zst", [{"id": f"out/{i}", "text": f"outside {i} " * 40}
+                                                                for i in range(10)])
+    os.symlink("..", corpus / "loop_up")
+    config = configure(workdir, corpus, *quality_examples)
+    plan = run_chain(workdir, config, stages=("filter",))
+    m = manifest(workdir, plan, "filter")
+    assert m["counters"]["reader.files_ignored.link_outside_root"] == 1
+    assert m["corpus_files_ignored"] == [{"path": str(corpus / "loop_up"), "reason": "link_outside_root",
+                                          "resolves_to": str((tmp_path / "parent").resolve())}]
+    assert not [f for f in m["corpus_files"] if "outside" in f["path"]]
+
+
 def test_constant_ids_cannot_swallow_the_corpus_into_the_eval_tail(workdir, small_corpus, quality_examples, tmp_path):
     from conftest import write_jsonl_zst
 
