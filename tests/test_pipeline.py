@@ -226,6 +226,25 @@ def test_a_link_out_of_the_corpus_is_counted_listed_and_not_read(workdir, small_
     assert not [f for f in m["corpus_files"] if "outside" in f["path"]]
 
 
+def test_a_short_write_of_the_quality_model_fails_the_filter(workdir, small_corpus, quality_examples, monkeypatch):
+    """fastText's save_model on a full disk wrote 5 MB of a 51 MB model and returned; the file loaded."""
+    import os
+
+    import fasttext
+
+    real = fasttext.FastText._FastText.save_model
+
+    def short_save(self, path):
+        real(self, path)
+        os.truncate(path, os.path.getsize(path) // 10)
+
+    monkeypatch.setattr(fasttext.FastText._FastText, "save_model", short_save)
+    config = configure(workdir, small_corpus, *quality_examples)
+    with pytest.raises(SystemExit, match=r"/quality_model.bin: fastText saved \d+ bytes of the \d+ its model takes"):
+        run_chain(workdir, config, stages=("filter",))
+    assert not list((workdir / "results" / "store" / "filter").rglob("manifest.json"))
+
+
 def test_constant_ids_cannot_swallow_the_corpus_into_the_eval_tail(workdir, small_corpus, quality_examples, tmp_path):
     from conftest import write_jsonl_zst
 

@@ -165,7 +165,7 @@ def train_classifier(job, art, qcfg, reader_cfg, counters) -> tuple[object, dict
             quality.write_training_file(valid_file, examples["valid"], tcfg["seed"])
             n, precision, recall = model.test(str(valid_file))
             metrics |= {"valid_examples": n, "valid_precision_at_1": precision, "valid_recall_at_1": recall}
-    model.save_model(str(art.path("quality_model.bin")))
+    quality.save(model, art.path("quality_model.bin"))  # checked: a short write fails the stage here
     print(f"[filter] quality classifier trained: {metrics}", flush=True)
     return model, metrics
 
