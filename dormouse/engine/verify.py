@@ -5,11 +5,11 @@
     dormouse verify --preset tiny         # the artifacts of one preset's chain (those built)
 
 A consumer stage checks the size of every file its inputs list and the sha256 of the files it reads, when it runs;
-this hashes every file any manifest lists
-(`*.ids.jsonl` included), whether or not a stage will read it again, files on disk that no manifest lists, that
-`manifest.json` equals its `.manifest.json` copy and names the digest its params, inputs and retractions give (an
-edited manifest), and, for --preset, that no artifact of the chain is missing under one built on it. An unreadable
-manifest is one problem line, and the rest of the store is still checked.
+this hashes every file any manifest lists (`*.ids.jsonl` included), whether or not a stage will read it again, and
+checks that no file on disk is unlisted, that `manifest.json` equals its `.manifest.json` copy and names the digest
+its params, inputs and retractions give (an edited manifest), and, for --preset, that no artifact of the chain is
+missing under one built on it. An unreadable manifest is one problem line, and the rest of the store is still
+checked.
 """
 
 from __future__ import annotations
