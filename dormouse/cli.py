@@ -55,6 +55,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0 if argv else 2
     from dormouse.engine.config import ConfigError, InputError
     from dormouse.engine.lifeline import tie_to_snakemake
+    from dormouse.engine.store import ArtifactError
 
     tie_to_snakemake()  # a job of a killed Snakemake does not run on as an orphan
     if argv[0] in EXTRAS and importlib.util.find_spec(EXTRAS[argv[0]][0]) is None:
@@ -68,6 +69,9 @@ def main(argv: list[str] | None = None) -> int:
     except (ConfigError, InputError) as e:  # the message names the file and the fix: one line, not a traceback
         print(f"dormouse {argv[0]}: {e}", file=sys.stderr)
         return 2
+    except ArtifactError as e:  # a missing, cut or altered artifact file: the message names the artifact and file
+        print(f"dormouse {argv[0]}: {e}", file=sys.stderr)
+        return 1
     except BrokenPipeError:  # `dormouse plan | head`: the reader left; stop quietly, as other tools do
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 141

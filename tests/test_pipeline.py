@@ -139,10 +139,8 @@ def test_anchor_ladder_is_ordered(built):
     assert tail[("uniform", 0)] == 8.0 and tail != bpb
 
 
-def test_consumer_refuses_a_tampered_upstream(built):
+def test_consumer_refuses_a_tampered_upstream(built, capsys):
     workdir, plan = built
-    from dormouse.engine.store import ArtifactError
-
     shard_dir = workdir / plan.artifact_dir("shard", plan.chain["tiny"]["shard"])
     bin_path = sorted((shard_dir / "train").glob("*.bin"))[0]
     data = bytearray(bin_path.read_bytes())
@@ -151,8 +149,9 @@ def test_consumer_refuses_a_tampered_upstream(built):
     import shutil
 
     shutil.rmtree(workdir / plan.artifact_dir("anchors", plan.chain["tiny"]["anchors"]))
-    with pytest.raises(ArtifactError, match="sha256"):
+    with pytest.raises(AssertionError):  # the stage returned 1
         run_chain(workdir, plan.config, stages=("anchors",))
+    assert f"dormouse anchors: {bin_path.relative_to(workdir)}: altered (sha256 " in capsys.readouterr().err
 
 
 def test_shard_sizes_within_the_stated_bound(built):
@@ -204,6 +203,46 @@ def test_files_without_a_reader_are_counted_and_listed(workdir, small_corpus, qu
     assert m["counters"]["reader.files_ignored.unknown_suffix"] == 2
     assert sorted(e["path"].rsplit("/", 1)[-1] for e in m["corpus_files_ignored"]) == ["README.md", "notes.json.gz"]
     assert {e["reason"] for e in m["corpus_files_ignored"]} == {"unknown_suffix"}
+
+
+def test_a_link_out_of_the_corpus_is_counted_listed_and_not_read(workdir, small_corpus, quality_examples, tmp_path):
+    """`ln -s .. corp/loop_up` read the corpus's parent: 10 documents from outside the corpus were kept."""
+    import os
+    import shutil
+
+    from conftest import write_jsonl_zst
+
+    corpus = tmp_path / "parent" / "corp"
+    shutil.copytree(small_corpus, corpus)
+    write_jsonl_zst(tmp_path / "parent" / "outside.jsonl.zst", [{"id": f"out/{i}", "text": f"outside {i} " * 40}
+                                                                for i in range(10)])
+    os.symlink("..", corpus / "loop_up")
+    config = configure(workdir, corpus, *quality_examples)
+    plan = run_chain(workdir, config, stages=("filter",))
+    m = manifest(workdir, plan, "filter")
+    assert m["counters"]["reader.files_ignored.link_outside_root"] == 1
+    assert m["corpus_files_ignored"] == [{"path": str(corpus / "loop_up"), "reason": "link_outside_root",
+                                          "resolves_to": str((tmp_path / "parent").resolve())}]
+    assert not [f for f in m["corpus_files"] if "outside" in f["path"]]
+
+
+def test_a_short_write_of_the_quality_model_fails_the_filter(workdir, small_corpus, quality_examples, monkeypatch):
+    """fastText's save_model on a full disk wrote 5 MB of a 51 MB model and returned; the file loaded."""
+    import os
+
+    import fasttext
+
+    real = fasttext.FastText._FastText.save_model
+
+    def short_save(self, path):
+        real(self, path)
+        os.truncate(path, os.path.getsize(path) // 10)
+
+    monkeypatch.setattr(fasttext.FastText._FastText, "save_model", short_save)
+    config = configure(workdir, small_corpus, *quality_examples)
+    with pytest.raises(SystemExit, match=r"/quality_model.bin: fastText saved \d+ bytes of the \d+ its model takes"):
+        run_chain(workdir, config, stages=("filter",))
+    assert not list((workdir / "results" / "store" / "filter").rglob("manifest.json"))
 
 
 def test_constant_ids_cannot_swallow_the_corpus_into_the_eval_tail(workdir, small_corpus, quality_examples, tmp_path):

@@ -46,3 +46,48 @@ def test_divergence_at_every_rate_names_the_source(train_file):
     with pytest.raises(SystemExit, match=r"my examples: fastText training diverged .* 1e\+06 down to 125000"):
         quality.train(train_file, {**CFG, "lr": 1e6}, c, "my examples")
     assert c["quality.train_nan"] == 2 + quality.NAN_HALVINGS
+
+
+def _cut_saves(monkeypatch, keep: float):
+    """fastText's save_model as a full disk leaves it: the call returns and the file holds only its first part."""
+    import os
+
+    import fasttext
+
+    real = fasttext.FastText._FastText.save_model
+
+    def short_save(self, path):
+        real(self, path)
+        os.truncate(path, int(os.path.getsize(path) * keep))
+
+    monkeypatch.setattr(fasttext.FastText._FastText, "save_model", short_save)
+
+
+def test_a_saved_model_is_checked_by_size_and_reload(train_file, tmp_path, monkeypatch):
+    """A full disk left 5 MB of a 51 MB model, which still loads (zero-filled): save checks the size and reloads."""
+    model, _ = quality.train(train_file, {**CFG, "bucket": 20_000, "lr": 0.5}, Counter(), "examples")
+    quality.save(model, tmp_path / "whole.bin")
+    assert (tmp_path / "whole.bin").stat().st_size == quality.saved_size(model)
+    _cut_saves(monkeypatch, 0.1)
+    with pytest.raises(SystemExit, match=rf"^{tmp_path}/cut.bin: fastText saved \d+ bytes of the "
+                                         rf"{quality.saved_size(model)} its model takes \(a short write"):
+        quality.save(model, tmp_path / "cut.bin")
+
+
+def test_a_saved_model_that_reloads_otherwise_is_refused(train_file, tmp_path, monkeypatch):
+    import fasttext
+
+    model, _ = quality.train(train_file, {**CFG, "bucket": 20_000, "lr": 0.5}, Counter(), "examples")
+    real = fasttext.FastText._FastText.save_model
+
+    def corrupt_save(self, path):  # the right size, a byte of the output matrix wrong
+        real(self, path)
+        with open(path, "r+b") as f:
+            f.seek(-3, 2)
+            b = f.read(1)
+            f.seek(-3, 2)
+            f.write(bytes([b[0] ^ 0x40]))
+
+    monkeypatch.setattr(fasttext.FastText._FastText, "save_model", corrupt_save)
+    with pytest.raises(SystemExit, match=rf"^{tmp_path}/bad.bin: the fastText model reloaded from it differs"):
+        quality.save(model, tmp_path / "bad.bin")

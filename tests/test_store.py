@@ -196,3 +196,53 @@ def test_verify_finds_an_edited_or_unreadable_manifest(tmp_path):
     (path / "manifest.json").write_text('{"stage": "filter", "files": {')
     problems = artifact_problems(path)
     assert len([p for p in problems if "unreadable manifest (JSONDecodeError" in p]) == 1
+
+
+def _upstream(store, stage, files: dict[str, bytes]):
+    d = artifact_digest(stage, 1, {}, {}, [])
+    with ArtifactWriter(store / stage / d, stage, 1, {}, {}, []) as art:
+        for name, data in files.items():
+            art.path(name).write_bytes(data)
+    return store / stage / d
+
+
+def _job(store, stage, inputs: dict) -> dict:
+    inputs = {k: {"kind": "artifact", "stage": p.parent.name, "digest": p.name} for k, p in inputs.items()}
+    return {"stage": stage, "format_version": 1, "digest": "0" * 20, "params": {}, "inputs": inputs,
+            "retractions": [], "out": str(store / stage / ("0" * 20))}
+
+
+def test_a_consumer_checks_every_listed_files_size_before_it_reads(tmp_path):
+    """A deleted shard-0002.idx.npy did not stop pretrain, which reads only the .bin files: files are hashed when
+    read, and nothing looked at the others. Every listed file's size is now checked when the input is opened."""
+    from dormouse.engine.stage import input_artifact
+
+    store = tmp_path / "store"
+    files = {f"train/shard-000{i}.{ext}": bytes([i]) * 64 for i in range(3) for ext in ("bin", "idx.npy")}
+    shard = _upstream(store, "shard", {**files, "eval/tail.bin": b"e" * 64})
+    job = _job(store, "pretrain", {"shard": shard})
+    assert input_artifact(job, "shard").verified == set()  # sizes only: nothing hashed before it is read
+    (shard / "train" / "shard-0002.idx.npy").unlink()
+    with pytest.raises(ArtifactError, match=rf"{shard}/train/shard-0002.idx.npy: listed in the manifest, missing on "
+                                            rf"disk, in the shard artifact {shard}$"):
+        input_artifact(job, "shard")
+    (shard / "eval" / "tail.bin").write_bytes(b"e" * 63)  # cut short: named first (sorted), the other counted
+    with pytest.raises(ArtifactError, match=r"tail.bin: altered \(size 63 != manifest 64\), .* \(and 1 more"):
+        input_artifact(job, "shard")
+
+
+def test_a_stage_whose_input_lost_an_unread_file_fails_in_one_line(tmp_path, capsys):
+    """shard reads only the filter's docs-*; the filter's quality model, deleted, now stops it with one line naming
+    the artifact and the file (an ArtifactError was a traceback)."""
+    import json
+
+    from dormouse.cli import main as dormouse_main
+
+    store = tmp_path / "store"
+    filt = _upstream(store, "filter", {"docs-00000.jsonl.zst": b"d" * 10, "per_file.json": b"{}",
+                                       "quality_model.bin": b"q" * 100})
+    (filt / "quality_model.bin").unlink()
+    assert dormouse_main(["shard", "--job", json.dumps(_job(store, "shard", {"filter": filt}))]) == 1
+    err = capsys.readouterr().err
+    assert err == f"dormouse shard: {filt}/quality_model.bin: listed in the manifest, missing on disk, in the filter artifact {filt}\n"
+    assert not (store / "shard").exists()  # failed before writing anything

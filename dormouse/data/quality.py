@@ -10,6 +10,7 @@ import random
 from pathlib import Path
 
 import fasttext
+import numpy as np
 
 LABEL_LQ = "__label__cc"
 
@@ -85,6 +86,40 @@ def _train_once(train_file: Path, cfg: dict, lr: float) -> fasttext.FastText._Fa
 
 def load(path: Path):
     return fasttext.load_model(str(path))
+
+
+def _dictionary(model) -> list[str]:
+    """The words then the labels, as bytes decoded with surrogateescape: exactly what is saved, whatever the bytes."""
+    return [*model.f.getVocab("surrogateescape")[0], *model.f.getLabels("surrogateescape")[0]]
+
+
+def saved_size(model) -> int:
+    """The bytes fastText 0.9's saveModel writes for a model as train_supervised leaves it (not quantized): magic and
+    version, 12 int args and a double, the dictionary (3 int32 and 2 int64 sizes, then per entry its bytes, a NUL,
+    an int64 count and an int8 type), the quant flag, the input matrix (int64 rows and cols, float32s), the qout
+    flag and the output matrix."""
+    if model.is_quantized():
+        raise ValueError("saved_size: a quantized model's file has another layout")
+    entries = sum(len(w.encode("utf-8", "surrogateescape")) + 1 + 8 + 1 for w in _dictionary(model))
+    matrices = 4 * (model.get_input_matrix().size + model.get_output_matrix().size)
+    return 8 + (12 * 4 + 8) + (3 * 4 + 2 * 8) + entries + 1 + 16 + 1 + 16 + matrices
+
+
+def save(model, path: Path) -> None:
+    """save_model, then check the file: fastText ignores a failed write (a full disk left 5 MB of a 51 MB model),
+    and a cut file still loads, its matrices zero-filled. So its size must be what the model takes, and reloaded it
+    must be the model: same labels, words and matrices."""
+    model.save_model(str(path))
+    size, expected = path.stat().st_size, saved_size(model)
+    if size != expected:
+        raise SystemExit(f"{path}: fastText saved {size} bytes of the {expected} its model takes "
+                         f"(a short write: is the disk full?)")
+    back = load(path)
+    same = (_dictionary(back) == _dictionary(model)
+            and np.array_equal(back.get_input_matrix(), model.get_input_matrix())
+            and np.array_equal(back.get_output_matrix(), model.get_output_matrix()))
+    if not same:
+        raise SystemExit(f"{path}: the fastText model reloaded from it differs from the one trained (a corrupt write)")
 
 
 def score(model, texts: list[str], label_hq: str) -> list[float]:

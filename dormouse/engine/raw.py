@@ -7,6 +7,7 @@ from __future__ import annotations
 import glob
 import hashlib
 import os
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -16,6 +17,7 @@ from dormouse.engine.store import canonical_json
 RAW_SUFFIXES = (".jsonl", ".jsonl.gz", ".jsonl.zst", ".parquet", ".txt")
 DEMO_ROOT = Path("corpus/demo")
 DEMO_BUILT = DEMO_ROOT / "BUILD.json"  # written last by the demo-corpus rule
+GLOB_MAGIC = re.compile(r"[*?[]")  # what makes a path part a pattern to glob.glob
 
 
 
@@ -26,18 +28,31 @@ def is_raw_file(path: str | Path) -> bool:
 @dataclass
 class RawScan:
     """What a spec names on disk. Links are resolved and each real file (device, inode) is read once, under its
-    link-free path when it has one, else its first path in sorted order; every other path is in `skipped`."""
+    link-free path when it has one, else its first path in sorted order; every other path is in `skipped`. A link
+    that resolves outside the spec's root (its directory, or a glob's fixed leading directories) is not followed:
+    `ln -s .. corp/up` read the corpus's parent."""
 
     files: list[Path] = field(default_factory=list)  # every regular file to consider, sorted
-    skipped: list[dict] = field(default_factory=list)  # {"path", "reason"[, "same_as"]} for each path not read
+    skipped: list[dict] = field(default_factory=list)  # {"path", "reason"[, "same_as" | "resolves_to"]}: each not read
     links_followed: int = 0  # files read through a path that passes a symlink
     duplicate_paths: int = 0  # paths to a file already read (a symlink loop, a second link, a hard link)
 
 
+def _outside_root(path: Path, root_real: str, scan: RawScan) -> bool:
+    """A link whose target is not under the spec's root: listed as skipped (the filter counts and prints it)."""
+    real = os.path.realpath(path)
+    if os.path.commonpath([real, root_real]) == root_real:
+        return False
+    scan.skipped.append({"path": str(path), "reason": "link_outside_root", "resolves_to": real})
+    return True
+
+
 def _walk(top: Path, scan: RawScan) -> list[tuple[Path, bool]]:
-    """Every regular file under top, following symlinked directories once each; (path, via a symlink)."""
+    """Every regular file under top, following symlinked directories once each, never out of top; (path, via a
+    symlink)."""
     found: list[tuple[Path, bool]] = []
-    stack = [(top, False, (os.path.realpath(top),))]
+    root_real = os.path.realpath(top)
+    stack = [(top, False, (root_real,))]
     while stack:
         d, via_link, ancestors = stack.pop()
         try:
@@ -50,6 +65,8 @@ def _walk(top: Path, scan: RawScan) -> list[tuple[Path, bool]]:
             link = entry.is_symlink()
             if link and not path.exists():
                 scan.skipped.append({"path": str(path), "reason": "broken_symlink"})
+            elif link and _outside_root(path, root_real, scan):
+                pass
             elif path.is_dir():
                 real = os.path.realpath(path)
                 if real in ancestors:  # a link back up the tree: following it would read the same files again
@@ -73,10 +90,14 @@ def scan_raw(spec: str, root: Path = Path(".")) -> RawScan:
         found = _walk(p, scan)
     else:  # glob's ** follows symlinked directories, loops too (until ELOOP): duplicates are removed below
         found = []
+        fixed = next((i for i, part in enumerate(p.parts) if GLOB_MAGIC.search(part)), len(p.parts))
+        root_real = os.path.realpath(Path(*p.parts[:fixed]) if fixed else ".")
         for f in sorted(glob.glob(str(p), recursive=True)):
             path = Path(f)
             if path.is_symlink() and not path.exists():
                 scan.skipped.append({"path": f, "reason": "broken_symlink"})
+            elif _outside_root(path, root_real, scan):
+                pass
             elif path.is_file():
                 found.append((path, os.path.realpath(f) != os.path.abspath(f)))
     by_file: dict[tuple[int, int], list[tuple[Path, bool]]] = {}
@@ -108,7 +129,8 @@ def expand_raw(spec: str, root: Path = Path(".")) -> list[Path]:
 def ignored_files(spec: str, root: Path = Path(".")) -> list[dict]:
     """Every path a spec matches that is not read, with its reason: no reader for the suffix (`unknown_suffix`;
     dotfiles `hidden_file`), a second path to a file already read (`duplicate_path`), a `symlink_loop`, a
-    `broken_symlink`, a `not_a_regular_file`. The filter counts and lists them: nothing is left out silently."""
+    `broken_symlink`, a link out of the spec's root (`link_outside_root`), a `not_a_regular_file`. The filter counts
+    and lists them: nothing is left out silently."""
     scan = scan_raw(spec, root)
     out = list(scan.skipped)
     for f in scan.files:

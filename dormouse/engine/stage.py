@@ -56,12 +56,13 @@ def read_job(arg: str, stage: str) -> dict:
 
 
 def input_artifact(job: dict, name: str) -> Artifact:
-    """Open an upstream artifact, verify every file's sha256 and that it is the digest the plan named."""
+    """Open an upstream artifact: it is the digest the plan named and every file it lists is on disk at its listed
+    size, checked now, before the stage reads any of it; each file the stage reads is hashed on its first read."""
     inp = job["inputs"][name]
     art = open_artifact(Path(job["out"]).parent.parent / inp["stage"] / inp["digest"], stage=inp["stage"])
     if art.digest != inp["digest"]:
         raise ArtifactError(f"{art.path}: digest {art.digest} != planned {inp['digest']}")
-    return art
+    return art.check_sizes()
 
 
 def check_raw_input(job: dict, name: str) -> list[str]:

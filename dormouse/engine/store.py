@@ -74,6 +74,20 @@ def sha256_file(path: Path, chunk: int = 1 << 22) -> str:
     return h.hexdigest()
 
 
+def file_problem(path: Path, meta: dict, hash_it: bool = True) -> str | None:
+    """What is wrong with one listed file against its manifest entry ({"size", "sha256"}), None when nothing:
+    the one check behind a consumer's reads (Artifact.file), its size pass (Artifact.check_sizes) and `dormouse
+    verify`. hash_it=False stops at the size (a stat, no read)."""
+    if not path.is_file():
+        return "listed in the manifest, missing on disk"
+    size = path.stat().st_size
+    if size != meta["size"]:
+        return f"altered (size {size} != manifest {meta['size']})"
+    if hash_it and (actual := sha256_file(path)) != meta["sha256"]:
+        return f"altered (sha256 {actual} != manifest {meta['sha256']})"
+    return None
+
+
 @dataclass
 class ArtifactWriter:
     """Builds an artifact in a temporary sibling directory and renames it into place on success.
@@ -235,8 +249,9 @@ def _move_into_place(tmp: Path, out_dir: Path) -> bool:
 
 @dataclass
 class Artifact:
-    """A finished artifact. Each file's size and sha256 are checked against the manifest the first
-    time the consumer asks for it (`file()`), so a stage verifies exactly what it reads."""
+    """A finished artifact. A stage's input is checked for every listed file's presence and size before the stage
+    reads it (`check_sizes()`, by stage.input_artifact), and each file's sha256 the first time the stage asks for it
+    (`file()`), so a stage hashes exactly what it reads."""
 
     path: Path
     manifest: dict
@@ -255,16 +270,23 @@ class Artifact:
             raise ArtifactError(f"{self.path}: manifest lists no file {name!r}")
         p = self.path / name
         if name not in self.verified:
-            meta = self.manifest["files"][name]
-            if not p.exists():
-                raise ArtifactError(f"{p}: listed in the manifest but missing on disk")
-            if p.stat().st_size != meta["size"]:
-                raise ArtifactError(f"{p}: size {p.stat().st_size} != manifest {meta['size']}")
-            actual = sha256_file(p)
-            if actual != meta["sha256"]:
-                raise ArtifactError(f"{p}: sha256 {actual} != manifest {meta['sha256']}; the file was altered")
+            if problem := file_problem(p, self.manifest["files"][name]):
+                raise ArtifactError(f"{p}: {problem}")
             self.verified.add(name)
         return p
+
+    def check_sizes(self) -> "Artifact":
+        """Every listed file is on disk at its listed size (a stat each, no reading): what a stage checks of an input
+        before it reads any of it, so a file it never opens (a shard's .idx.npy under pretrain) cannot be missing
+        or cut short unnoticed. Hashing every file instead would re-read a trunk's kept checkpoints (GBs each) to
+        use one; the files a stage reads are hashed by file()."""
+        bad = [(name, problem) for name, meta in sorted(self.manifest["files"].items())
+               if (problem := file_problem(self.path / name, meta, hash_it=False))]
+        if bad:
+            name, problem = bad[0]
+            more = f" (and {len(bad) - 1} more listed file(s); `dormouse verify` lists them)" if len(bad) > 1 else ""
+            raise ArtifactError(f"{self.path / name}: {problem}, in the {self.stage} artifact {self.path}{more}")
+        return self
 
     def files(self, prefix: str = "") -> list[str]:
         return sorted(n for n in self.manifest["files"] if n.startswith(prefix))

@@ -4,11 +4,12 @@
     dormouse verify --stage shard         # one stage's artifacts
     dormouse verify --preset tiny         # the artifacts of one preset's chain (those built)
 
-A consumer stage checks only the files it reads, when it runs; this checks every file any manifest lists
-(`*.ids.jsonl` included), whether or not a stage will read it again, files on disk that no manifest lists, that
-`manifest.json` equals its `.manifest.json` copy and names the digest its params, inputs and retractions give (an
-edited manifest), and, for --preset, that no artifact of the chain is missing under one built on it. An unreadable
-manifest is one problem line, and the rest of the store is still checked.
+A consumer stage checks the size of every file its inputs list and the sha256 of the files it reads, when it runs;
+this hashes every file any manifest lists (`*.ids.jsonl` included), whether or not a stage will read it again, and
+checks that no file on disk is unlisted, that `manifest.json` equals its `.manifest.json` copy and names the digest
+its params, inputs and retractions give (an edited manifest), and, for --preset, that no artifact of the chain is
+missing under one built on it. An unreadable manifest is one problem line, and the rest of the store is still
+checked.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import argparse
 import json
 from pathlib import Path
 
-from dormouse.engine.store import MANIFEST, MANIFEST_KEEP, artifact_digest, sha256_file
+from dormouse.engine.store import MANIFEST, MANIFEST_KEEP, artifact_digest, file_problem
 
 
 def artifact_problems(path: Path) -> list[str]:
@@ -47,13 +48,8 @@ def artifact_problems(path: Path) -> list[str]:
         problems.append(f"{manifest_path}: its stage, params, inputs and retractions give another digest than "
                         f"{path.name} (an edited manifest)")
     for name, meta in sorted(manifest.get("files", {}).items()):
-        p = path / name
-        if not p.is_file():
-            problems.append(f"{p}: missing")
-        elif p.stat().st_size != meta["size"]:
-            problems.append(f"{p}: altered (size {p.stat().st_size} != manifest {meta['size']})")
-        elif sha256_file(p) != meta["sha256"]:
-            problems.append(f"{p}: altered (sha256 differs from the manifest's)")
+        if problem := file_problem(path / name, meta):
+            problems.append(f"{path / name}: {problem}")
     listed = {*manifest.get("files", {}), MANIFEST, MANIFEST_KEEP}
     for p in sorted(path.rglob("*")):
         if p.is_file() and p.relative_to(path).as_posix() not in listed:

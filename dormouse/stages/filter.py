@@ -3,8 +3,8 @@
     dormouse filter --job "$(dormouse plan --preset tiny --stage filter)"
 
 Outputs: docs-*.jsonl.zst ({id, text, source, quality}), quality_model.bin (when trained here),
-per_file.json (read/kept per raw file). Corpus discovery (engine/raw.py) resolves links and reads each real
-file once; every path it does not read is in the manifest's corpus_files_ignored with its reason. Counters: docs_/bytes_ read, kept, dropped.<reason>; the
+per_file.json (read/kept per raw file). Corpus discovery (engine/raw.py) resolves links, never out of the corpus
+root, and reads each real file once; every path it does not read is in the manifest's corpus_files_ignored with its reason. Counters: docs_/bytes_ read, kept, dropped.<reason>; the
 stage asserts read = kept + sum(dropped) for both. A document holding a chat-template byte (0x01-0x03)
 is dropped (`chat_control_bytes`): those bytes mean turn boundaries to sft, rl and bench.
 """
@@ -123,6 +123,8 @@ def iter_records(specs: list[str], cfg: ReaderConfig, counters: Counter, files_o
             if ignored_out is not None:
                 ignored_out.append(entry)
             why = (f"no reader for its suffix (expected {', '.join(RAW_SUFFIXES)})" if reason == "unknown_suffix"
+                   else f"a link to {entry['resolves_to']}, outside {spec} (link_outside_root; to read it, point the "
+                        f"corpus at a directory holding both)" if reason == "link_outside_root"
                    else entry["reason"] + (f" (the same as {entry['same_as']})" if "same_as" in entry else ""))
             print(f"[filter] not reading {entry['path']}: {why}", flush=True)
         for path in expand_raw(spec):
@@ -163,7 +165,7 @@ def train_classifier(job, art, qcfg, reader_cfg, counters) -> tuple[object, dict
             quality.write_training_file(valid_file, examples["valid"], tcfg["seed"])
             n, precision, recall = model.test(str(valid_file))
             metrics |= {"valid_examples": n, "valid_precision_at_1": precision, "valid_recall_at_1": recall}
-    model.save_model(str(art.path("quality_model.bin")))
+    quality.save(model, art.path("quality_model.bin"))  # checked: a short write fails the stage here
     print(f"[filter] quality classifier trained: {metrics}", flush=True)
     return model, metrics
 
