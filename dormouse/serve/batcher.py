@@ -35,9 +35,7 @@ import torch
 
 from dormouse.model.gpt import ByteLM, LMState, cat_states
 from dormouse.posttrain.decode import prefill_prompts
-
-
-GREEDY_BELOW = 1e-5  # temperatures under this decode greedily (the limit they tend to)
+from dormouse.posttrain.rowrng import GREEDY_BELOW
 
 
 def sample_with_uniforms(logits: torch.Tensor, temperature: float, top_k: int | None, u: torch.Tensor) -> torch.Tensor:
