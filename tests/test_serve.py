@@ -35,8 +35,8 @@ def tiny_model(seed: int = 0) -> ByteLM:
 class Server:
     """The app under uvicorn on a free loopback port, in this process (its decode thread included)."""
 
-    def __init__(self, model: ByteLM, limits: Limits | None = None, max_batch: int = 64, **app_kw):
-        self.batcher = Batcher(model, torch.device("cpu"), bf16=False, max_batch=max_batch)
+    def __init__(self, model: ByteLM, limits: Limits | None = None, max_batch: int = 64, batcher=Batcher, **app_kw):
+        self.batcher = batcher(model, torch.device("cpu"), bf16=False, max_batch=max_batch)
         self.batcher.start()
         app = create_app(self.batcher, "dormouse-test", limits, **app_kw)
         self.server = uvicorn.Server(server_config(app, "127.0.0.1", 0, limits))
@@ -156,6 +156,41 @@ def test_streams_decode_together_and_each_gets_its_own_reply(model):
         for p, r in zip(prompts, replies):
             alone = generate(model, [p.encode()], 40, bf16=False)[0].split(bytes([chat.END]))[0]
             assert r["choices"][0]["text"] == alone.decode("utf-8", "replace")
+    finally:
+        s.close()
+
+
+def test_the_graphed_decode_serves_generates_greedy_bytes_and_a_seeds_bytes_whatever_the_company(model):
+    """serve --decode graphed (on CPU the same static step, eagerly): concurrent greedy replies are generate's, and a
+    seeded sampled reply is generate_static's for that seed, alone or among other streams (rows of a padded bucket)."""
+    from dormouse.posttrain.decode import generate_static
+    from dormouse.serve.batcher import GraphedBatcher
+
+    s = Server(model, max_batch=8, batcher=GraphedBatcher)
+    try:
+        assert s.batcher.step.buckets == [1, 2, 4, 8]
+
+        def ask(p, **kw):
+            return httpx.post(s.url + "/v1/completions", json={"prompt": p, "max_tokens": 30} | kw,
+                              timeout=60).json()["choices"][0]["text"]
+
+        prompts = [f"prompt number {i} " * (i + 1) for i in range(6)]
+        lengths = [30 - 4 * i for i in range(6)]  # the first rows finish first: the rows after them move down
+        with ThreadPoolExecutor(6) as pool:
+            replies = list(pool.map(lambda p, n: ask(p, temperature=0, max_tokens=n), prompts, lengths))
+        for p, n, r in zip(prompts, lengths, replies):
+            want = generate(model, [p.encode()], n, bf16=False)[0].split(bytes([chat.END]))[0]
+            assert r == want.decode("utf-8", "replace")
+        c = s.health()["counters"]
+        assert c["serve.max_batch_seen"] >= 2 and c["serve.steps"] < 6 * 30
+        seeded = dict(temperature=1.0, top_k=60, seed=2**64 - 3)
+        want = generate_static(model, [b"tell me"], 30, temperature=1.0, top_k=60, seeds=[2**64 - 3], bf16=False)[0]
+        alone = ask("tell me", **seeded)
+        assert alone == want.split(bytes([chat.END]))[0].decode("utf-8", "replace")
+        with ThreadPoolExecutor(5) as pool:
+            others = [pool.submit(ask, p, temperature=1.0, max_tokens=60) for p in prompts[:4]]
+            mine = pool.submit(ask, "tell me", **seeded)
+            assert mine.result() == alone and all(isinstance(o.result(), str) for o in others)
     finally:
         s.close()
 
