@@ -337,10 +337,22 @@ def test_the_load_benchmark_runs_both_arms(tmp_path):
     bench = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench)
     out = tmp_path / "s.tsv"
-    assert bench.main(["--concurrency", "4", "--requests", "8", "--max-tokens", "6", "--out", str(out)]) == 0
+    assert bench.main(["--concurrency", "4", "--requests", "8", "--max-tokens", "6", "--out", str(out),
+                       "--arms", "batched,graphed,unbatched"]) == 0
     rows = {r["arm"]: r for r in csv.DictReader(out.open(), delimiter="\t")}
-    assert rows["batched"]["bytes"] == rows["unbatched"]["bytes"] == str(8 * 6)
+    assert rows["batched"]["bytes"] == rows["graphed"]["bytes"] == rows["unbatched"]["bytes"] == str(8 * 6)
     assert int(rows["batched"]["steps"]) < int(rows["unbatched"]["steps"]) and rows["batched"]["max_batch_seen"] == "4"
+    assert int(rows["graphed"]["steps"]) < int(rows["unbatched"]["steps"]) and rows["graphed"]["max_batch_seen"] == "4"
+    # without --keep-end no stream stops at END: its stop bytes are cleared as it is submitted
+    b, server, thread, _ = bench.start_server(tiny_model(), torch.device("cpu"), 2, False)
+    try:
+        s = Stream(b"x", 1, emit=lambda t: None, finish=lambda *a: None)
+        b.submit(s)
+        assert s.stop_bytes == frozenset()
+    finally:
+        server.should_exit = True
+        thread.join(timeout=10)
+        b.stop()
 
 
 @pytest.mark.parametrize("path,body,status,param", [
