@@ -145,3 +145,40 @@ def test_graphed_and_eager_decode_give_the_same_bytes_on_cuda(name):
     eager = DecodeStep(m, 4, graphed=False)
     eager.put([0, 1, 2], rows)
     assert drive(eager, 3, 16) == graphed
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (CUDA graphs, FLA's recurrent kernel)")
+def test_the_graphed_batcher_serves_on_cuda():
+    """serve --decode graphed on the GPU: graphs captured on the caller's thread, replayed on the decode thread,
+    streams of different lengths (rows leave from the middle of a padded bucket); fp32, so that the greedy bytes
+    equal generate's and a seeded stream's bytes are generate_static's alone whatever the rows beside it."""
+    import threading
+
+    from dormouse.serve.batcher import GraphedBatcher, Stream
+
+    m = live_model(CONFIGS["all_on_conv4"]).cuda()
+    b = GraphedBatcher(m, torch.device("cuda"), bf16=False, max_batch=8)
+    b.start()
+    outs, done = {}, threading.Semaphore(0)
+
+    def submit(key, prompt, n, **kw):
+        outs[key] = bytearray()
+        b.submit(Stream(prompt, n, emit=lambda t: outs[key].extend(t.encode("utf-8", "surrogateescape")),
+                        finish=lambda *a: done.release(), stop_bytes=frozenset(), **kw))
+
+    prompts = [rand_prompt(3 + i, 70 + i) for i in range(5)]
+    try:
+        for i, p in enumerate(prompts):
+            submit(i, p, 30 - 4 * i, temperature=0.0)
+        submit("seeded", prompts[0], 20, temperature=1.0, top_k=40, seed=99)
+        for _ in range(6):
+            assert done.acquire(timeout=120)
+    finally:
+        b.stop()
+    assert b.counters["kda_path.fla_recurrent"] > 0 and b.counters["serve.steps"] >= 30
+    for i, p in enumerate(prompts):
+        want = generate(m, [p], 30 - 4 * i, stop_byte=None, bf16=False)[0]
+        assert bytes(outs[i]) == want.decode("utf-8", "replace").encode("utf-8", "surrogateescape"), i
+    alone = generate_static(m, [prompts[0]], 20, temperature=1.0, top_k=40, seeds=[99], stop_byte=None, bf16=False)[0]
+    assert bytes(outs["seeded"]) == alone.decode("utf-8", "replace").encode("utf-8", "surrogateescape")
