@@ -109,3 +109,16 @@ def test_draws_follow_softmax_of_logits_over_temperature(temperature, top_k):
     stat = float(((obs[keep] - exp[keep]) ** 2 / exp[keep]).sum())
     dof = int(keep.sum()) - 1
     assert stat < chi_square_critical(dof), (stat, dof)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_the_uniforms_are_the_same_bits_on_cuda():
+    """Integer ops and an exact int-to-float conversion: a seed draws the same uniforms on either device, and the
+    draws are the CPU's (the Gumbel noise may differ in an ulp of its log, which flips only exact near-ties)."""
+    seed, counter = torch.arange(-50, 50) * 7919, torch.arange(100) * 31
+    u_cpu = row_uniforms(seed, counter, 256)
+    assert torch.equal(row_uniforms(seed.cuda(), counter.cuda(), 256).cpu(), u_cpu)
+    logits = torch.randn(100, 256, generator=torch.Generator().manual_seed(3)) * 2
+    on_gpu = sample_rows(logits.cuda(), seed.cuda(), counter.cuda(), 1.0, 50).cpu()
+    assert (on_gpu == sample_rows(logits, seed, counter, 1.0, 50)).float().mean() >= 0.99
