@@ -1,7 +1,8 @@
 """Load test of `dormouse serve` on loopback (issue #27 item 5): a fixed number of streaming requests, N at a time,
 against the server with the batched decode (every live stream in one step) and, in the same run, with one stream
-at a time (max_batch 1: unbatched decoding, the baseline). Reports p50/p99 time to the first streamed text,
-bytes/s per stream and in total, and the ratio of total throughput.
+at a time (max_batch 1: unbatched decoding, the baseline); `--arms batched,graphed,unbatched` adds the graphed decode
+(`dormouse serve --decode graphed`: the static-shape step, CUDA graphs per batch bucket, built before its clock starts).
+Reports p50/p99 time to the first streamed text, bytes/s per stream and in total, and the ratio of total throughput.
 
     .venv/bin/python benchmarks/serve_bench.py --concurrency 32 --requests 64 --max-tokens 128            # tiny, CPU
     python3 benchmarks/serve_bench.py --model results/store/rl/<digest> --device cuda --concurrency 32 \
@@ -51,10 +52,13 @@ def versions() -> str:
             f"uvicorn {uvicorn.__version__} httpx {httpx.__version__} dormouse {git_rev() or '?'}")
 
 
-def start_server(model, device, max_batch: int, keep_end: bool):
-    b = batcher_mod.Batcher(model, device, bf16=True, max_batch=max_batch)
-    if not keep_end:  # every request decodes --max-tokens bytes: equal work in both arms
-        b.submit = (lambda submit: lambda s: (setattr(s, "stop_byte", None), submit(s))[1])(b.submit)
+ARMS = {"batched": batcher_mod.Batcher, "graphed": batcher_mod.GraphedBatcher, "unbatched": batcher_mod.Batcher}
+
+
+def start_server(model, device, max_batch: int, keep_end: bool, arm: str = "batched"):
+    b = ARMS[arm](model, device, bf16=True, max_batch=max_batch)
+    if not keep_end:  # every request decodes --max-tokens bytes: equal work in every arm
+        b.submit = (lambda submit: lambda s: (setattr(s, "stop_bytes", frozenset()), submit(s))[1])(b.submit)
     b.start()
     server = uvicorn.Server(uvicorn.Config(create_app(b, "bench"), host="127.0.0.1", port=0, log_level="warning"))
     thread = threading.Thread(target=server.run, daemon=True)
@@ -112,8 +116,13 @@ def main(argv=None) -> int:
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--prompt-bytes", type=int, default=64)
     ap.add_argument("--keep-end", action="store_true")
+    ap.add_argument("--arms", default="batched,unbatched",
+                    help=f"comma-separated, in order, of {', '.join(ARMS)} (the ratio needs batched and unbatched)")
     ap.add_argument("--out", type=Path, default=None, help="TSV rows, appended")
     args = ap.parse_args(argv)
+    arms = args.arms.split(",")
+    if not arms or any(a not in ARMS for a in arms):
+        ap.error(f"--arms {args.arms}: each one of {', '.join(ARMS)}")
     device = torch.device(args.device)
     torch.set_num_threads(max(1, torch.get_num_threads()))
     if args.model:
@@ -127,8 +136,9 @@ def main(argv=None) -> int:
     print(f"[serve_bench] {versions()}; {name} on {device}; {args.requests} requests, {args.concurrency} at a time, "
           f"{args.max_tokens} bytes each", flush=True)
     results = {}
-    for arm, max_batch in (("batched", args.concurrency), ("unbatched", 1)):
-        b, server, thread, url = start_server(model, device, max_batch, args.keep_end)
+    for arm in arms:
+        max_batch = 1 if arm == "unbatched" else args.concurrency
+        b, server, thread, url = start_server(model, device, max_batch, args.keep_end, arm)
         try:
             asyncio.run(load(url, 2, 2, 8, args.prompt_bytes))  # warm-up
             rows, wall = asyncio.run(load(url, args.concurrency, args.requests, args.max_tokens, args.prompt_bytes))
@@ -147,14 +157,15 @@ def main(argv=None) -> int:
             "state_bytes_per_stream": b.state_bytes_per_stream,
         }
         print(f"[serve_bench] {json.dumps(results[arm])}", flush=True)
-    ratio = results["batched"]["total_bytes_per_s"] / results["unbatched"]["total_bytes_per_s"]
+    ratio = (results["batched"]["total_bytes_per_s"] / results["unbatched"]["total_bytes_per_s"]
+             if {"batched", "unbatched"} <= set(results) else float("nan"))
     print(f"\n{'arm':<10} {'total B/s':>10} {'stream B/s p50':>15} {'TTFB p50 ms':>12} {'TTFB p99 ms':>12} {'steps':>7}")
     for r in results.values():
         print(f"{r['arm']:<10} {r['total_bytes_per_s']:>10} {r['stream_bytes_per_s_p50']:>15} {r['ttfb_p50_ms']:>12} "
               f"{r['ttfb_p99_ms']:>12} {r['steps']:>7}")
     print(f"batched / unbatched total throughput: {ratio:.2f}x", flush=True)
     if args.out:
-        keys = ["date", "device", "versions", "model", *results["batched"].keys(), "ratio_total"]
+        keys = ["date", "device", "versions", "model", *results[arms[0]].keys(), "ratio_total"]
         new = not args.out.exists()
         with args.out.open("a", newline="") as f:
             w = csv.DictWriter(f, keys, delimiter="\t")

@@ -35,8 +35,8 @@ def tiny_model(seed: int = 0) -> ByteLM:
 class Server:
     """The app under uvicorn on a free loopback port, in this process (its decode thread included)."""
 
-    def __init__(self, model: ByteLM, limits: Limits | None = None, max_batch: int = 64, **app_kw):
-        self.batcher = Batcher(model, torch.device("cpu"), bf16=False, max_batch=max_batch)
+    def __init__(self, model: ByteLM, limits: Limits | None = None, max_batch: int = 64, batcher=Batcher, **app_kw):
+        self.batcher = batcher(model, torch.device("cpu"), bf16=False, max_batch=max_batch)
         self.batcher.start()
         app = create_app(self.batcher, "dormouse-test", limits, **app_kw)
         self.server = uvicorn.Server(server_config(app, "127.0.0.1", 0, limits))
@@ -156,6 +156,41 @@ def test_streams_decode_together_and_each_gets_its_own_reply(model):
         for p, r in zip(prompts, replies):
             alone = generate(model, [p.encode()], 40, bf16=False)[0].split(bytes([chat.END]))[0]
             assert r["choices"][0]["text"] == alone.decode("utf-8", "replace")
+    finally:
+        s.close()
+
+
+def test_the_graphed_decode_serves_generates_greedy_bytes_and_a_seeds_bytes_whatever_the_company(model):
+    """serve --decode graphed (on CPU the same static step, eagerly): concurrent greedy replies are generate's, and a
+    seeded sampled reply is generate_static's for that seed, alone or among other streams (rows of a padded bucket)."""
+    from dormouse.posttrain.decode import generate_static
+    from dormouse.serve.batcher import GraphedBatcher
+
+    s = Server(model, max_batch=8, batcher=GraphedBatcher)
+    try:
+        assert s.batcher.step.buckets == [1, 2, 4, 8]
+
+        def ask(p, **kw):
+            return httpx.post(s.url + "/v1/completions", json={"prompt": p, "max_tokens": 30} | kw,
+                              timeout=60).json()["choices"][0]["text"]
+
+        prompts = [f"prompt number {i} " * (i + 1) for i in range(6)]
+        lengths = [30 - 4 * i for i in range(6)]  # the first rows finish first: the rows after them move down
+        with ThreadPoolExecutor(6) as pool:
+            replies = list(pool.map(lambda p, n: ask(p, temperature=0, max_tokens=n), prompts, lengths))
+        for p, n, r in zip(prompts, lengths, replies):
+            want = generate(model, [p.encode()], n, bf16=False)[0].split(bytes([chat.END]))[0]
+            assert r == want.decode("utf-8", "replace")
+        c = s.health()["counters"]
+        assert c["serve.max_batch_seen"] >= 2 and c["serve.steps"] < 6 * 30
+        seeded = dict(temperature=1.0, top_k=60, seed=2**64 - 3)
+        want = generate_static(model, [b"tell me"], 30, temperature=1.0, top_k=60, seeds=[2**64 - 3], bf16=False)[0]
+        alone = ask("tell me", **seeded)
+        assert alone == want.split(bytes([chat.END]))[0].decode("utf-8", "replace")
+        with ThreadPoolExecutor(5) as pool:
+            others = [pool.submit(ask, p, temperature=1.0, max_tokens=60) for p in prompts[:4]]
+            mine = pool.submit(ask, "tell me", **seeded)
+            assert mine.result() == alone and all(isinstance(o.result(), str) for o in others)
     finally:
         s.close()
 
@@ -302,10 +337,22 @@ def test_the_load_benchmark_runs_both_arms(tmp_path):
     bench = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench)
     out = tmp_path / "s.tsv"
-    assert bench.main(["--concurrency", "4", "--requests", "8", "--max-tokens", "6", "--out", str(out)]) == 0
+    assert bench.main(["--concurrency", "4", "--requests", "8", "--max-tokens", "6", "--out", str(out),
+                       "--arms", "batched,graphed,unbatched"]) == 0
     rows = {r["arm"]: r for r in csv.DictReader(out.open(), delimiter="\t")}
-    assert rows["batched"]["bytes"] == rows["unbatched"]["bytes"] == str(8 * 6)
+    assert rows["batched"]["bytes"] == rows["graphed"]["bytes"] == rows["unbatched"]["bytes"] == str(8 * 6)
     assert int(rows["batched"]["steps"]) < int(rows["unbatched"]["steps"]) and rows["batched"]["max_batch_seen"] == "4"
+    assert int(rows["graphed"]["steps"]) < int(rows["unbatched"]["steps"]) and rows["graphed"]["max_batch_seen"] == "4"
+    # without --keep-end no stream stops at END: its stop bytes are cleared as it is submitted
+    b, server, thread, _ = bench.start_server(tiny_model(), torch.device("cpu"), 2, False)
+    try:
+        s = Stream(b"x", 1, emit=lambda t: None, finish=lambda *a: None)
+        b.submit(s)
+        assert s.stop_bytes == frozenset()
+    finally:
+        server.should_exit = True
+        thread.join(timeout=10)
+        b.stop()
 
 
 @pytest.mark.parametrize("path,body,status,param", [

@@ -300,15 +300,16 @@ def test_a_small_request_is_served_while_a_2000_prompt_request_fills_the_batch(m
         s.close()
 
 
-def test_a_paused_row_resumes_where_it_was():
+@pytest.mark.parametrize("decode", ["eager", "graphed"])
+def test_a_paused_row_resumes_where_it_was(decode):
     """A row paused for another request rejoins with its own state: every stream's greedy bytes are what it
-    decodes alone, with pauses on the way."""
+    decodes alone, with pauses on the way (graphed: the row leaves the step's slots and comes back to another)."""
     import torch
     from dormouse.posttrain.decode import generate
-    from dormouse.serve.batcher import Batcher, Stream
+    from dormouse.serve.batcher import Batcher, GraphedBatcher, Stream
 
     model = tiny_model()
-    b = Batcher(model, torch.device("cpu"), bf16=False, max_batch=4)
+    b = (GraphedBatcher if decode == "graphed" else Batcher)(model, torch.device("cpu"), bf16=False, max_batch=4)
     done, outs = threading.Semaphore(0), {}
 
     def stream(prompt: bytes, group, n: int) -> Stream:
@@ -336,3 +337,34 @@ def test_a_paused_row_resumes_where_it_was():
     for p in prompts + small:
         want = generate(model, [p], 40 if p in prompts else 10, bf16=False)[0]
         assert "".join(outs[p]).encode() == want.decode("utf-8", "replace").encode(), p
+
+
+def test_the_graphed_batcher_pauses_a_row_from_the_middle_and_the_rows_behind_it_move_down():
+    """A pause that is not at the end of the batch (a later request's row sits behind the donor's newest): the
+    paused stream takes its own row out of the step, the row behind it moves into the freed slot."""
+    from collections import deque
+
+    import torch
+    from dormouse.posttrain.decode import DecodeStep, prefill_prompts
+    from dormouse.serve.batcher import GraphedBatcher, Stream
+
+    model = tiny_model()
+    b = GraphedBatcher(model, torch.device("cpu"), bf16=False, max_batch=4)
+    b.step = DecodeStep(model, 4, bf16=False)  # what start() builds, without the decode thread
+    big, other, late = object(), object(), object()
+
+    def stream(group):
+        return Stream(b"p", 10, emit=lambda t: None, finish=lambda *a: None, group=group)
+
+    rows = [stream(big), stream(big), stream(big), stream(other)]
+    logits, state = prefill_prompts(model, [b"one", b"two", b"three", b"four"])
+    b.step.put(range(4), b.step.begin(logits, state, [1, 2, 3, 4], [1.0] * 4, [None] * 4, [()] * 4))
+    before = [b.step.take([i]) for i in range(4)]
+    b.waiting[late] = deque([stream(late)])
+    with b.cv:
+        kept = b._pause(rows)
+    assert kept == [rows[0], rows[1], rows[3]] and b.counters["serve.preempted"] == 1
+    assert list(b.waiting[big]) == [rows[2]] and rows[2].paused is not None
+    for got, want in ((rows[2].paused, before[2]), (b.step.take([2]), before[3]), (b.step.take([1]), before[1])):
+        for x, y in zip(got.state.tensors() + list(got[1:]), want.state.tensors() + list(want[1:])):
+            assert torch.equal(x, y)

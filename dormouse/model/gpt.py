@@ -105,6 +105,10 @@ class LMState(NamedTuple):
         """Each row `repeats` times in a row (G samples per prompt: rows [p0]*G + [p1]*G + ...)."""
         return _map(lambda t: t.repeat_interleave(repeats, dim=0), self)
 
+    def map(self, fn) -> LMState:
+        """fn on every tensor, the structure kept (views of a static buffer's rows, buffers shaped like a state)."""
+        return _map(fn, self)
+
     def tensors(self) -> list[torch.Tensor]:
         out = []
         _map(out.append, self)

@@ -26,11 +26,16 @@ Counters: `decode.prompt_bytes`, `decode.new_bytes`, `decode.rows_stopped.stop_b
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Iterable, Sequence
 from contextlib import nullcontext
+from typing import NamedTuple
 
 import torch
 
 from dormouse.model.gpt import ByteLM, LMState, cat_states
+from dormouse.posttrain.rowrng import sample_rows
+from dormouse.train.cuda_graphs import WARMUP_CALLS, per_call
+from dormouse.train.runtime import autocast
 
 
 def prefill_prompts(model: ByteLM, prompts: list[bytes], counters: Counter | None = None
@@ -136,4 +141,240 @@ def generate(
             logits, state = model.step(nxt, state, counters)
     if return_logprobs:
         return [(bytes(o), torch.stack(lp) if lp else torch.zeros(0)) for o, lp in zip(outs, lps)]
+    return [bytes(o) for o in outs]
+
+
+# --------------------------------------------------------------------------------------------------
+# The static-shape step: what `dormouse serve --decode graphed` runs, one CUDA graph replay per byte
+# --------------------------------------------------------------------------------------------------
+class Rows(NamedTuple):
+    """What a `DecodeStep` holds for each row (batch-first, on the model's device)."""
+
+    state: LMState
+    byte: torch.Tensor  # long [n]: drawn, not yet fed to the model (the next step feeds it)
+    counter: torch.Tensor  # long [n]: bytes drawn so far, the row's RNG counter
+    seed: torch.Tensor  # long [n]
+    temperature: torch.Tensor  # fp32 [n]
+    top_k: torch.Tensor  # long [n]; vocab_size = no cut
+    stop: torch.Tensor  # bool [n, vocab]: the bytes that stop the row
+
+
+def int64_seed(seed: int) -> int:
+    """A seed of [-2**63, 2**64) (what the server accepts) as the int64 with the same 64 bits."""
+    return seed - 2**64 if seed >= 2**63 else seed
+
+
+def default_buckets(max_batch: int) -> list[int]:
+    """Powers of two below max_batch, then max_batch: n live rows run the smallest bucket >= n, so at most half of
+    a bucket's rows are padding, and a few graphs cover every batch size."""
+    out, b = [], 1
+    while b < max_batch:
+        out.append(b)
+        b *= 2
+    return out + [max_batch]
+
+
+class DecodeStep:
+    """One decode step of up to `max_batch` rows with fixed shapes and every buffer preallocated, so that on CUDA
+    it is one CUDA graph replay per bucket size (graphed, the default there) and on CPU the same function eagerly.
+
+        step = DecodeStep(model, 64)
+        step.put(slots, step.begin(logits, state, seeds, temperatures, top_ks, stop_sets))  # rows from a prefill
+        step(n)            # rows [0, n): feed each row's byte, update its state in place, draw the next byte
+        step.read(n)       # [(byte, stopped)] * n: the one host read of a step
+
+    A step feeds rows [0, b) for the smallest bucket b >= n (rows n..b-1 are padding: computed, never read), then
+    draws each row's next byte on the device with `rowrng.sample_rows` from (its seed, its counter, its logits), so
+    a row's bytes do not depend on the rows beside it, and tests it against the row's stop bytes. The caller keeps
+    its live rows in slots [0, n): `take` / `put` / `compact` move rows (a stream leaving, pausing, resuming).
+    Counters: eager, the model's own per call; graphed, the warm-up's per-call counts (per bucket) added on every
+    replay, MoE routing excepted (it differs step to step and a replay cannot read it on the host)."""
+
+    def __init__(self, model: ByteLM, max_batch: int, *, buckets: Sequence[int] | None = None,
+                 graphed: bool | None = None, bf16: bool = True):
+        assert not model.training, "DecodeStep: put the model in eval mode first (model.eval())"
+        self.model, self.max_batch = model, max_batch
+        self.device = next(model.parameters()).device
+        self.graphed = self.device.type == "cuda" if graphed is None else graphed
+        if self.graphed and self.device.type != "cuda":
+            raise ValueError(f"DecodeStep: CUDA graphs need a CUDA model, this one is on {self.device}")
+        self.buckets = sorted(set(buckets or default_buckets(max_batch)))
+        if self.buckets[0] < 1 or self.buckets[-1] != max_batch:
+            raise ValueError(f"DecodeStep: buckets {self.buckets} must be >= 1 and end at max_batch={max_batch}")
+        self.dtype = "bfloat16" if bf16 else "float32"  # train.dtype's names, for runtime.autocast
+        self.vocab = model.cfg.vocab_size
+        self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        self.per_call: dict[int, Counter] = {}
+        with torch.inference_mode():
+            with autocast(self.device, self.dtype):  # one row's state as decoding leaves it: shapes and dtypes
+                _, one = model.step(torch.zeros(1, dtype=torch.long, device=self.device), None)
+
+            def zeros(*shape, dtype):
+                return torch.zeros(*shape, dtype=dtype, device=self.device)
+
+            self.out = zeros(max_batch, 2, dtype=torch.long)  # (byte, stopped) per row: what the host reads
+            B, V = max_batch, self.vocab
+            self.buf = Rows(one.map(lambda t: t.new_zeros((B, *t.shape[1:]))), self.out[:, 0], zeros(B, dtype=torch.long),
+                            zeros(B, dtype=torch.long), zeros(B, dtype=torch.float32), zeros(B, dtype=torch.long),
+                            zeros(B, V, dtype=torch.bool))
+            if self.graphed:
+                self._capture()
+
+    def bucket(self, n: int) -> int:
+        if not 1 <= n <= self.max_batch:
+            raise ValueError(f"DecodeStep: {n} rows, the step holds 1 to {self.max_batch}")
+        return next(b for b in self.buckets if b >= n)
+
+    def _compute(self, b: int, counters: Counter | None) -> None:
+        """The step of rows [0, b), every result written into the buffers (the region a CUDA graph captures)."""
+        state = self.buf.state.map(lambda t: t[:b])
+        with autocast(self.device, self.dtype, cache=False):  # a graph must not keep autocast's cached weight casts
+            logits, new = self.model.step(self.buf.byte[:b], state, counters)
+        nxt = sample_rows(logits, self.buf.seed[:b], self.buf.counter[:b], self.buf.temperature[:b], self.buf.top_k[:b])
+        for dst, src in zip(state.tensors(), new.tensors()):  # after the step: it read the old state and bytes
+            dst.copy_(src)
+        self.buf.counter[:b].add_(1)
+        self.out[:b, 0].copy_(nxt)
+        self.out[:b, 1].copy_(self.buf.stop[:b].gather(1, nxt[:, None])[:, 0])
+
+    def _capture(self) -> None:
+        """Each bucket's step as a CUDA graph, torch's documented way: warm-up calls on a side stream (lazy
+        initialisation and Triton's autotuning must not happen inside a capture), then one capture per bucket into
+        one shared memory pool (the graphs never replay at the same time). The buffers are zeroed after."""
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        counts = {b: Counter() for b in self.buckets}
+        with torch.cuda.stream(side):
+            for b in self.buckets:
+                for _ in range(WARMUP_CALLS):
+                    self._compute(b, counts[b])
+        torch.cuda.current_stream().wait_stream(side)
+        for b, c in counts.items():
+            self.per_call[b] = per_call(Counter({k: v for k, v in c.items() if not k.startswith("moe.tokens.")}),
+                                        WARMUP_CALLS)
+        self.model.take_routing(None)  # the warm-up's routing tally is no decode
+        pool = torch.cuda.graph_pool_handle()
+        for b in self.buckets:
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=pool):
+                self._compute(b, None)
+            self.graphs[b] = graph
+        self.clear()
+
+    def clear(self) -> None:
+        with torch.inference_mode():
+            for t in (*self.buf.state.tensors(), self.out, *self.buf[2:]):
+                t.zero_()
+
+    def __call__(self, n: int, counters: Counter | None = None) -> torch.Tensor:
+        """One step of rows [0, n): (byte, stopped) long [n, 2] on the device (a view of the output buffer)."""
+        b = self.bucket(n)
+        if self.graphed:
+            self.graphs[b].replay()
+            if counters is not None:
+                counters.update(self.per_call[b])
+        else:
+            with torch.inference_mode():
+                self._compute(b, counters)
+        return self.out[:n]
+
+    def read(self, n: int) -> list[tuple[int, int]]:
+        """The (byte, stopped) of rows [0, n) on the host: one small device-to-host copy."""
+        return [tuple(r) for r in self.out[:n].tolist()]
+
+    def begin(self, logits: torch.Tensor, state: LMState, seeds: Sequence[int], temperatures: Sequence[float],
+              top_ks: Sequence[int | None], stops: Sequence[Iterable[int]]) -> Rows:
+        """Rows starting after a prefill (logits [n, vocab] of each row's next byte, the state after the prompt):
+        the first byte drawn with counter 0 by the sampler the step uses. Per-row seeds (int64 range or up to 2**64),
+        temperatures (>= 0), top-k (None: no cut) and stop bytes."""
+        n, V = logits.shape
+        if not len(seeds) == len(temperatures) == len(top_ks) == len(stops) == n == state.batch_size:
+            raise ValueError(f"DecodeStep.begin: {n} rows of logits, state {state.batch_size}, seeds {len(seeds)}, "
+                             f"temperatures {len(temperatures)}, top_ks {len(top_ks)}, stops {len(stops)}")
+        if any(t < 0 for t in temperatures) or any(k is not None and k < 1 for k in top_ks):
+            raise ValueError(f"temperatures must be >= 0 and top_k >= 1 or None, got {temperatures}, {top_ks}")
+        dev = self.device
+        with torch.inference_mode():
+            stop = torch.zeros(n, V, dtype=torch.bool)
+            for i, row in enumerate(stops):
+                stop[i, list(row)] = True
+            seed = torch.tensor([int64_seed(s) for s in seeds], dtype=torch.long, device=dev)
+            temperature = torch.tensor(list(temperatures), dtype=torch.float32, device=dev)
+            top_k = torch.tensor([V if k is None else min(k, V) for k in top_ks], dtype=torch.long, device=dev)
+            counter = torch.zeros(n, dtype=torch.long, device=dev)
+            byte = sample_rows(logits, seed, counter, temperature, top_k)
+            return Rows(state, byte, counter + 1, seed, temperature, top_k, stop.to(dev))
+
+    def put(self, slots: Sequence[int] | torch.Tensor, rows: Rows) -> None:
+        """Write `rows` into slots (row i into slots[i]), their (byte, stopped) into the output buffer."""
+        with torch.inference_mode():
+            idx = torch.as_tensor(slots, dtype=torch.long).to(self.device)
+            for dst, src in zip(self.buf.state.tensors(), rows.state.tensors()):
+                dst[idx] = src.to(dst.dtype)
+            for dst, src in zip(self.buf[1:], rows[1:]):
+                dst[idx] = src.to(device=self.device, dtype=dst.dtype)
+            self.out[idx, 1] = rows.stop.gather(1, rows.byte[:, None])[:, 0].long()
+
+    def take(self, slots: Sequence[int] | torch.Tensor) -> Rows:
+        """A copy of the rows in `slots` (a stream pausing, or rows moving)."""
+        with torch.inference_mode():
+            idx = torch.as_tensor(slots, dtype=torch.long).to(self.device)
+            return Rows(self.buf.state.select(idx), *(t[idx] for t in self.buf[1:]))
+
+    def compact(self, keep: Sequence[int]) -> None:
+        """Rows `keep` (slot numbers, any order) to slots [0, len(keep)), in that order (`take` copies them first)."""
+        if list(keep) != list(range(len(keep))):
+            self.put(range(len(keep)), self.take(keep))
+
+
+def generate_static(
+    model: ByteLM,
+    prompts: list[bytes],
+    max_new_bytes: int,
+    *,
+    temperature: float = 0.0,
+    top_k: int | None = None,
+    stop_byte: int | None = 0x03,
+    seeds: Sequence[int] | None = None,
+    samples_per_prompt: int = 1,
+    graphed: bool | None = None,
+    bf16: bool = True,
+    counters: Counter | None = None,
+) -> list[bytes]:
+    """`generate` through a `DecodeStep` of one bucket (CUDA graphs on CUDA unless graphed=False; eager on CPU):
+    every row stepped until all have stopped or max_new_bytes, one host read a step. Row i samples with the per-row
+    RNG from seeds[i] (default i), so its bytes depend on its prompt and seed only, never on the other rows; they are
+    not generate's draws (another generator). At temperature 0 the bytes are generate's. No log-probs.
+    Counters as generate's."""
+    assert not model.training, "generate_static: put the model in eval mode first (model.eval())"
+    if max_new_bytes < 0 or samples_per_prompt < 1:
+        raise ValueError(f"need max_new_bytes >= 0 and samples_per_prompt >= 1, got {max_new_bytes}, "
+                         f"{samples_per_prompt}")
+    n_rows = len(prompts) * samples_per_prompt
+    seeds = list(range(n_rows)) if seeds is None else list(seeds)
+    if len(seeds) != n_rows:
+        raise ValueError(f"generate_static: {len(seeds)} seeds for {n_rows} rows")
+    if not prompts or max_new_bytes == 0:
+        return [b""] * n_rows
+    step = DecodeStep(model, n_rows, buckets=[n_rows], graphed=graphed, bf16=bf16)
+    outs: list[list[int]] = [[] for _ in range(n_rows)]
+    done = [False] * n_rows
+    with torch.inference_mode(), autocast(step.device, step.dtype):
+        logits, state = prefill_prompts(model, prompts, counters)
+        if samples_per_prompt > 1:
+            logits, state = logits.repeat_interleave(samples_per_prompt, 0), state.repeat_interleave(samples_per_prompt)
+        stops = [() if stop_byte is None else (stop_byte,)] * n_rows
+        step.put(range(n_rows), step.begin(logits, state, seeds, [temperature] * n_rows, [top_k] * n_rows, stops))
+        for n in range(max_new_bytes):
+            for i, (byte, stopped) in enumerate(step.read(n_rows)):
+                if not done[i]:
+                    outs[i].append(byte)
+                    done[i] = bool(stopped)
+            if all(done) or n == max_new_bytes - 1:
+                break
+            step(n_rows, counters)
+    if counters is not None:
+        counters["decode.new_bytes"] += sum(len(o) for o in outs)
+        counters["decode.rows_stopped.stop_byte"] += sum(done)
+        counters["decode.rows_stopped.max_new_bytes"] += n_rows - sum(done)
     return [bytes(o) for o in outs]

@@ -37,7 +37,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from dormouse.posttrain import chat
-from dormouse.serve.batcher import Batcher, Stream
+from dormouse.serve.batcher import Batcher, GraphedBatcher, Stream
 from dormouse.serve.guard import Guard, default_allowed_hosts, error_body, raise_file_limit
 from dormouse.serve.page import PAGE
 
@@ -514,6 +514,10 @@ def main(argv=None) -> int:
     ap.add_argument("--port", type=int, default=8000)
     ap.add_argument("--device", default=None, help="cpu or cuda (default: cuda when visible)")
     ap.add_argument("--max-batch", type=int, default=64, help="streams decoded together in one step")
+    ap.add_argument("--decode", choices=("eager", "graphed"), default="eager",
+                    help="graphed: the static-shape step (dormouse/posttrain/decode.py DecodeStep), one CUDA graph "
+                         "replay per byte on CUDA (eager on CPU), sampling on the device with a per-stream seed; a "
+                         "seed gives other bytes than eager's (another generator). Opt-in until a GPU run verifies it")
     ap.add_argument("--max-prompt-bytes", type=int, default=Limits().max_prompt_bytes)
     ap.add_argument("--max-body-bytes", type=int, default=Limits().max_body_bytes,
                     help="a request body over this gets a 413 as soon as that many bytes are read (default 1 MiB)")
@@ -550,7 +554,7 @@ def main(argv=None) -> int:
             raise SystemExit(f"dormouse serve: cannot listen on {args.host}:{args.port} ({e.strerror}); another server "
                              "there? (--port)") from None
     model, device, bf16, model_id, info = load(args)
-    batcher = Batcher(model, device, bf16, max_batch=args.max_batch)
+    batcher = (GraphedBatcher if args.decode == "graphed" else Batcher)(model, device, bf16, max_batch=args.max_batch)
     batcher.start()
     allowed = args.allowed_hosts.split(",") if args.allowed_hosts else default_allowed_hosts(args.host)
     max_connections = raise_file_limit(args.max_connections)

@@ -34,10 +34,8 @@ from dataclasses import dataclass, field
 import torch
 
 from dormouse.model.gpt import ByteLM, LMState, cat_states
-from dormouse.posttrain.decode import prefill_prompts
-
-
-GREEDY_BELOW = 1e-5  # temperatures under this decode greedily (the limit they tend to)
+from dormouse.posttrain.decode import DecodeStep, prefill_prompts
+from dormouse.posttrain.rowrng import GREEDY_BELOW
 
 
 def sample_with_uniforms(logits: torch.Tensor, temperature: float, top_k: int | None, u: torch.Tensor) -> torch.Tensor:
@@ -187,11 +185,11 @@ class Batcher:
                     del self.waiting[group]
         return new
 
-    def _preempt(self, rows: list[Stream], logits, state):
-        """With the batch full, a row for each waiting request under its fair share, paused from the request holding
-        the most rows over its own (its newest row: the least decoded). Under self.cv."""
+    def _to_pause(self, rows: list[Stream]) -> list[int]:
+        """With the batch full, a row for each waiting request under its fair share, from the request holding the
+        most rows over its own (its newest row: the least decoded): the rows to pause. Under self.cv."""
         if len(rows) < self.max_batch or not self.waiting:
-            return rows, logits, state
+            return []
         held = Counter(s.group for s in rows)
         fair = max(1, self.max_batch // len(set(held) | set(self.waiting)))
         wanted = sum(min(fair - held[g], len(q)) for g, q in self.waiting.items() if held[g] < fair)
@@ -202,6 +200,11 @@ class Batcher:
                 break
             pause.append(max(i for i, s in enumerate(rows) if s.group is donor and i not in pause))
             held[donor] -= 1
+        return pause
+
+    def _preempt(self, rows: list[Stream], logits, state):
+        """The rows `_to_pause` picks, paused: back to the waiting line with their logits and state. Under self.cv."""
+        pause = self._to_pause(rows)
         if not pause:
             return rows, logits, state
         for i in sorted(pause, reverse=True):  # back to the front of its request's line, state and logits beside it
@@ -307,18 +310,7 @@ class Batcher:
     def _advance(self, rows: list[Stream], logits, state):
         """One byte for every row, then the step of the rows that go on: (rows, logits, state) after it."""
         nxt = self._sample(rows, logits)
-        keep = []
-        for i, (s, b) in enumerate(zip(rows, nxt.cpu().tolist())):
-            reason = "cancelled" if s.cancelled else s.take(b)
-            if reason is None:
-                keep.append(i)
-                continue
-            if reason == "cancelled":
-                self.counters["serve.streams_cancelled"] += 1
-            self.counters[f"serve.finished.{reason}"] += 1
-            self.counters["serve.bytes_out"] += s.new_bytes
-            s.done = True
-            s.finish(reason, self._usage(s))
+        keep = self._deliver(rows, nxt.cpu().tolist())
         self.counters["serve.steps"] += 1
         if not keep:
             self.live = 0
@@ -329,3 +321,99 @@ class Batcher:
             nxt, state = nxt[sel.to(nxt.device)], state.select(sel)
         logits, state = self.model.step(nxt, state, self.counters)
         return rows, logits, state
+
+    def _deliver(self, rows: list[Stream], new: list[int]) -> list[int]:
+        """Each row's new byte to its stream; the streams that finished are finished (counted). Returns the rows
+        that go on."""
+        keep = []
+        for i, (s, b) in enumerate(zip(rows, new)):
+            reason = "cancelled" if s.cancelled else s.take(b)
+            if reason is None:
+                keep.append(i)
+                continue
+            if reason == "cancelled":
+                self.counters["serve.streams_cancelled"] += 1
+            self.counters[f"serve.finished.{reason}"] += 1
+            self.counters["serve.bytes_out"] += s.new_bytes
+            s.done = True
+            s.finish(reason, self._usage(s))
+        return keep
+
+
+class GraphedBatcher(Batcher):
+    """`dormouse serve --decode graphed`: the same scheduler (fair shares, pausing, stops, cancels, errors) over a
+    `DecodeStep`. The live rows sit in the step's slots [0, n) in the order of `rows`; a loop turn is one host read
+    of the bytes the last step drew, their delivery, and one step (a CUDA graph replay of the smallest bucket that
+    holds the rows; eager on CPU). Each row samples on the device from its stream's seed (`rowrng`; a stream with
+    none gets one from the shared generator when it is admitted), so a seeded stream's bytes do not depend on the
+    streams beside it; they are not the eager Batcher's bytes for that seed (another generator). In the loop's
+    (rows, logits, state) logits and state are None: the rows' bytes and states live in the step. A paused stream
+    keeps its `Rows` (state, pending byte, counter, seed, ...) and is put back into a free slot, no prefill."""
+
+    def __init__(self, model: ByteLM, device: torch.device, bf16: bool, max_batch: int = 64,
+                 buckets: list[int] | None = None):
+        super().__init__(model, device, bf16, max_batch)
+        self.bf16, self.buckets = bf16, buckets
+        self.step: DecodeStep | None = None
+
+    def start(self) -> None:
+        # built (graphs captured) here, on the caller's thread: a capture that fails stops `dormouse serve` at start
+        self.step = DecodeStep(self.model, self.max_batch, buckets=self.buckets, bf16=self.bf16)
+        super().start()
+
+    def _seed(self, s: Stream) -> int:
+        return s.seed if s.seed is not None else int(torch.randint(0, 2**62, (), generator=self._shared_gen))
+
+    def _pause(self, rows: list[Stream]) -> list[Stream]:
+        """`_preempt` for rows that live in the step: a paused stream takes its row with it. Under self.cv."""
+        pause = self._to_pause(rows)
+        if not pause:
+            return rows
+        for i in sorted(pause, reverse=True):
+            s = rows[i]
+            s.paused = self.step.take([i])
+            self.waiting.setdefault(s.group, deque()).appendleft(s)
+        self.counters["serve.preempted"] += len(pause)
+        keep = [i for i in range(len(rows)) if i not in pause]
+        self.step.compact(keep)
+        return [rows[i] for i in keep]
+
+    def _admit(self, rows: list[Stream], logits, state):
+        with self.cv:
+            while not self.waiting and not rows and not self._stopping:
+                self.cv.wait()
+            rows = self._pause(rows)
+            new = self._take(rows)
+        new = [s for s in new if not self._drop_cancelled(s)]
+        resumed, fresh = [s for s in new if s.paused], [s for s in new if not s.paused]
+        for s in resumed:  # no prefill: the row it paused with
+            self.step.put([len(rows)], s.paused)
+            s.paused = None
+            rows = rows + [s]
+        if fresh:
+            try:
+                lg, st = prefill_prompts(self.model, [s.prompt for s in fresh], self.counters)
+                first = self.step.begin(lg, st, [self._seed(s) for s in fresh], [s.temperature for s in fresh],
+                                        [s.top_k for s in fresh], [s.stop_bytes for s in fresh])
+            except Exception as e:  # noqa: BLE001 - as Batcher._admit: those streams fail, the others go on
+                self._fail(fresh, e)
+                return rows, None, None
+            self.counters["serve.prefills"] += 1
+            if self.state_bytes_per_stream is None:
+                self.state_bytes_per_stream = state_bytes_per_row(st)
+            self.step.put(range(len(rows), len(rows) + len(fresh)), first)
+            rows = rows + fresh
+        return rows, None, None
+
+    def _advance(self, rows: list[Stream], logits, state):
+        """The bytes the last step (or the admission) drew, delivered; the rows that go on compacted and stepped."""
+        keep = self._deliver(rows, [b for b, _ in self.step.read(len(rows))])  # the step's one host read
+        self.counters["serve.steps"] += 1
+        if not keep:
+            self.live = 0
+            return [], None, None
+        if len(keep) < len(rows):
+            self.step.compact(keep)
+            rows = [rows[i] for i in keep]
+        self.step(len(rows), self.counters)
+        return rows, None, None
