@@ -301,6 +301,27 @@ def test_prefill_prompts_groups_lengths_and_restores_order():
     assert counters["kda_path.torch"] == 2 * m.cfg.depth  # two distinct lengths: two prefills
 
 
+def test_prefill_prompts_continues_each_rows_state():
+    """The serve batcher's chunked prefill: pieces of equal length, some starting a prompt and some continuing one
+    (a state per row), in one call, give each prompt's whole-prompt logits and state (separate prefills per
+    start/continue group: a batch cannot mix a None state with states)."""
+    m = live_model(CONFIGS["all_on_conv4"])
+    prompts = [rand_prompt(45, 50), rand_prompt(29, 51), rand_prompt(16, 52)]
+    counters = Counter()
+    with torch.no_grad():
+        whole_lg, whole_st = prefill_prompts(m, prompts)
+        _, head = prefill_prompts(m, [prompts[0][:16], prompts[1][:13]])  # cut across the KDA chunk (16) and not
+        lg, st = prefill_prompts(m, [prompts[0][16:32], prompts[1][13:], prompts[2]], counters,
+                                 [head.select([0]), head.select([1]), None])
+        lg0, st0 = prefill_prompts(m, [prompts[0][32:]], None, [st.select([0])])
+    assert counters["kda_path.torch"] == 2 * m.cfg.depth  # 16 bytes continuing, 16 bytes starting: two prefills
+    torch.testing.assert_close(torch.cat([lg0, lg[1:]]), whole_lg, atol=ATOL, rtol=RTOL)
+    for a, b in zip(cat_states([st0, st.select([1, 2])]).tensors(), whole_st.tensors()):
+        torch.testing.assert_close(a, b, atol=ATOL, rtol=RTOL)
+    with pytest.raises(ValueError, match="2 states for 3 prompts"):
+        prefill_prompts(m, prompts, None, [None, None])
+
+
 # --------------------------------------------------------------------------------------------------
 # The KDA recurrence itself
 # --------------------------------------------------------------------------------------------------

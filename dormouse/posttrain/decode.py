@@ -38,28 +38,33 @@ from dormouse.train.cuda_graphs import WARMUP_CALLS, per_call
 from dormouse.train.runtime import autocast
 
 
-def prefill_prompts(model: ByteLM, prompts: list[bytes], counters: Counter | None = None
-                    ) -> tuple[torch.Tensor, LMState]:
+def prefill_prompts(model: ByteLM, prompts: list[bytes], counters: Counter | None = None,
+                    states: Sequence[LMState | None] | None = None) -> tuple[torch.Tensor, LMState]:
     """Each prompt's next-byte logits [N, vocab] and the batch state after it (row i = prompts[i]).
-    One prefill per distinct prompt length (rows of equal length share a call); prompts must be non-empty."""
+    One prefill per distinct prompt length (rows of equal length share a call); prompts must be non-empty.
+    states[i] (a one-row state, or None for the sequence start) is what prompts[i] continues: the serve batcher
+    prefills a long prompt in pieces, each piece continuing the state the last one left."""
     if any(len(p) == 0 for p in prompts):
         raise ValueError("empty prompt: there is no context to predict the first byte from")
+    states = [None] * len(prompts) if states is None else list(states)
+    if len(states) != len(prompts):
+        raise ValueError(f"prefill_prompts: {len(states)} states for {len(prompts)} prompts")
     device = next(model.parameters()).device
-    by_len: dict[int, list[int]] = {}
+    by_len: dict[tuple[int, bool], list[int]] = {}  # a batch starts either all from None or all from states
     for i, p in enumerate(prompts):
-        by_len.setdefault(len(p), []).append(i)
-    logits, states, order = [], [], []
-    for rows in by_len.values():
+        by_len.setdefault((len(p), states[i] is None), []).append(i)
+    logits, out, order = [], [], []
+    for (_, fresh), rows in by_len.items():
         idx = torch.tensor([list(prompts[i]) for i in rows], dtype=torch.long, device=device)  # [n, L]
-        lg, st = model.prefill(idx, None, counters)
+        lg, st = model.prefill(idx, None if fresh else cat_states([states[i] for i in rows]), counters)
         logits.append(lg[:, -1])
-        states.append(st)
+        out.append(st)
         order += rows
     inverse = torch.empty(len(order), dtype=torch.long)
     inverse[torch.tensor(order)] = torch.arange(len(order))  # position of prompt i in the grouped batch
     if counters is not None:
         counters["decode.prompt_bytes"] += sum(len(p) for p in prompts)
-    return torch.cat(logits)[inverse.to(device)], cat_states(states).select(inverse)
+    return torch.cat(logits)[inverse.to(device)], cat_states(out).select(inverse)
 
 
 def sample_next(logits: torch.Tensor, temperature: float = 0.0, top_k: int | None = None,
