@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import threading
 import time
+from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
@@ -432,10 +433,10 @@ def test_a_decode_error_fails_its_streams_and_the_server_goes_on(model, monkeypa
 
     real_prefill = batcher_mod.prefill_prompts
 
-    def prefill(model_, prompts, counters=None):
+    def prefill(model_, prompts, *a, **kw):
         if any(b"BOOM" in p for p in prompts):
             raise RuntimeError("CUDA out of memory (injected)")
-        return real_prefill(model_, prompts, counters)
+        return real_prefill(model_, prompts, *a, **kw)
 
     monkeypatch.setattr(batcher_mod, "prefill_prompts", prefill)
     s = Server(model)
@@ -500,3 +501,197 @@ def test_a_chat_reply_stops_at_a_byte_that_would_open_a_turn_and_tiny_temperatur
     server_batcher = Batcher(tiny_model(), torch.device("cpu"), bf16=False)
     rows = [Stream(b"p", 4, emit=lambda t: None, finish=lambda *a: None, temperature=1e-40)]
     assert server_batcher._sample(rows, logits).tolist() == [1]  # greedy, not a NaN softmax's 0xFF
+
+
+# --------------------------------------------------------------------------------------------------
+# Chunked prefill (issue #42): a long prompt is prefilled in pieces between the decode steps of the others
+# --------------------------------------------------------------------------------------------------
+def live_tiny() -> ByteLM:
+    """TINY with every branch live (tiny_model's blocks are inert at init: its logits see the last byte only, so a
+    state carried wrongly between pieces would change nothing)."""
+    from model_util import live_model
+
+    return live_model(ModelConfig.from_dict(TINY), seed=0, scale=0.05)
+
+
+def rand_prompt(n: int, seed: int) -> bytes:
+    from model_util import rand_bytes
+
+    return bytes(rand_bytes(1, n, seed)[0].tolist())
+
+
+def make_batcher(kind: str, model: ByteLM, max_batch: int, prefill_chunk: int, thread: bool = True):
+    from dormouse.posttrain.decode import DecodeStep
+    from dormouse.serve.batcher import GraphedBatcher
+
+    b = (GraphedBatcher if kind == "graphed" else Batcher)(model, torch.device("cpu"), bf16=False,
+                                                           max_batch=max_batch, prefill_chunk=prefill_chunk)
+    if thread:
+        b.start()
+    elif kind == "graphed":
+        b.step = DecodeStep(model, max_batch, bf16=False)  # what start() builds, without the decode thread
+    return b
+
+
+def run_streams(b: Batcher, streams: list[Stream]) -> None:
+    done = threading.Semaphore(0)
+    for s in streams:
+        finish = s.finish
+        s.finish = lambda *a, f=finish: (f(*a), done.release())
+        b.submit(s)
+    for _ in streams:
+        assert done.acquire(timeout=30)
+
+
+def greedy(prompt: bytes, n: int, **kw) -> Stream:
+    return Stream(prompt, n, emit=lambda t: None, finish=lambda *a: None, temperature=0.0, stop_bytes=frozenset(),
+                  **kw)
+
+
+def test_a_prompt_prefilled_in_pieces_ends_in_the_whole_prompts_state(one_thread):
+    """The batcher's pieces (64 bytes a turn, each continuing the last one's state) end where one whole prefill
+    does, to fp32 rounding, counted per piece."""
+    model, prompt = live_tiny(), rand_prompt(700, 3)
+    b = make_batcher("eager", model, 4, 64, thread=False)
+    s = greedy(prompt, 1, group=object())
+    b.prefilling[s.group] = deque([s])
+    seen = []
+    with torch.inference_mode():
+        while (whole := b._prefill_turn()) is None:
+            seen.append(s.prefilled)
+        want_lg, want_st = prefill_prompts(model, [prompt])
+    assert seen == list(range(64, 700, 64)) and whole[0] == [s] and not b.prefilling and s.prefill_state is None
+    torch.testing.assert_close(whole[1], want_lg, atol=5e-5, rtol=1e-5)  # test_decode's fp32 tolerance
+    for got, want in zip(whole[2].tensors(), want_st.tensors()):
+        torch.testing.assert_close(got, want, atol=5e-5, rtol=1e-5)
+    c = b.counters
+    assert (c["serve.prefills"], c["serve.prefill_chunks"], c["serve.prefill_bytes"]) == (11, 11, 700)
+
+
+@pytest.mark.parametrize("decode", ["eager", "graphed"])
+def test_chunked_prefill_changes_no_byte_greedy_or_seeded_alone_or_in_company(decode, one_thread):
+    """Greedy: a 700-byte prompt prefilled in 64-byte pieces continues with generate's bytes (the whole prompt in
+    one prefill). Seeded: a stream's bytes are the same prefilled whole or in pieces, alone or while other prompts
+    are prefilled and decoded beside it."""
+    model = live_tiny()
+    long = rand_prompt(700, 3)
+    want = generate(model, [long], 40, stop_byte=None, bf16=False)[0]
+    for chunk in (64, 0):
+        b = make_batcher(decode, model, 8, chunk)
+        try:
+            s = greedy(long, 40)
+            run_streams(b, [s])
+            assert bytes(s.out) == want, chunk
+        finally:
+            b.stop()
+    seeded = {}
+    for chunk, company in ((0, False), (64, False), (64, True)):
+        b = make_batcher(decode, model, 8, chunk)
+        try:
+            mine = Stream(long, 40, emit=lambda t: None, finish=lambda *a: None, temperature=1.0, top_k=50, seed=11,
+                          stop_bytes=frozenset())
+            others = [Stream(rand_prompt(n, n), 60, emit=lambda t: None, finish=lambda *a: None, temperature=1.0,
+                             stop_bytes=frozenset()) for n in (40, 130, 900)] if company else []
+            run_streams(b, others + [mine])
+            seeded[chunk, company] = bytes(mine.out)
+            assert (b.counters["serve.max_batch_seen"] > 1) == company
+        finally:
+            b.stop()
+    assert len(set(seeded.values())) == 1 and len(seeded[0, False]) == 40, seeded
+
+
+@pytest.mark.parametrize("chunk", [512, 0])
+@pytest.mark.parametrize("decode", ["eager", "graphed"])
+def test_a_running_stream_gets_bytes_while_a_long_prompt_is_prefilled(decode, chunk, monkeypatch):
+    """The decode steps of a running stream between an 8 KB request's admission (its first prefill piece) and its
+    first byte: one per piece but the last in 512-byte pieces (15), none with whole prompts (the stall chunking
+    removes), and counted."""
+    model = tiny_model()
+    events: list[str] = []
+    real_prefill = model.prefill
+
+    def prefill(idx, *a, **kw):  # ByteLM.step is a one-byte prefill: tell pieces and steps apart by length
+        events.append("piece" if idx.shape[1] > 1 else "step")
+        return real_prefill(idx, *a, **kw)
+
+    monkeypatch.setattr(model, "prefill", prefill)
+    b = make_batcher(decode, model, 4, chunk)
+    try:
+        running = greedy(b"go on", 10**6)
+        b.submit(running)
+        deadline = time.monotonic() + 10
+        while running.new_bytes < 3:
+            assert time.monotonic() < deadline
+            time.sleep(0.005)
+        at = len(events)
+        first = threading.Event()
+        b.submit(Stream(b"x" * 8192, 1, emit=lambda t: None, finish=lambda *a: (events.append("first"), first.set())))
+        assert first.wait(timeout=30)
+        after = events[at:]
+        admitted = after.index("piece")
+        assert after[admitted:].count("piece") == (16 if chunk else 1)
+        assert after[admitted:after.index("first")].count("step") == (15 if chunk else 0)
+        if chunk:
+            assert b.counters["serve.steps_during_prefill"] >= 15 and b.counters["serve.prefill_chunks"] >= 17
+    finally:
+        running.cancel()
+        b.stop()
+
+
+def test_pieces_go_round_robin_over_requests_and_fill_the_turn(one_thread):
+    """64 bytes a turn: request X's first prompt and request Y's take turns (a request's own prompts first come first
+    served); Z's three short prompts fill a turn together (no piece fits beside them); a prompt is cut at multiples
+    of 64 whatever shares the turn."""
+    model = live_tiny()
+    b = make_batcher("eager", model, 8, 64, thread=False)
+    X, Y, Z = object(), object(), object()
+    xs = [greedy(rand_prompt(200, 1), 1, group=X), greedy(rand_prompt(100, 2), 1, group=X)]
+    ys = [greedy(rand_prompt(150, 3), 1, group=Y)]
+    zs = [greedy(rand_prompt(10, i), 1, group=Z) for i in (4, 5, 6)]
+    for s in xs + ys + zs:
+        b.prefilling.setdefault(s.group, deque()).append(s)
+    progress, whole = [], []
+    with torch.inference_mode():
+        while b.prefilling:
+            done = b._prefill_turn()
+            progress.append([s.prefilled for s in xs + ys + zs])
+            whole.append([id(s) for s in done[0]] if done else [])
+    assert progress[:4] == [[64, 0, 0, 0, 0, 0], [64, 0, 64, 0, 0, 0], [64, 0, 64, 10, 10, 10],
+                            [128, 0, 64, 10, 10, 10]], progress
+    assert whole[2] == [id(s) for s in zs]  # Z's three, whole in one turn
+    assert progress[-1] == [200, 100, 150, 10, 10, 10] and b.counters["serve.prefill_bytes"] == 480
+    for i, s in enumerate(xs + ys + zs):
+        assert all(p[i] % 64 == 0 or p[i] == len(s.prompt) for p in progress)
+
+
+@pytest.mark.parametrize("decode", ["eager", "graphed"])
+def test_a_stream_paused_while_prefilling_keeps_what_it_prefilled(decode, one_thread):
+    """With the batch full, a request under its share takes the row of the big request's stream still being
+    prefilled (the least decoded): it goes back to the waiting line with its pieces' state, rejoins later from
+    there, and every stream's greedy bytes are generate's."""
+    model = live_tiny()
+    b = make_batcher(decode, model, 2, 32, thread=False)
+    big = object()
+    streams = [greedy(rand_prompt(100, 7), 12, group=big), greedy(rand_prompt(200, 8), 12, group=big)]
+    carry = ([], None, None)
+
+    def turn(carry):
+        rows, logits, state = b._admit(*carry)
+        return b._advance(rows, logits, state) if rows else (rows, logits, state)
+
+    with torch.inference_mode():
+        for s in streams:
+            b.submit(s)
+        while streams[1].prefilled < 64:
+            carry = turn(carry)
+        assert carry[0] == [streams[0]] and streams[1].prefilled == 64
+        small = greedy(b"small", 12)
+        b.submit(small)
+        carry = turn(carry)
+        assert b.counters["serve.preempted"] == 1 and list(b.waiting[big]) == [streams[1]]
+        assert streams[1].prefilled == 64 and streams[1].prefill_state is not None and streams[1].paused is None
+        while not all(s.done for s in streams + [small]):
+            carry = turn(carry)
+    for s in streams + [small]:
+        assert bytes(s.out) == generate(model, [s.prompt], 12, stop_byte=None, bf16=False)[0]
+    assert b.counters["serve.prefill_bytes"] == 305  # the paused prompt's first 64 bytes were not prefilled again

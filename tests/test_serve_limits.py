@@ -362,7 +362,7 @@ def test_the_graphed_batcher_pauses_a_row_from_the_middle_and_the_rows_behind_it
     before = [b.step.take([i]) for i in range(4)]
     b.waiting[late] = deque([stream(late)])
     with b.cv:
-        kept = b._pause(rows)
+        kept = b._preempt(rows, None, None)[0]
     assert kept == [rows[0], rows[1], rows[3]] and b.counters["serve.preempted"] == 1
     assert list(b.waiting[big]) == [rows[2]] and rows[2].paused is not None
     for got, want in ((rows[2].paused, before[2]), (b.step.take([2]), before[3]), (b.step.take([1]), before[1])):

@@ -5,13 +5,13 @@ A stream's state (`LMState` rows: the KDA recurrent matrix and short-conv tails 
 the same size whatever the conversation's length, so a step costs the same for a 10-byte and a 100 000-byte
 conversation, and memory grows with the number of streams only (`state_bytes_per_stream`).
 
-One thread owns the model. Each loop: admit waiting streams (their prompts prefilled, grouped by length, then
-concatenated onto the running batch), sample one byte per row (rows grouped by temperature and top-k, one uniform
-per row: a stream with a seed draws it from its own generator), hand each byte to its stream, drop the rows that finished (stop byte,
-a stop sequence, max bytes, or a client that went away), and step the rest. The text a stream sees is whole UTF-8
-characters (an incremental decoder holds back a partial one) and never part of a stop sequence. An error in a
-prefill fails the streams being admitted, one in a step the batch's streams (finish reason "error", counted); the
-thread goes on.
+One thread owns the model. Each loop: admit waiting streams, prefill at most `prefill_chunk` bytes of their
+prompts (below), put the streams whose prompts are now whole onto the running batch, sample one byte per row (rows
+grouped by temperature and top-k, one uniform per row: a stream with a seed draws it from its own generator), hand
+each byte to its stream, drop the rows that finished (stop byte, a stop sequence, max bytes, or a client that went
+away), and step the rest. The text a stream sees is whole UTF-8 characters (an incremental decoder holds back a
+partial one) and never part of a stop sequence. An error in a prefill fails the streams whose pieces it ran, one in
+a step the batch's streams (finish reason "error", counted); the thread goes on.
 
 Fair between requests: a stream belongs to a request (`group`: a completions request's prompts are one group), and
 rows go round-robin over the requests waiting, not first come first served over rows. When the batch is full and a
@@ -19,6 +19,15 @@ waiting request holds fewer rows than its fair share (max_batch over the request
 the most rows pauses one: its state row and logits wait beside it and rejoin later with no prefill, since the
 state is a fixed size (counted serve.preempted). So a small request starts within a step or two even while one
 request of 2 000 prompts fills the batch (it once waited for all 2 000).
+
+Chunked prefill: an admitted prompt is prefilled in pieces of at most `prefill_chunk` bytes (the chunked KDA kernel,
+each piece continuing the state the last one left: `ByteLM.prefill`), and a loop turn prefills at most
+`prefill_chunk` bytes in all before it steps the running rows, so an 8 KB prompt no longer stalls every stream for
+its whole prefill: the streams get a byte per piece. A stream joins the batch when its prompt is whole. The pieces
+go round-robin over the requests prefilling (a request's own prompts first come first served), each turn filled
+with the pieces that fit. A prompt is cut at multiples of `prefill_chunk` whatever else is served, so its state does
+not depend on its company. A stream being prefilled holds a row (it counts toward its request's share) and is the
+first to pause, its prefill so far kept. prefill_chunk 0: whole prompts, all at admission (as before).
 """
 
 from __future__ import annotations
@@ -30,12 +39,15 @@ from collections import Counter, OrderedDict, deque
 from collections.abc import Callable
 from contextlib import nullcontext
 from dataclasses import dataclass, field
+from itertools import zip_longest
 
 import torch
 
 from dormouse.model.gpt import ByteLM, LMState, cat_states
 from dormouse.posttrain.decode import DecodeStep, prefill_prompts
 from dormouse.posttrain.rowrng import GREEDY_BELOW
+
+PREFILL_CHUNK = 512  # bytes of prompt prefilled between two decode steps (`dormouse serve --prefill-chunk`)
 
 
 def sample_with_uniforms(logits: torch.Tensor, temperature: float, top_k: int | None, u: torch.Tensor) -> torch.Tensor:
@@ -78,6 +90,8 @@ class Stream:
     generator: torch.Generator | None = None
     group: object = None  # the request it belongs to (rows are shared between requests); its own when None
     paused: tuple | None = None  # (logits row, state row) of a stream paused to give its row to another request
+    prefilled: int = 0  # prompt bytes prefilled so far (chunked prefill)
+    prefill_state: LMState | None = None  # the state after prompt[:prefilled] while the prompt is not whole
     t_submit: float = field(default_factory=time.perf_counter)
     t_first: float | None = None
 
@@ -126,11 +140,17 @@ class Stream:
 class Batcher:
     """The decode loop on its own thread (`start`/`stop`); `submit` from any thread."""
 
-    def __init__(self, model: ByteLM, device: torch.device, bf16: bool, max_batch: int = 64):
+    def __init__(self, model: ByteLM, device: torch.device, bf16: bool, max_batch: int = 64,
+                 prefill_chunk: int = PREFILL_CHUNK):
         assert not model.training
-        self.model, self.device, self.max_batch = model, device, max_batch
+        if prefill_chunk < 0:
+            raise ValueError(f"prefill_chunk must be >= 0 (0: whole prompts), got {prefill_chunk}")
+        self.model, self.device, self.max_batch, self.prefill_chunk = model, device, max_batch, prefill_chunk
         self.amp = torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" and bf16 else nullcontext()
         self.waiting: OrderedDict[object, deque[Stream]] = OrderedDict()  # per request, served round-robin
+        # admitted streams whose prompts are not whole yet, per request, served round-robin (the decode thread's own)
+        self.prefilling: OrderedDict[object, deque[Stream]] = OrderedDict()
+        self.prefilling_now = 0  # len(_prefilling_streams()), for /health (another thread)
         self.cv = threading.Condition()
         self.counters: Counter = Counter()
         self.state_bytes_per_stream: int | None = None
@@ -202,47 +222,129 @@ class Batcher:
             held[donor] -= 1
         return pause
 
+    def _prefilling_streams(self) -> list[Stream]:
+        return [s for q in self.prefilling.values() for s in q]
+
+    def _unqueue_prefill(self, s: Stream) -> None:
+        q = self.prefilling[s.group]
+        del q[next(i for i, x in enumerate(q) if x is s)]  # by identity: a Stream's == compares its fields
+        if not q:
+            del self.prefilling[s.group]
+
     def _preempt(self, rows: list[Stream], logits, state):
-        """The rows `_to_pause` picks, paused: back to the waiting line with their logits and state. Under self.cv."""
-        pause = self._to_pause(rows)
+        """The streams `_to_pause` picks, paused: back to the front of their requests' lines. A row takes its logits
+        and state with it (`_pause_rows`); a stream being prefilled, what it has prefilled (it holds a row too, listed
+        after the live ones, so a request's stream still prefilling pauses first). Under self.cv."""
+        pre = self._prefilling_streams()
+        pause = self._to_pause(rows + pre)
         if not pause:
             return rows, logits, state
-        for i in sorted(pause, reverse=True):  # back to the front of its request's line, state and logits beside it
-            s = rows[i]
-            s.paused = (logits[i:i + 1].clone(), state.select([i]))  # not a view: the batch's logits go
+        streams = [(rows + pre)[i] for i in sorted(pause, reverse=True)]
+        for i in pause:
+            if i >= len(rows):
+                self._unqueue_prefill(pre[i - len(rows)])
+        live = [i for i in pause if i < len(rows)]
+        if live:
+            rows, logits, state = self._pause_rows(rows, logits, state, live)
+        for s in streams:  # in reverse: each request's line keeps their order at its front
             self.waiting.setdefault(s.group, deque()).appendleft(s)
         self.counters["serve.preempted"] += len(pause)
+        return rows, logits, state
+
+    def _pause_rows(self, rows: list[Stream], logits, state, pause: list[int]):
+        """Rows `pause` leave the batch, each stream's logits and state row kept beside it (its `paused`)."""
+        for i in pause:
+            rows[i].paused = (logits[i:i + 1].clone(), state.select([i]))  # not a view: the batch's logits go
         keep = [i for i in range(len(rows)) if i not in pause]
         sel = torch.tensor(keep)
         return [rows[i] for i in keep], logits[sel.to(logits.device)], state.select(sel)
 
     def _admit(self, rows: list[Stream], logits, state):
+        """Waiting streams onto the free rows (a paused one straight back into the batch, the others to the prefill
+        line), one turn of prefill, and the streams it made whole onto the batch: (rows, logits, state) after."""
         with self.cv:
-            while not self.waiting and not rows and not self._stopping:
+            while not self.waiting and not rows and not self.prefilling and not self._stopping:
                 self.cv.wait()
             rows, logits, state = self._preempt(rows, logits, state)
-            new = self._take(rows)
+            new = self._take(rows + self._prefilling_streams())
         new = [s for s in new if not self._drop_cancelled(s)]
         resumed, fresh = [s for s in new if s.paused], [s for s in new if not s.paused]
         if resumed:  # no prefill: the state they paused with
-            logits = torch.cat([x for x in [logits] if x is not None] + [s.paused[0] for s in resumed])
-            state = cat_states([x for x in [state] if x is not None] + [s.paused[1] for s in resumed])
-            rows = rows + resumed
+            rows, logits, state = self._resume(rows, logits, state, resumed)
             for s in resumed:
                 s.paused = None
-        if fresh:
-            try:
-                lg, st = prefill_prompts(self.model, [s.prompt for s in fresh], self.counters)
-            except Exception as e:  # noqa: BLE001 - a failed prefill (out of memory on long prompts) fails those streams only
-                self._fail(fresh, e)
-                return rows, logits, state
-            self.counters["serve.prefills"] += 1
-            if self.state_bytes_per_stream is None:
-                self.state_bytes_per_stream = state_bytes_per_row(st)
-            logits = lg if logits is None else torch.cat([logits, lg])
-            state = st if state is None else cat_states([state, st])
-            rows = rows + fresh
+        for s in fresh:  # a stream paused while prefilling goes on from where it was (s.prefilled)
+            self.prefilling.setdefault(s.group, deque()).append(s)
+        whole = self._prefill_turn()
+        if whole is not None:
+            rows, logits, state = self._join(rows, logits, state, *whole)
+        self.prefilling_now = sum(len(q) for q in self.prefilling.values())
         return rows, logits, state
+
+    def _prefill_turn(self) -> tuple[list[Stream], torch.Tensor, LMState] | None:
+        """One loop turn's prefill: the next piece (at most prefill_chunk bytes, the rest of the prompt at 0) of the
+        streams picked round-robin over the requests prefilling, every piece that fits in prefill_chunk bytes in all
+        (all of them at 0), in one `prefill_prompts` call. Returns the streams whose prompts are now whole, with their
+        next-byte logits and states, or None."""
+        for s in [s for s in self._prefilling_streams() if s.cancelled]:
+            self._unqueue_prefill(s)
+            s.prefill_state = None
+            self._drop_cancelled(s)
+        budget = self.prefill_chunk or None
+        picked: list[tuple[Stream, int]] = []
+        for tier in zip_longest(*self.prefilling.values()):  # each request's first stream, then each one's second, ...
+            for s in tier:
+                rest = len(s.prompt) - s.prefilled if s is not None else 0
+                n = rest if budget is None else min(rest, self.prefill_chunk)  # cut at multiples of prefill_chunk
+                if n == 0 or (budget is not None and n > budget):
+                    continue
+                picked.append((s, n))
+                if budget is not None:
+                    budget -= n
+        if not picked:
+            return None
+        for group in dict.fromkeys(s.group for s, _ in picked):  # the requests served go to the back of the line
+            self.prefilling.move_to_end(group)
+        streams = [s for s, _ in picked]
+        try:
+            lg, st = prefill_prompts(self.model, [s.prompt[s.prefilled:s.prefilled + n] for s, n in picked],
+                                     self.counters, [s.prefill_state for s in streams])
+        except Exception as e:  # noqa: BLE001 - a failed prefill (out of memory on long prompts) fails those streams only
+            for s in streams:
+                self._unqueue_prefill(s)
+                s.prefill_state = None
+            self._fail(streams, e)
+            return None
+        self.counters["serve.prefills"] += 1
+        self.counters["serve.prefill_chunks"] += len(picked)
+        self.counters["serve.prefill_bytes"] += sum(n for _, n in picked)
+        if self.state_bytes_per_stream is None:
+            self.state_bytes_per_stream = state_bytes_per_row(st)
+        whole = []
+        for i, (s, n) in enumerate(picked):
+            s.prefilled += n
+            if s.prefilled < len(s.prompt):
+                s.prefill_state = st.select([i])
+            else:
+                s.prefill_state = None
+                self._unqueue_prefill(s)
+                whole.append(i)
+        if len(whole) == len(picked):
+            return streams, lg, st
+        if not whole:
+            return None
+        sel = torch.tensor(whole)
+        return [streams[i] for i in whole], lg[sel.to(lg.device)], st.select(sel)
+
+    def _join(self, rows: list[Stream], logits, state, new: list[Stream], lg: torch.Tensor, st: LMState):
+        """Streams onto the batch after its rows, with their next-byte logits and states."""
+        logits = lg if logits is None else torch.cat([logits, lg])
+        state = st if state is None else cat_states([state, st])
+        return rows + new, logits, state
+
+    def _resume(self, rows: list[Stream], logits, state, resumed: list[Stream]):
+        return self._join(rows, logits, state, resumed, torch.cat([s.paused[0] for s in resumed]),
+                          cat_states([s.paused[1] for s in resumed]))
 
     def _drop_cancelled(self, s: Stream) -> bool:
         if s.cancelled:
@@ -293,13 +395,15 @@ class Batcher:
             while True:
                 rows, logits, state = self._admit(rows, logits, state)
                 if self._stopping:
-                    for s in rows + [s for q in self.waiting.values() for s in q]:
+                    for s in rows + self._prefilling_streams() + [s for q in self.waiting.values() for s in q]:
                         s.finish("cancelled", self._usage(s))
                     return
                 if not rows:
                     continue
                 self.live = len(rows)
                 self.counters["serve.max_batch_seen"] = max(self.counters["serve.max_batch_seen"], len(rows))
+                if self.prefilling:  # a step the prompts being prefilled did not hold up (whole, they would have)
+                    self.counters["serve.steps_during_prefill"] += 1
                 try:
                     rows, logits, state = self._advance(rows, logits, state)
                 except Exception as e:  # noqa: BLE001 - the batch's streams get the error; the server goes on
@@ -351,8 +455,8 @@ class GraphedBatcher(Batcher):
     keeps its `Rows` (state, pending byte, counter, seed, ...) and is put back into a free slot, no prefill."""
 
     def __init__(self, model: ByteLM, device: torch.device, bf16: bool, max_batch: int = 64,
-                 buckets: list[int] | None = None):
-        super().__init__(model, device, bf16, max_batch)
+                 prefill_chunk: int = PREFILL_CHUNK, buckets: list[int] | None = None):
+        super().__init__(model, device, bf16, max_batch, prefill_chunk)
         self.bf16, self.buckets = bf16, buckets
         self.step: DecodeStep | None = None
 
@@ -364,46 +468,30 @@ class GraphedBatcher(Batcher):
     def _seed(self, s: Stream) -> int:
         return s.seed if s.seed is not None else int(torch.randint(0, 2**62, (), generator=self._shared_gen))
 
-    def _pause(self, rows: list[Stream]) -> list[Stream]:
-        """`_preempt` for rows that live in the step: a paused stream takes its row with it. Under self.cv."""
-        pause = self._to_pause(rows)
-        if not pause:
-            return rows
-        for i in sorted(pause, reverse=True):
-            s = rows[i]
-            s.paused = self.step.take([i])
-            self.waiting.setdefault(s.group, deque()).appendleft(s)
-        self.counters["serve.preempted"] += len(pause)
+    def _pause_rows(self, rows: list[Stream], logits, state, pause: list[int]):
+        """`Batcher._pause_rows` for rows that live in the step: a paused stream takes its row with it."""
+        for i in pause:
+            rows[i].paused = self.step.take([i])
         keep = [i for i in range(len(rows)) if i not in pause]
         self.step.compact(keep)
-        return [rows[i] for i in keep]
+        return [rows[i] for i in keep], None, None
 
-    def _admit(self, rows: list[Stream], logits, state):
-        with self.cv:
-            while not self.waiting and not rows and not self._stopping:
-                self.cv.wait()
-            rows = self._pause(rows)
-            new = self._take(rows)
-        new = [s for s in new if not self._drop_cancelled(s)]
-        resumed, fresh = [s for s in new if s.paused], [s for s in new if not s.paused]
-        for s in resumed:  # no prefill: the row it paused with
+    def _resume(self, rows: list[Stream], logits, state, resumed: list[Stream]):
+        for s in resumed:  # no prefill: the row it paused with, into the next free slot
             self.step.put([len(rows)], s.paused)
-            s.paused = None
             rows = rows + [s]
-        if fresh:
-            try:
-                lg, st = prefill_prompts(self.model, [s.prompt for s in fresh], self.counters)
-                first = self.step.begin(lg, st, [self._seed(s) for s in fresh], [s.temperature for s in fresh],
-                                        [s.top_k for s in fresh], [s.stop_bytes for s in fresh])
-            except Exception as e:  # noqa: BLE001 - as Batcher._admit: those streams fail, the others go on
-                self._fail(fresh, e)
-                return rows, None, None
-            self.counters["serve.prefills"] += 1
-            if self.state_bytes_per_stream is None:
-                self.state_bytes_per_stream = state_bytes_per_row(st)
-            self.step.put(range(len(rows), len(rows) + len(fresh)), first)
-            rows = rows + fresh
         return rows, None, None
+
+    def _join(self, rows: list[Stream], logits, state, new: list[Stream], lg: torch.Tensor, st: LMState):
+        """Streams whose prompts are whole into the step's next free slots, their first bytes drawn."""
+        try:
+            first = self.step.begin(lg, st, [self._seed(s) for s in new], [s.temperature for s in new],
+                                    [s.top_k for s in new], [s.stop_bytes for s in new])
+        except Exception as e:  # noqa: BLE001 - as a failed prefill: those streams fail, the others go on
+            self._fail(new, e)
+            return rows, None, None
+        self.step.put(range(len(rows), len(rows) + len(new)), first)
+        return rows + new, None, None
 
     def _advance(self, rows: list[Stream], logits, state):
         """The bytes the last step (or the admission) drew, delivered; the rows that go on compacted and stepped."""
