@@ -695,3 +695,25 @@ def test_a_stream_paused_while_prefilling_keeps_what_it_prefilled(decode, one_th
     for s in streams + [small]:
         assert bytes(s.out) == generate(model, [s.prompt], 12, stop_byte=None, bf16=False)[0]
     assert b.counters["serve.prefill_bytes"] == 305  # the paused prompt's first 64 bytes were not prefilled again
+
+
+def test_health_counts_prefill_pieces_and_the_cli_takes_the_chunk(server, capsys):
+    """A 1 500-byte prompt through the server (default --prefill-chunk 512): three pieces, counted in /health, the
+    reply the one the whole prompt gives; --prefill-chunk is in --help and a negative one is refused before loading."""
+    from dormouse.serve.app import main
+
+    before = server.health()["counters"]
+    prompt = "a long prompt, " * 100
+    r = httpx.post(server.url + "/v1/completions", json={"prompt": prompt, "max_tokens": 8, "temperature": 0}).json()
+    alone = generate(server.batcher.model, [prompt.encode()], 8, bf16=False)[0].split(bytes([chat.END]))[0]
+    assert r["choices"][0]["text"] == alone.decode("utf-8", "replace")
+    h = server.health()
+    assert h["prefill_chunk"] == 512 and h["prefilling_streams"] == 0
+    grew = {k: h["counters"][k] - before.get(k, 0) for k in ("serve.prefill_chunks", "serve.prefill_bytes")}
+    assert grew == {"serve.prefill_chunks": 3, "serve.prefill_bytes": 1500}
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    assert "--prefill-chunk" in capsys.readouterr().out
+    with pytest.raises(SystemExit) as e:
+        main(["--model", "nowhere", "--prefill-chunk", "-1"])
+    assert e.value.code == 2 and "--prefill-chunk must be >= 0" in capsys.readouterr().err

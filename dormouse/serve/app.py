@@ -7,9 +7,10 @@
 
 Endpoints: POST /v1/chat/completions and /v1/completions (OpenAI's request and response shapes, `stream: true` as
 server-sent events, `usage` counted in bytes: this is a byte model), GET /v1/models, /health (live streams, the
-decode state's bytes per stream, counters) and / (a chat page). Chat turns go through the chat template
+decode state's bytes per stream, streams whose prompts are being prefilled, counters) and / (a chat page). Chat turns go through the chat template
 (dormouse/posttrain/chat.py: user and assistant roles); completions continue the raw prompt text. Every live
-stream decodes in one batched step (dormouse/serve/batcher.py), rows shared fairly between requests. Bad requests
+stream decodes in one batched step (dormouse/serve/batcher.py), rows shared fairly between requests; a new prompt is
+prefilled --prefill-chunk bytes at a time between those steps, so a long one does not stall the others. Bad requests
 get a 400 (413 for a body over --max-body-bytes, counted while it is read, chunked included) with OpenAI's error
 body ({"error": {"message", "type", "param", "code"}}); a client that goes away frees its row (counted); a decode
 error fails only its streams (500, or an SSE error event).
@@ -37,7 +38,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from dormouse.posttrain import chat
-from dormouse.serve.batcher import Batcher, GraphedBatcher, Stream
+from dormouse.serve.batcher import PREFILL_CHUNK, Batcher, GraphedBatcher, Stream
 from dormouse.serve.guard import Guard, default_allowed_hosts, error_body, raise_file_limit
 from dormouse.serve.page import PAGE
 
@@ -423,7 +424,8 @@ def create_app(batcher: Batcher, model_id: str, limits: Limits | None = None, in
     async def health():
         alive = batcher.alive()  # the decode thread: without it nothing decodes
         body = {"status": "ok" if alive else "error", "model": model_id, **(info or {}), "live_streams": batcher.live,
-                "waiting_streams": batcher.waiting_streams(), "max_batch": batcher.max_batch,
+                "waiting_streams": batcher.waiting_streams(), "prefilling_streams": batcher.prefilling_now,
+                "max_batch": batcher.max_batch, "prefill_chunk": batcher.prefill_chunk,
                 "state_bytes_per_stream": batcher.state_bytes_per_stream,
                 "last_error": batcher.last_error,
                 "counters": {k: v for k, v in sorted(batcher.counters.items()) if k.startswith("serve.")}}
@@ -518,6 +520,10 @@ def main(argv=None) -> int:
                     help="graphed: the static-shape step (dormouse/posttrain/decode.py DecodeStep), one CUDA graph "
                          "replay per byte on CUDA (eager on CPU), sampling on the device with a per-stream seed; a "
                          "seed gives other bytes than eager's (another generator). Opt-in until a GPU run verifies it")
+    ap.add_argument("--prefill-chunk", type=int, default=PREFILL_CHUNK,
+                    help="prefill a new prompt at most this many bytes at a time, one piece between two decode steps "
+                         "of the running streams, so a long prompt does not stall them for its whole prefill "
+                         "(default %(default)s; 0: each prompt whole before the next step)")
     ap.add_argument("--max-prompt-bytes", type=int, default=Limits().max_prompt_bytes)
     ap.add_argument("--max-body-bytes", type=int, default=Limits().max_body_bytes,
                     help="a request body over this gets a 413 as soon as that many bytes are read (default 1 MiB)")
@@ -542,6 +548,8 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     if args.model and (args.set or args.corpus):
         ap.error("--set/--corpus choose which run of --preset to serve; --model names the artifact itself")
+    if args.prefill_chunk < 0:
+        ap.error(f"--prefill-chunk must be >= 0 (0: whole prompts), got {args.prefill_chunk}")
     import uvicorn
 
     import socket
@@ -554,7 +562,8 @@ def main(argv=None) -> int:
             raise SystemExit(f"dormouse serve: cannot listen on {args.host}:{args.port} ({e.strerror}); another server "
                              "there? (--port)") from None
     model, device, bf16, model_id, info = load(args)
-    batcher = (GraphedBatcher if args.decode == "graphed" else Batcher)(model, device, bf16, max_batch=args.max_batch)
+    batcher = (GraphedBatcher if args.decode == "graphed" else Batcher)(model, device, bf16, max_batch=args.max_batch,
+                                                                        prefill_chunk=args.prefill_chunk)
     batcher.start()
     allowed = args.allowed_hosts.split(",") if args.allowed_hosts else default_allowed_hosts(args.host)
     max_connections = raise_file_limit(args.max_connections)
