@@ -20,7 +20,7 @@ from dormouse.model.gpt import ByteLM
 from dormouse.posttrain import chat
 from dormouse.posttrain.decode import generate, prefill_prompts
 from dormouse.serve.app import Limits, create_app, server_config
-from dormouse.serve.batcher import Batcher, Stream, state_bytes_per_row
+from dormouse.serve.batcher import PREFILL_CHUNK, Batcher, Stream, state_bytes_per_row
 from dormouse.train.runtime import save_model_artifact
 
 JSON = {"content-type": "application/json"}  # what httpx's json= sends; raw bodies must say it too
@@ -698,17 +698,22 @@ def test_a_stream_paused_while_prefilling_keeps_what_it_prefilled(decode, one_th
 
 
 def test_health_counts_prefill_pieces_and_the_cli_takes_the_chunk(server, capsys):
-    """A 1 500-byte prompt through the server (default --prefill-chunk 512): three pieces, counted in /health, the
+    """A 1 500-byte prompt through the server at --prefill-chunk 512 (the fixture's prompts stay under 2 000 bytes,
+    the default chunk is 2 048): three pieces, counted in /health, the
     reply the one the whole prompt gives; --prefill-chunk is in --help and a negative one is refused before loading."""
     from dormouse.serve.app import main
 
     before = server.health()["counters"]
     prompt = "a long prompt, " * 100
-    r = httpx.post(server.url + "/v1/completions", json={"prompt": prompt, "max_tokens": 8, "temperature": 0}).json()
+    server.batcher.prefill_chunk = 512  # a module-scoped server: put back below
+    try:
+        r = httpx.post(server.url + "/v1/completions", json={"prompt": prompt, "max_tokens": 8, "temperature": 0}).json()
+        h = server.health()
+    finally:
+        server.batcher.prefill_chunk = PREFILL_CHUNK
     alone = generate(server.batcher.model, [prompt.encode()], 8, bf16=False)[0].split(bytes([chat.END]))[0]
     assert r["choices"][0]["text"] == alone.decode("utf-8", "replace")
-    h = server.health()
-    assert h["prefill_chunk"] == 512 and h["prefilling_streams"] == 0
+    assert h["prefill_chunk"] == 512 and h["prefilling_streams"] == 0 and PREFILL_CHUNK == 2048
     grew = {k: h["counters"][k] - before.get(k, 0) for k in ("serve.prefill_chunks", "serve.prefill_bytes")}
     assert grew == {"serve.prefill_chunks": 3, "serve.prefill_bytes": 1500}
     with pytest.raises(SystemExit):
