@@ -66,8 +66,10 @@ def test_an_arm_out_of_time_is_cut_and_still_reported(bench, tmp_path):
     assert list(rows) == ["batched", "hf_static", "hf_dynamic"]
     for arm, r in rows.items():
         assert r["status"] == "cut" and r["requests_done"] == "0", r
-        assert 0 <= int(r["bytes"]) < 2 * 4096 and float(r["wall_s"]) < 1.0
+        assert 0 <= int(r["bytes"]) < 2 * 4096 and float(r["wall_s"]) < float(r["arm_timeout_s"]) + 0.7  # a step late
         assert r["arm_timeout_s"] == ("0.5" if arm == "hf_dynamic" else "0.8")
+    # the bytes its streams decoded until the limit, none of them finished (the peer's warm-up may take its time)
+    assert int(rows["batched"]["bytes"]) > 0
     # many short requests, one at a time, for 1 s: some finish, not all; the server's count of decoded bytes at the
     # limit agrees with the finished requests (2 bytes each) plus at most the one in flight
     out2 = tmp_path / "s2.tsv"
