@@ -83,11 +83,11 @@ def test_an_arm_out_of_time_is_cut_and_still_reported(bench, tmp_path):
 def test_the_run_budget_skips_the_arms_it_cannot_start(bench, tmp_path):
     out = tmp_path / "s.tsv"
     assert bench.main(["--presets", "tiny", "--concurrency", "2", "--requests", "2", "--max-tokens", "4096",
-                       "--arms", "hf_dynamic,batched", "--arm-timeout-s", "30", "--budget-s", "1.5",
+                       "--arms", "batched,unbatched", "--arm-timeout-s", "30", "--budget-s", "1.5",
                        "--state-contexts", "16", "--out", str(out)]) == 0
     first, second = rows_of(out)
-    assert (first["arm"], first["status"]) == ("hf_dynamic", "cut")  # its own limit is 30 s; the budget's end cut it
-    assert (second["arm"], second["status"], second["bytes"]) == ("batched", "skipped", "")
+    assert (first["arm"], first["status"]) == ("batched", "cut")  # its own limit is 30 s; the budget's end cut it
+    assert (second["arm"], second["status"], second["bytes"]) == ("unbatched", "skipped", "")
 
 
 def test_arm_timeouts_parse_per_arm(bench):
