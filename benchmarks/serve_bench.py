@@ -24,8 +24,9 @@ with the bytes decoded up to the limit and the requests it finished; the run goe
 is appended to --out as soon as its arm ends, so a run killed from outside keeps the rows it finished.
 
 Rows: bytes/s in total and per stream (median over finished requests), time to first byte p50/p99 (ours: the first
-streamed text over HTTP; the peer: the first new token on the host, stamped by a streamer), decode steps, peak GPU
-memory, and state bytes per stream: ours measured from the LMState tensors after prefilling `--state-contexts`
+streamed text over HTTP; the peer: the first new token on the host, stamped by a streamer), decode steps, the arm's
+GPU memory (peak_gib: its model's weights plus the most it allocated beyond what was resident when it started, so
+the other model of the preset is not counted), and state bytes per stream: ours measured from the LMState tensors after prefilling `--state-contexts`
 bytes (constant), the peer's KV cache from its config (2 x layers x kv_heads x head_dim x context x dtype bytes,
 checked against a DynamicCache after a prefill of that length); the state columns of a peer row are its KV.
 
@@ -383,6 +384,10 @@ def append_row(path: Path | None, row: dict) -> None:
         w.writerow(row)
 
 
+def weight_bytes(m: torch.nn.Module) -> int:
+    return sum(t.numel() * t.element_size() for t in [*m.parameters(), *m.buffers()])
+
+
 def free(device: torch.device) -> None:
     gc.collect()
     if device.type == "cuda":
@@ -425,32 +430,45 @@ def main(argv=None) -> int:
     vers = versions()
     rows: list[dict] = []
     states: list[tuple[str, str, dict[int, int]]] = []
+
+    def emit(row: dict) -> None:
+        rows.append(row)
+        append_row(args.out, row)
+        print(f"[serve_bench] {json.dumps({k: v for k, v in row.items() if k not in ('versions', 'date')})}", flush=True)
+
     print(f"[serve_bench] {vers}; {dev_name}; presets {','.join(p or str(args.model) for p in presets)}; arms "
           f"{args.arms}; concurrency {args.concurrency}; {args.max_tokens} bytes a request; limit {args.arm_timeout_s} "
           f"s an arm, budget {args.budget_s} s", flush=True)
     for preset in presets:
-        if args.model:
-            model, _ = load_model(open_artifact(args.model), device)
-            name = f"{args.model.parent.name}/{args.model.name[:8]}"
-        else:
-            torch.manual_seed(0)
-            model = ByteLM(ModelConfig.from_dict(load_preset(preset, ROOT)["model"])).to(device)
-            name = f"{preset}@init"
-        model.eval()
-        ours_state = ours_state_by_context(model, device, contexts)
-        states.append((name, "ours (LMState, measured)", ours_state))
-        ours_nonemb = count_params(model.cfg)["non_embedding"]
-        peer = lay = None
-        if any(a in PEER_ARMS for a in arms):
-            peer, lay = build_peer(model.cfg, device, max(contexts + [args.prompt_bytes + args.max_tokens]) + 1)
-            kv = {ctx: peer_kv_bytes(peer, ctx) for ctx in contexts}
-            measured = {ctx: peer_kv_measured(peer, ctx) for ctx in contexts}
-            if measured != kv:  # the formula is what the rows report: it must be the cache's real size
-                raise RuntimeError(f"peer KV bytes: formula {kv}, DynamicCache {measured}")
-            states.append((name, f"peer KV cache ({peer.dtype}, measured = formula)", kv))
-            print(f"[serve_bench] {name}: ours {ours_nonemb} non-embedding parameters, peer {lay['params_nonemb']} "
-                  f"(Llama d{lay['d']} L{lay['n_layers']} {lay['n_heads']}x{lay['head_dim']} ffn {lay['ffn_hidden']})",
-                  flush=True)
+        name = f"{args.model.parent.name}/{args.model.name[:8]}" if args.model else f"{preset}@init"
+        model = peer = lay = None
+        ours_state: dict[int, int] = {}
+        failed = peer_failed = None  # set-up errors: the arms they stop still get their rows
+        try:
+            if args.model:
+                model, _ = load_model(open_artifact(args.model), device)
+            else:
+                torch.manual_seed(0)
+                model = ByteLM(ModelConfig.from_dict(load_preset(preset, ROOT)["model"])).to(device)
+            model.eval()
+            ours_state = ours_state_by_context(model, device, contexts)
+            states.append((name, "ours (LMState, measured)", ours_state))
+            ours_nonemb = count_params(model.cfg)["non_embedding"]
+        except Exception as e:  # noqa: BLE001 - e.g. out of memory: this preset's rows say so, the run goes on
+            failed = f"set-up: {type(e).__name__}: {e}"[:300]
+        if not failed and any(a in PEER_ARMS for a in arms):
+            try:
+                peer, lay = build_peer(model.cfg, device, max(contexts + [args.prompt_bytes + args.max_tokens]) + 1)
+                kv = {ctx: peer_kv_bytes(peer, ctx) for ctx in contexts}
+                measured = {ctx: peer_kv_measured(peer, ctx) for ctx in contexts}
+                if measured != kv:  # the formula is what the rows report: it must be the cache's real size
+                    raise RuntimeError(f"peer KV bytes: formula {kv}, DynamicCache {measured}")
+                states.append((name, f"peer KV cache ({peer.dtype}, measured = formula)", kv))
+                print(f"[serve_bench] {name}: ours {ours_nonemb} non-embedding parameters, peer {lay['params_nonemb']} "
+                      f"(Llama d{lay['d']} L{lay['n_layers']} {lay['n_heads']}x{lay['head_dim']} ffn "
+                      f"{lay['ffn_hidden']})", flush=True)
+            except Exception as e:  # noqa: BLE001 - the peer's arms get error rows, ours run
+                peer_failed, peer = f"peer set-up: {type(e).__name__}: {e}"[:300], None
         for conc in levels:
             prompts = prompts_for(max(args.requests, conc), args.prompt_bytes)
             for arm in arms:
@@ -461,13 +479,19 @@ def main(argv=None) -> int:
                        "requests": len(prompts), "max_tokens": args.max_tokens, "prompt_bytes": args.prompt_bytes,
                        "arm_timeout_s": limit}
                 peer_arm = arm in PEER_ARMS
+                if failed or (peer_arm and peer_failed):
+                    row.update(status="error", note=failed or peer_failed)
+                    emit(row)
+                    continue
                 ctx_bytes = {ctx: peer_kv_bytes(peer, ctx) for ctx in contexts} if peer_arm else ours_state
                 row["state_bytes_by_context"] = ",".join(f"{c}={b}" for c, b in ctx_bytes.items())
                 row["params_nonemb"] = lay["params_nonemb"] if peer_arm else ours_nonemb
                 if run_end - time.perf_counter() < 1.0:  # not worth starting: nothing would be timed
                     row.update(status="skipped", note="the run's --budget-s was spent")
                 else:
+                    free(device)  # the last arm's leftovers collected before this one's baseline
                     if device.type == "cuda":
+                        resident = torch.cuda.memory_allocated(device)
                         torch.cuda.reset_peak_memory_stats(device)
                     try:
                         if peer_arm:
@@ -480,11 +504,9 @@ def main(argv=None) -> int:
                     except Exception as e:  # noqa: BLE001 - one arm's failure is its row; the run goes on
                         row.update(status="error", note=f"{type(e).__name__}: {e}"[:300])
                     if device.type == "cuda":
-                        row["peak_gib"] = round(torch.cuda.max_memory_allocated(device) / 2**30, 3)
-                rows.append(row)
-                append_row(args.out, row)
-                print(f"[serve_bench] {json.dumps({k: v for k, v in row.items() if k not in ('versions', 'date')})}",
-                      flush=True)
+                        own = weight_bytes(peer if peer_arm else model)
+                        row["peak_gib"] = round((torch.cuda.max_memory_allocated(device) - resident + own) / 2**30, 3)
+                emit(row)
         del model, peer
         if any(a == "hf_static" for a in arms):
             torch._dynamo.reset()  # the compiled peer's graphs and CUDA-graph pool go with its preset

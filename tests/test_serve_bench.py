@@ -96,3 +96,16 @@ def test_arm_timeouts_parse_per_arm(bench):
         bench.parse_timeouts("60,vllm=10")
     with pytest.raises(ValueError, match="default"):
         bench.parse_timeouts("hf_static=10")
+
+
+def test_a_set_up_that_fails_gives_error_rows_and_the_run_goes_on(bench, tmp_path, monkeypatch):
+    def no_peer(*args, **kwargs):
+        raise MemoryError("no room for the peer")
+
+    monkeypatch.setattr(bench, "build_peer", no_peer)
+    out = tmp_path / "s.tsv"
+    assert bench.main(["--presets", "nosuch,tiny", "--concurrency", "2", "--requests", "2", "--max-tokens", "3",
+                       "--arms", "hf_static,batched", "--state-contexts", "16", "--out", str(out)]) == 0
+    rows = [(r["preset"], r["arm"], r["status"], r["note"].split(":")[0]) for r in rows_of(out)]
+    assert rows == [("nosuch", "hf_static", "error", "set-up"), ("nosuch", "batched", "error", "set-up"),
+                    ("tiny", "hf_static", "error", "peer set-up"), ("tiny", "batched", "ok", "")]
