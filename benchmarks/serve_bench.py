@@ -332,9 +332,9 @@ def run_peer(peer, arm: str, concurrency: int, prompts: list[bytes], max_tokens:
     sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
 
     def generate(ids, streamer, stopping):
-        with torch.inference_mode():
-            out = peer.generate(input_ids=ids, attention_mask=torch.ones_like(ids), generation_config=gen,
-                                streamer=streamer, stopping_criteria=stopping)
+        # generate runs under its own no_grad, as documented: no inference_mode around its compiled graphs
+        out = peer.generate(input_ids=ids, attention_mask=torch.ones_like(ids), generation_config=gen,
+                            streamer=streamer, stopping_criteria=stopping)
         sync()
         return out.shape[1] - ids.shape[1]
 
