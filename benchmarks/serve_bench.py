@@ -26,14 +26,18 @@ is appended to --out as soon as its arm ends, so a run killed from outside keeps
 Rows: bytes/s in total and per stream (median over finished requests), time to first byte p50/p99 (ours: the first
 streamed text over HTTP; the peer: the first new token on the host, stamped by a streamer), decode steps, the arm's
 GPU memory (peak_gib: its model's weights plus the most it allocated beyond what was resident when it started, so
-the other model of the preset is not counted), and state bytes per stream: ours measured from the LMState tensors after prefilling `--state-contexts`
-bytes (constant), the peer's KV cache from its config (2 x layers x kv_heads x head_dim x context x dtype bytes,
-checked against a DynamicCache after a prefill of that length); the state columns of a peer row are its KV.
+the preset's other model is not counted), and state bytes per stream: ours measured from the LMState tensors after
+prefilling `--state-contexts` bytes (constant), the peer's KV cache from its config (2 x layers x kv_heads x
+head_dim x context x dtype bytes, checked against a DynamicCache after a prefill of that length); the state columns
+of a peer row are its KV. Ours is measured through its HTTP server and SSE (what a client sees), the peer in-process
+(`generate` has no server): the comparison favours the peer.
 
     .venv/bin/python benchmarks/serve_bench.py --concurrency 32 --requests 64 --max-tokens 128            # tiny, CPU
-    python3 benchmarks/serve_bench.py --presets small,medium,b1 --device cuda --concurrency 64 --requests 128 \
-        --max-tokens 256 --arms graphed,batched,hf_static,hf_dynamic --arm-timeout-s 45 --budget-s 540 \
-        --out $OUT/serve_bench.tsv                                                                           # GPU
+    python3 benchmarks/serve_bench.py --presets small --device cuda --concurrency 64 --requests 128 \
+        --max-tokens 256 --arms graphed,batched,unbatched,hf_static,hf_dynamic \
+        --arm-timeout-s 35,unbatched=25,hf_static=90 --budget-s 240 --out $OUT/serve_bench.tsv              # GPU
+
+(benchmarks/README.md has the whole GPU call: its wheels, small at 1 stream, b1 and medium.)
 
 Without --model each preset's model is its architecture at initialisation (seed 0): the decode cost is the
 architecture's, the text is noise. transformers is a benchmark dependency only (requirements-bench.txt).

@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-pytest.importorskip("transformers", reason="the serve_bench peer needs transformers: pip install -r requirements-bench.txt")
+needs_transformers = pytest.mark.skipif(importlib.util.find_spec("transformers") is None,
+                                        reason="the serve_bench peer needs transformers: pip install -r requirements-bench.txt")
 
 BENCH = Path(__file__).resolve().parents[1] / "benchmarks" / "serve_bench.py"
 
@@ -27,6 +28,7 @@ def rows_of(path: Path) -> list[dict]:
         return list(csv.DictReader(f, delimiter="\t"))
 
 
+@needs_transformers
 def test_the_peer_and_our_batched_arm_do_the_same_work(bench, tmp_path):
     out = tmp_path / "s.tsv"
     assert bench.main(["--presets", "tiny", "--concurrency", "2", "--requests", "4", "--max-tokens", "5",
@@ -54,6 +56,7 @@ def test_the_peer_and_our_batched_arm_do_the_same_work(bench, tmp_path):
         assert rows[arm]["state_bytes_per_stream"] == str(kv * (64 + 5))
 
 
+@needs_transformers
 def test_an_arm_out_of_time_is_cut_and_still_reported(bench, tmp_path):
     out = tmp_path / "s.tsv"
     t0 = time.perf_counter()
