@@ -448,6 +448,13 @@ def main(argv=None) -> int:
         model = peer = lay = None
         ours_state: dict[int, int] = {}
         failed = peer_failed = None  # set-up errors: the arms they stop still get their rows
+        if run_end - time.perf_counter() < 1.0:  # no set-up either (a first prefill may autotune for minutes)
+            for conc in levels:
+                for arm in arms:
+                    emit({"date": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "device": dev_name, "versions": vers,
+                          "model": name, "preset": preset or "", "arm": arm, "concurrency": conc, "status": "skipped",
+                          "note": "the run's --budget-s was spent"})
+            continue
         try:
             if args.model:
                 model, _ = load_model(open_artifact(args.model), device)

@@ -85,12 +85,13 @@ def test_an_arm_out_of_time_is_cut_and_still_reported(bench, tmp_path):
 
 def test_the_run_budget_skips_the_arms_it_cannot_start(bench, tmp_path):
     out = tmp_path / "s.tsv"
-    assert bench.main(["--presets", "tiny", "--concurrency", "2", "--requests", "2", "--max-tokens", "4096",
+    assert bench.main(["--presets", "tiny,small", "--concurrency", "2", "--requests", "2", "--max-tokens", "4096",
                        "--arms", "batched,unbatched", "--arm-timeout-s", "30", "--budget-s", "1.5",
                        "--state-contexts", "16", "--out", str(out)]) == 0
-    first, second = rows_of(out)
-    assert (first["arm"], first["status"]) == ("batched", "cut")  # its own limit is 30 s; the budget's end cut it
-    assert (second["arm"], second["status"], second["bytes"]) == ("unbatched", "skipped", "")
+    rows = [(r["preset"], r["arm"], r["status"]) for r in rows_of(out)]
+    # batched's own limit is 30 s: the budget's end cut it; then no arm starts, nor small's set-up
+    assert rows == [("tiny", "batched", "cut"), ("tiny", "unbatched", "skipped"), ("small", "batched", "skipped"),
+                    ("small", "unbatched", "skipped")]
 
 
 def test_arm_timeouts_parse_per_arm(bench):
