@@ -1,7 +1,7 @@
 # `make run`: create the pinned environment and build the default target (results/tiny/bench.json
 # from the embedded demo corpus, on CPU). `make test`: same environment plus the test extras
-# (requirements-test.txt), then ruff's pyflakes and bugbear checks (pyproject.toml [tool.ruff]), the test suite
-# and the system tests. `make lint`: ruff and `snakemake --lint`.
+# (requirements-test.txt, which takes the benchmarks' requirements-bench.txt), then ruff's pyflakes and bugbear
+# checks (pyproject.toml [tool.ruff]), the test suite and the system tests. `make lint`: ruff and `snakemake --lint`.
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
@@ -16,7 +16,7 @@ $(VENV)/.installed: requirements.txt pyproject.toml
 	$(BIN)/python -m pip install -q --no-deps -e .
 	touch $@
 
-$(VENV)/.installed-test: $(VENV)/.installed requirements-test.txt
+$(VENV)/.installed-test: $(VENV)/.installed requirements-test.txt requirements-bench.txt
 	$(BIN)/python -m pip install -q -r requirements-test.txt
 	touch $@
 

@@ -4,6 +4,8 @@
 #   .whl_chain  wheels the H200 image lacks for the stages (cp312): fla-core, jsonschema + its deps, zstandard
 #   .whl        the same plus flash-linear-attention (fla.models, for pretrain_h200.py's FLA row)
 #   .whl_serve  what `dormouse serve` and serve_bench.py add (fastapi, uvicorn, httpx and their deps)
+#   .whl_bench  serve_bench.py with its Transformer peer: .whl_chain + .whl_serve + requirements-bench.txt's wheels
+#               (transformers, tokenizers; the image's own transformers is another version), about 27 MB
 #   results/    the small preset's data stages (filter, shard, anchors: about 20 s)
 #   .job/       the small preset's job JSONs, as gpu_small_chain.sh reads them
 #   .job/qat/   small_qat's pretrain jobs (gpu_small_qat.sh --plan)
@@ -12,7 +14,7 @@
 #   STAGES=pretrain WEIGHTS_BACK=pretrain WHL=.whl_chain bash benchmarks/gpu_small_chain.sh
 set -euo pipefail
 mkdir -p .git/info
-for p in /.whl/ /.whl_chain/ /.whl_serve/ /.job/ /.cache_h200/; do grep -qxF "$p" .git/info/exclude 2>/dev/null || echo "$p" >> .git/info/exclude; done
+for p in /.whl/ /.whl_chain/ /.whl_serve/ /.whl_bench/ /.job/ /.cache_h200/; do grep -qxF "$p" .git/info/exclude 2>/dev/null || echo "$p" >> .git/info/exclude; done
 plat="--platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64"
 get() { python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp $plat -d "$@"; }
 get .whl_chain fla-core==0.6.0 jsonschema==4.26.0 jsonschema-specifications==2025.9.1 referencing==0.37.0 \
@@ -23,6 +25,8 @@ get .whl_serve fastapi==0.165.0 uvicorn==0.55.0 starlette==1.10.0 pydantic==2.14
   annotated-types==0.8.0 annotated-doc==0.0.7 typing-inspection==0.4.5 anyio==4.16.0 sniffio==1.3.1 h11==0.16.0 \
   click==8.5.1 httpx==0.29.0 httpcore==1.0.9 httpcore2==2.16.2 certifi==2026.10.19.post1 idna==3.20 opentelemetry-api==1.45.3 \
   typing-extensions==4.16.0
+mkdir -p .whl_bench && cp .whl_chain/*.whl .whl_serve/*.whl .whl_bench/
+get .whl_bench -r requirements-bench.txt  # the pins the peer was tested with (serve_bench.py, tests/test_serve_bench.py)
 PATH=$PWD/.venv/bin:$PATH snakemake --cores 2 --quiet rules -- results/small/anchors.json
 mkdir -p .job
 for s in pretrain sft rl export bench; do .venv/bin/python -m dormouse.cli plan --preset small --stage $s > .job/small_$s.json; done
@@ -33,7 +37,7 @@ inputs = json.load(open(".job/small_bench.json"))["inputs"]
 print(" ".join(f"results/store/{s}/{inputs[s]['digest']}" for s in ("shard", "anchors")))
 PY
 )
-du -sh .whl_chain .whl .whl_serve .job $carry | cat
+du -sh .whl_chain .whl .whl_serve .whl_bench .job $carry | cat
 echo "carry for the small chain (gpu_small_chain.sh, gpu_rl_acceptance.sh, gpu_small_qat.sh): .job $carry"
 # issue #40's acceptance (benchmarks/gpu_rl_acceptance.sh, its default ARMS): three seeds of the default recipe
 # (rl_s<seed>) and the null arm (null_s0: rl.shuffle_rewards, each group's rewards permuted), all from the one small sft

@@ -51,6 +51,19 @@ def test_the_slurm_plugin_is_an_extra_not_in_the_base_environment():
     assert extras()["slurm"] == {plugin: test[plugin]}, (extras()["slurm"], test.get(plugin))
 
 
+def test_transformers_is_a_benchmark_dependency_only():
+    # serve_bench.py's peer (issue #42) runs Hugging Face generate; dormouse itself never imports transformers
+    bench = pins((REPO / "requirements-bench.txt").read_text().splitlines())
+    assert set(bench) >= {"transformers", "tokenizers"}
+    assert "transformers" not in pins((REPO / "requirements.txt").read_text().splitlines())
+    assert all("transformers" not in extra for extra in extras().values()), extras()
+    assert "-r requirements-bench.txt" in (REPO / "requirements-test.txt").read_text().splitlines()  # CI runs its test
+    assert "get .whl_bench -r requirements-bench.txt" in (REPO / "benchmarks" / "prepare_device.sh").read_text()
+    imports = [f for f in (REPO / "dormouse").rglob("*.py")
+               if re.search(r"^\s*(import|from) transformers\b", f.read_text(), re.M)]
+    assert not imports, imports
+
+
 def test_a_wheel_plans_from_a_subfolder_of_a_clone(tmp_path, workdir, tmp_path_factory):
     src = tmp_path / "src"  # a copy: an in-tree build would leave build/ in the repository
     src.mkdir()
