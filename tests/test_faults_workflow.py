@@ -5,6 +5,7 @@ test in order on it."""
 import json
 import os
 import re
+import shlex
 import shutil
 import subprocess
 from pathlib import Path
@@ -92,6 +93,13 @@ def test_verify_names_a_chain_artifact_moved_away_under_one_built_on_it(built):
     try:
         verify = dormouse(built, "verify", "--preset", "tiny")
         assert verify.returncode == 1 and f"shard/{shard.name}: missing, while anchors" in verify.stdout, verify.stdout
+        # its advice holds: Snakemake plans nothing for the preset's views, and the shard for the named target
+        dry = snakemake(built, "-n", "results/tiny/anchors.json")
+        assert "Nothing to be done" in dry.stdout + dry.stderr
+        target = f"{STORE}/shard/{shard.name}/manifest.json"
+        assert f"snakemake {shlex.quote(target)}" in verify.stdout, verify.stdout
+        dry = snakemake(built, "-n", target)
+        assert "rule shard:" in dry.stdout + dry.stderr
     finally:
         away.rename(shard)
     assert dormouse(built, "verify", "--preset", "tiny").returncode == 0

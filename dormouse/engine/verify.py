@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
 from pathlib import Path
 
 from dormouse.engine.store import MANIFEST, MANIFEST_KEEP, artifact_digest, file_problem
@@ -99,7 +100,9 @@ def main(argv=None) -> int:
                             holes.setdefault(gone, f"{s} {d}")
         for gone, user in holes.items():
             bad += 1
-            print(f"{gone}: missing, while {user}, built on it, is present (moved or deleted?)", flush=True)
+            # Snakemake (since 7.7) reruns no job for a missing intermediate while the outputs built on it exist
+            print(f"{gone}: missing, while {user}, built on it, is present (moved or deleted?); snakemake does not "
+                  f"rebuild it by itself: snakemake {shlex.quote(str(gone / MANIFEST))}", flush=True)
     for d in dirs:
         problems = artifact_problems(d)
         bad += bool(problems)
