@@ -13,8 +13,9 @@
 # and adds the three ignored paths to .git/info/exclude. Then, e.g. (device tool, carry as listed there):
 #   STAGES=pretrain WEIGHTS_BACK=pretrain WHL=.whl_chain bash benchmarks/gpu_small_chain.sh
 set -euo pipefail
-mkdir -p .git/info
-for p in /.whl/ /.whl_chain/ /.whl_serve/ /.whl_bench/ /.job/ /.cache_h200/; do grep -qxF "$p" .git/info/exclude 2>/dev/null || echo "$p" >> .git/info/exclude; done
+exclude=$(git rev-parse --git-path info/exclude)  # .git is a file in a worktree: ask git where its exclude lives
+mkdir -p "$(dirname "$exclude")"
+for p in /.whl/ /.whl_chain/ /.whl_serve/ /.whl_bench/ /.job/ /.cache_h200/; do grep -qxF "$p" "$exclude" 2>/dev/null || echo "$p" >> "$exclude"; done
 plat="--platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64"
 get() { python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp $plat -d "$@"; }
 get .whl_chain fla-core==0.6.0 jsonschema==4.26.0 jsonschema-specifications==2025.9.1 referencing==0.37.0 \

@@ -120,7 +120,9 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", type=Path, default=ROOT / ".gpucheck")
     args = ap.parse_args(argv)
-    exclude = ROOT / ".git/info/exclude"
+    # .git is a file in a worktree: git says where this checkout's exclude file lives
+    exclude = ROOT / subprocess.run(["git", "rev-parse", "--git-path", "info/exclude"], cwd=ROOT, capture_output=True,
+                                    text=True, check=True).stdout.strip()
     exclude.parent.mkdir(parents=True, exist_ok=True)
     if "/.gpucheck/" not in (exclude.read_text().splitlines() if exclude.exists() else []):
         with exclude.open("a") as f:
