@@ -182,3 +182,33 @@ def test_the_graphed_batcher_serves_on_cuda():
         assert bytes(outs[i]) == want.decode("utf-8", "replace").encode("utf-8", "surrogateescape"), i
     alone = generate_static(m, [prompts[0]], 20, temperature=1.0, top_k=40, seeds=[99], stop_byte=None, bf16=False)[0]
     assert bytes(outs["seeded"]) == alone.decode("utf-8", "replace").encode("utf-8", "surrogateescape")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (CUDA graphs, FLA's recurrent kernel)")
+@pytest.mark.parametrize("optimizer", ["adamw", "muon"])
+def test_a_reused_graphed_step_decodes_the_weights_an_optimizer_updated(optimizer):
+    """rl samples every step through one DecodeStep captured once: after an optimizer step (fused AdamW, StackedMuon)
+    its replays must decode the updated weights, byte for byte what a fresh eager step decodes."""
+    from dormouse.train.optim import build_optimizers
+
+    m = live_model(CONFIGS["all_on_conv4"]).cuda().eval()
+    step = DecodeStep(m, 8, buckets=[8])
+    assert step.graphed
+    prompts = [rand_prompt(5, 80 + i) for i in range(3)]
+    kw = dict(temperature=1.0, top_k=40, seeds=[7, 8, 9, 10, 11, 12], samples_per_prompt=2, stop_byte=None)
+    before = generate_static(m, prompts, 16, step=step, **kw)
+    assert before == generate_static(m, prompts, 16, graphed=False, **kw)
+    opts = build_optimizers(m, {"optimizer": optimizer, "lr": 1e-2, "muon_lr": 0.05, "weight_decay": 0.0})
+    m.train()
+    idx = torch.tensor([list(p) for p in prompts], device="cuda")
+    logits = m(idx)[0]
+    torch.nn.functional.cross_entropy(logits[:, :-1].flatten(0, 1).float(), idx[:, 1:].flatten()).backward()
+    for opt in opts:
+        opt.step()
+    m.eval()
+    after = generate_static(m, prompts, 16, step=step, **kw)
+    assert after == generate_static(m, prompts, 16, graphed=False, **kw)
+    assert after != before  # the update moved the samples: the replay did not decode stale weights
+    with pytest.raises(ValueError, match="rows through a DecodeStep of 8"):
+        generate_static(m, prompts, 4, samples_per_prompt=3, step=step)

@@ -119,6 +119,9 @@ def test_rl_counts_groups_samples_and_signal(chain):
     assert c.get("rl.groups_trained", 0) <= min(c["rl.groups"] - zero, 3 * 2)
     assert c.get("rl.updates", 0) == 2 * (3 - c.get("rl.steps_without_signal", 0))  # ppo_epochs (2) per step with signal
     assert c["eval.engram.rows_read"] > 0
+    assert c["rl.decode_graphed"] == 0  # the CPU samples through the eager DecodeStep
+    rows = [json.loads(line) for line in (work / plan.artifact_dir("rl", plan.chain["tiny"]["rl"]) / "metrics.jsonl").read_text().splitlines()]
+    assert len(rows) == 3 and all(r["decode_s"] > 0 and r["train_s"] >= 0 for r in rows)
     # promote_at 0 promotes a family as soon as its window (2 groups) fills; 6 groups fill at least one
     levels = manifest(work, plan, "rl")["final"]["curriculum_levels"]
     assert all(levels[f] == 1 + c.get(f"rl.promotions.{f}", 0) for f in ("add", "reverse"))

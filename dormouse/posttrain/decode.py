@@ -345,11 +345,14 @@ def generate_static(
     graphed: bool | None = None,
     bf16: bool = True,
     counters: Counter | None = None,
+    step: DecodeStep | None = None,
 ) -> list[bytes]:
     """`generate` through a `DecodeStep` of one bucket (CUDA graphs on CUDA unless graphed=False; eager on CPU):
     every row stepped until all have stopped or max_new_bytes, one host read a step. Row i samples with the per-row
     RNG from seeds[i] (default i), so its bytes depend on its prompt and seed only, never on the other rows; they are
     not generate's draws (another generator). At temperature 0 the bytes are generate's. No log-probs.
+    `step`: a DecodeStep of this model to reuse (rl samples every step through one: its graphs read the weights in
+    place, so an optimizer's in-place update is what the next replay sees); then `graphed` and `bf16` are the step's.
     Counters as generate's."""
     assert not model.training, "generate_static: put the model in eval mode first (model.eval())"
     if max_new_bytes < 0 or samples_per_prompt < 1:
@@ -361,7 +364,11 @@ def generate_static(
         raise ValueError(f"generate_static: {len(seeds)} seeds for {n_rows} rows")
     if not prompts or max_new_bytes == 0:
         return [b""] * n_rows
-    step = DecodeStep(model, n_rows, buckets=[n_rows], graphed=graphed, bf16=bf16)
+    if step is None:
+        step = DecodeStep(model, n_rows, buckets=[n_rows], graphed=graphed, bf16=bf16)
+    elif step.model is not model or n_rows > step.max_batch:
+        raise ValueError(f"generate_static: {n_rows} rows through a DecodeStep of {step.max_batch} rows "
+                         f"({'its' if step.model is model else 'another'} model)")
     outs: list[list[int]] = [[] for _ in range(n_rows)]
     done = [False] * n_rows
     with torch.inference_mode(), autocast(step.device, step.dtype):

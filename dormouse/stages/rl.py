@@ -30,6 +30,11 @@ ships a checkpoint no better than step 0 at most ~alpha of the time (benchmarks/
 early when dev accuracy reaches its plateau (`select.plateau`). `shuffle_rewards`: the null arm (each group's
 rewards permuted before the advantages). `skip_cells`: cells whose groups never teach, left out of rl's prompts
 (the dev and held-out sets still ask them).
+Sampling runs through one `decode.DecodeStep` of every step's rows, kept for the whole stage: on CUDA one graph
+replay per byte (the optimizers update the weights in place, so each replay reads the current policy), eager on the
+CPU and under `rl.qat` (its fake-quantized weights are new tensors at every step, which a graph would not see); each
+row draws from its own seed (from the stage's seeded generator) with `rowrng`. Counted rl.decode_graphed; each step's
+row in metrics.jsonl holds its decode, update and dev-check seconds (decode_s, train_s, dev_s).
 Reports held-out task accuracy and corpus BPB at start and end (of the selected model), as sft does.
 `rl.qat: <rung>`: the policy runs through the rung's export forward everywhere in the stage (sampling, the old and
 new log-probs, the selection's dev checks, the reports; dormouse/train/qat.py), so the checkpoint chosen is the best
@@ -53,7 +58,7 @@ from dormouse.engine import progress
 from dormouse.engine.registry import RL_LATER_DEFAULTS, rl_difficulties, rl_skip_cells
 from dormouse.engine.stage import input_artifact, parse_job, summary, writer
 from dormouse.posttrain import chat, selection, task_eval
-from dormouse.posttrain.decode import generate
+from dormouse.posttrain.decode import DecodeStep, generate_static
 from dormouse.train import qat
 from dormouse.train.optim import build_optimizers, set_lr, wsd_multiplier
 from dormouse.train.runtime import (
@@ -311,6 +316,9 @@ def main(argv=None) -> int:
     null_gen = torch.Generator().manual_seed(rl["seed"] + 1)  # rl.shuffle_rewards' permutations, apart from sampling
     G, temp, max_new = rl["group_size"], rl["temperature"], task_params["max_new_bytes"]
     dev = task_eval.dev_items(task_params, rl["select"]["items_per_cell"]) if rl["select"]["every"] else []
+    n_rows = rl["prompts_per_step"] * rl["oversample"] * G
+    decoder = DecodeStep(model.eval(), n_rows, buckets=[n_rows], graphed=device.type == "cuda" and fq is None,
+                         bf16=uses_bf16(params["dtype"]))
 
     with writer(job) as art:
         c = art.counters
@@ -327,9 +335,12 @@ def main(argv=None) -> int:
             items = [next(stream) for _ in range(rl["prompts_per_step"] * rl["oversample"])]
             unique = [chat.prompt_bytes(it.prompt) for it in items]
             model.eval()
-            with torch.no_grad(), qat.through(fq), autocast(device, params["dtype"]):
-                replies = generate(model, unique, max_new, temperature=temp, top_k=rl["top_k"], generator=gen,
-                                   samples_per_prompt=G, bf16=uses_bf16(params["dtype"]))
+            t_step = time.perf_counter()
+            seeds = torch.randint(0, 2**63 - 1, (n_rows,), generator=gen).tolist()
+            with torch.no_grad(), qat.through(fq):
+                replies = generate_static(model, unique, max_new, temperature=temp, top_k=rl["top_k"], seeds=seeds,
+                                          samples_per_prompt=G, step=decoder)
+            t_decoded = time.perf_counter()
             grades = [task_eval.grade(items[j // G], r) for j, r in enumerate(replies)]
             rewards = torch.tensor([float(g == "correct") for g in grades]).view(-1, G)
             signal = []  # groups with a learning signal, in draw order
@@ -380,12 +391,15 @@ def main(argv=None) -> int:
             row = {"step": step + 1, "reward": round(float(rewards.mean()), 4), "groups_trained": len(keep),
                    "loss": None if loss is None else round(loss.item(), 5), "malformed": tally["malformed"],
                    "levels": dict(curriculum.level) if sampler is None else "pass_rate",
-                   "elapsed_s": round(time.time() - t0, 2)}
+                   "decode_s": round(t_decoded - t_step, 3), "train_s": round(time.perf_counter() - t_decoded, 3)}
             if fq is not None:
                 train_counters["qat.steps"] += 1
             if select.due(step + 1, rl):
+                t_dev = time.perf_counter()
                 with qat.through(fq):
                     row["dev_accuracy"] = select.check(step + 1)
+                row["dev_s"] = round(time.perf_counter() - t_dev, 3)
+            row["elapsed_s"] = round(time.time() - t0, 2)
             metrics.append(row)
             print(f"[rl] {json.dumps(row)}", flush=True)
             meter.update(step + 1, reward=row["reward"], dev_accuracy=row.get("dev_accuracy"))
@@ -394,6 +408,8 @@ def main(argv=None) -> int:
                 c["rl.stopped_at_plateau"] = step + 1
                 progress.note(f"[rl] dev accuracy at its plateau: stopped at step {step + 1} of {rl['steps']}")
                 break
+        c["rl.decode_graphed"] = int(decoder.graphed)
+        decoder = None  # its graphs and buffers go before the held-out decode
         select.restore()
         if dev:
             r = select.report()
