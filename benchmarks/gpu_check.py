@@ -72,6 +72,8 @@ def chain(set_: str, preset: str = "tiny") -> int:
                 problems.append(f"{stage} counted no FLA kernel call (kda_path.fla*)")
             torch_path = sum(v for k, v in c.items() if k.endswith(("kda_path.torch", "kda_path.torch_recurrent")))
             facts.append(f"{stage} FLA {fla} / torch {torch_path} KDA calls")
+    if "rl" in manifests and not manifests["rl"]["counters"].get("rl.decode_graphed"):
+        problems.append("rl sampled without CUDA graphs (rl.decode_graphed 0)")
     if "bench" in manifests:
         bench = json.loads((plan_dir(set_, "bench", preset) / "bench.json").read_text())
         facts.append(f"bench format {bench.get('format')}")

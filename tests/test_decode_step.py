@@ -212,3 +212,17 @@ def test_a_reused_graphed_step_decodes_the_weights_an_optimizer_updated(optimize
     assert after != before  # the update moved the samples: the replay did not decode stale weights
     with pytest.raises(ValueError, match="rows through a DecodeStep of 8"):
         generate_static(m, prompts, 4, samples_per_prompt=3, step=step)
+
+
+def test_dev_checks_through_a_step_grade_what_the_batched_greedy_decode_grades(monkeypatch):
+    """rl's dev checks decode every dev prompt in one DecodeStep batch: greedy, so the same replies (fp32, CPU) and
+    grades as task_eval.answer's batches of generate."""
+    from dormouse.posttrain import task_eval, tasks
+
+    m = live_model(CONFIGS["all_on_conv4"])
+    items = tasks.distinct_items("dev", "add", 2, 10) + tasks.distinct_items("dev", "reverse", 1, 10)
+    monkeypatch.setattr(task_eval, "grade", lambda item, g: "correct" if g and g[0] % 2 == 0 else "wrong")
+    step = DecodeStep(m, 24, buckets=[24], bf16=False)
+    cpu = torch.device("cpu")
+    got = task_eval.correct(m, items, 8, cpu, "float32", step=step)
+    assert got == task_eval.correct(m, items, 8, cpu, "float32") and 0 < sum(got) < len(items)

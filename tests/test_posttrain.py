@@ -295,7 +295,7 @@ def run_selection(monkeypatch, rows: list[list[bool]], min_z: float, rule: str =
     from dormouse.stages.rl import Selection
 
     it = iter(rows)
-    monkeypatch.setattr(task_eval, "correct", lambda *a: next(it))
+    monkeypatch.setattr(task_eval, "correct", lambda *a, **k: next(it))
     model = torch.nn.Linear(2, 2)
     weights = {0: model.weight.detach().clone()}
     dev = [tasks.Item("add", 1, i, f"prompt {i}", "0") for i in range(len(rows[0]))]
@@ -342,7 +342,7 @@ def test_each_dev_check_reports_its_accuracy_per_cell_on_distinct_prompts(monkey
     dev = [tasks.Item("add", 1, 0, "1+1", "2"), tasks.Item("add", 1, 1, "1+1", "2"),  # a repeat: counted once
            tasks.Item("add", 1, 2, "2+2", "4"), tasks.Item("sort", 2, 3, "ba", "ab"), tasks.Item("sort", 2, 4, "dc", "cd")]
     rows = iter([[True, False, False, False, False], [True, True, True, True, False]])
-    monkeypatch.setattr(task_eval, "correct", lambda *a: next(rows))
+    monkeypatch.setattr(task_eval, "correct", lambda *a, **k: next(rows))
     select = {"every": 2, "rule": "bonferroni", "alpha": 0.05, "min_z": 1.7, "plateau": None}
     sel = Selection(torch.nn.Linear(2, 2), dev, {"max_new_bytes": 4}, "cpu", {"dtype": "float32"}, select, 2)
     sel.check(2)

@@ -11,7 +11,7 @@ from collections.abc import Iterator
 import torch
 
 from dormouse.posttrain import chat, tasks
-from dormouse.posttrain.decode import generate
+from dormouse.posttrain.decode import generate, generate_static
 from dormouse.train.runtime import autocast, evaluate, uses_bf16
 
 
@@ -56,9 +56,18 @@ def answer(model, items: list[tasks.Item], max_new_bytes: int, device, dtype: st
     return out
 
 
-def correct(model, items: list[tasks.Item], max_new_bytes: int, device, dtype: str) -> list[bool]:
-    """Per item, whether the greedy reply is verified correct (for paired comparisons of two models)."""
-    replies = answer(model, items, max_new_bytes, device, dtype)
+def correct(model, items: list[tasks.Item], max_new_bytes: int, device, dtype: str, step=None) -> list[bool]:
+    """Per item, whether the greedy reply is verified correct (for paired comparisons of two models). `step`: a
+    `decode.DecodeStep` of at least len(items) rows to decode them through in one batch (rl's dev checks: one graph
+    replay per byte on CUDA); compare only checks made the same way (bf16 kernels may break a near-tie otherwise)."""
+    if step is None:
+        replies = answer(model, items, max_new_bytes, device, dtype)
+    else:
+        was_training = model.training
+        model.eval()
+        with torch.no_grad():
+            replies = generate_static(model, [chat.prompt_bytes(it.prompt) for it in items], max_new_bytes, step=step)
+        model.train(was_training)
     return [grade(it, g) == "correct" for it, g in zip(items, replies, strict=True)]
 
 

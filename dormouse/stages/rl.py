@@ -142,8 +142,10 @@ class Selection:
     the null (benchmarks/rl_selection_sim.py). `stop` says when dev accuracy has reached its plateau
     (select.plateau). With `every` 0 it does nothing and the last step's model is kept."""
 
-    def __init__(self, model, dev: list, task_params: dict, device, params: dict, select: dict, steps: int):
+    def __init__(self, model, dev: list, task_params: dict, device, params: dict, select: dict, steps: int,
+                 decoder: DecodeStep | None = None):
         self.model, self.dev, self.device, self.select = model, dev, device, select
+        self.decoder = decoder  # every check through it (step 0 too): checks compare with each other only
         self.max_new, self.dtype = task_params["max_new_bytes"], params["dtype"]
         self.prompts = [it.prompt for it in dev]
         every = select["every"]
@@ -169,7 +171,7 @@ class Selection:
         return {k: v.detach().to("cpu", copy=True) for k, v in self.model.state_dict().items()}
 
     def check(self, step: int) -> float:
-        right = task_eval.correct(self.model, self.dev, self.max_new, self.device, self.dtype)
+        right = task_eval.correct(self.model, self.dev, self.max_new, self.device, self.dtype, step=self.decoder)
         acc = round(sum(right[i] for i in self.units) / len(self.units), 5)  # each distinct prompt once, as the tests count
         self.curve.append((step, acc))
         by_cell: dict[str, list[bool]] = {}
@@ -208,6 +210,7 @@ class Selection:
         return self.decision
 
     def restore(self) -> None:
+        self.decoder = None  # its graphs and buffers go before the held-out decode
         if self.dev:
             state = self.cand_state if self.decide()["selected_step"] else self.base_state
             self.model.load_state_dict(state)
@@ -326,7 +329,10 @@ def main(argv=None) -> int:
         with qat.through(fq):
             start = task_eval.held_out(model, heldout, params["tasks"], params["dtype"], params["eval"]["batch_size"], device, ex, ey, eval_counters)
             progress.note(f"[rl] start: {task_eval.held_out_line(start)}")
-            select = Selection(model, dev, task_params, device, params, rl["select"], rl["steps"])
+            # the dev prompts in one batch through one DecodeStep (on CUDA a graph replay per byte)
+            dev_decoder = DecodeStep(model.eval(), len(dev), buckets=[len(dev)], graphed=decoder.graphed,
+                                     bf16=uses_bf16(params["dtype"])) if dev else None
+            select = Selection(model, dev, task_params, device, params, rl["select"], rl["steps"], dev_decoder)
         metrics, t0 = [], time.time()
         prompts_seen: dict[str, set[str]] = {}  # per cell: the distinct prompts rl trained on (rl.cell_prompts.*)
         meter = progress.Meter("rl", "step", rl["steps"])
