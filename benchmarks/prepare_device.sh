@@ -45,9 +45,9 @@ echo "carry for the small chain (gpu_small_chain.sh, gpu_rl_acceptance.sh, gpu_s
 # model; the published small-scale recipe of #23 (rlx_s<seed>: Dr. GRPO advantage, token-level loss, prompts by
 # measured pass rate, no KL, 16 samples a prompt as nanochat) stays planned for ARMS="rlx_s0 rlx_s1". Each dir holds
 # small_{rl,export,bench}.json, after `STAGES="pretrain sft" bash benchmarks/gpu_small_chain.sh`.
-# gen_s<seed> (ARMS="gen_s0 gen_s1 gen_s2 null_s0"): rl only on cells whose prompts it cannot learn one by one — the
-# 1-digit sums, differences and products hold 15-18 rl prompts each, drawn ~50 times in 300 steps, and no held-out fact
-# is among them (records/2026-12-05-rl-acceptance-h100) — prompts by measured pass rate (which may skip any cell)
+# gen_s<seed> (ARMS="gen_s0 gen_s1 gen_s2 null_s0"): session 22's arms (records/2026-12-05-rl-gen-h100) before small's
+# default took their idea further (skip_cells: every cell rl cannot move, pass_rate prompts, 32 prompts a step, no
+# plateau stop): rl_s<seed> and null_s0 now run that default.
 for arm in rl_s0 rl_s1 rl_s2 null_s0 rlx_s0 rlx_s1 gen_s0 gen_s1 gen_s2; do
   s=${arm#*_s}
   case ${arm%_s*} in
