@@ -102,16 +102,21 @@ PY
 
   # ---- tests, beside the chain (one GPU, two processes: correctness, not timing)
   local files; files=$(grep -l "mark.gpu" tests/test_*.py | tr '\n' ' ')
-  # test_cuda_graphs first, on its own: its tracebacks come back even when the rest runs out of time
-  rm -f /tmp/gpu_check_tests.rc
+  # two groups side by side (each ~2 min, mostly compiling): test_cuda_graphs apart, so that its tracebacks come back
+  # even when the rest runs out of time; their logs are joined into tests.log in this order
+  rm -f /tmp/gpu_check_tests.rc /tmp/gpu_check_tests.*.log
   (t_end=$(( $(date +%s) + $(cap 420) ))
+   i=0 pids=()
    for group in tests/test_cuda_graphs.py "$(tr ' ' '\n' <<< "$files" | grep -v test_cuda_graphs | tr '\n' ' ')"; do
+     i=$((i + 1))
      t=$(( t_end - $(date +%s) ))
-     if [ "$t" -lt 15 ]; then echo "not run: no time left for $group" >> "$OUT/tests.log"; echo 124 >> /tmp/gpu_check_tests.rc; continue; fi
-     timeout "$t" python3 -m pytest -v -m gpu -p no:cacheprovider --timeout 240 --tb=short -rfEs \
-       $group >> "$OUT/tests.log" 2>&1
-     echo $? >> /tmp/gpu_check_tests.rc
-   done) &
+     (if [ "$t" -lt 15 ]; then echo "not run: no time left for $group"; exit 124; fi
+      timeout "$t" python3 -m pytest -v -m gpu -p no:cacheprovider --timeout 240 --tb=short -rfEs $group) \
+       > /tmp/gpu_check_tests.$i.log 2>&1 &
+     pids+=($!)
+   done
+   for pid in "${pids[@]}"; do wait "$pid"; echo $? >> /tmp/gpu_check_tests.rc; done
+   cat /tmp/gpu_check_tests.*.log >> "$OUT/tests.log") &
   local tests_pid=$!
 
   # ---- chain: built afresh (a warm machine or a rerun keeps results/: the digests do not cover code, so Snakemake
