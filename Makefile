@@ -7,7 +7,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 export PATH := $(abspath $(BIN)):$(PATH)
 
-.PHONY: env env-slurm run test test-all test-system lint dry-run clean-env scale
+.PHONY: env env-slurm run test test-all test-system lint dry-run clean-env scale scale-slice
 
 $(VENV)/.installed: requirements.txt pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -34,6 +34,10 @@ run: env
 #   snakemake results/small@scale/anchors.json --config corpus=corpus/scale/data
 scale: env
 	$(BIN)/snakemake --cores 1 corpus/scale/BUILD.json
+
+# The slice of it that travels to a GPU machine with the checkout (issue #41: b1's chain on one machine)
+scale-slice: env
+	$(BIN)/snakemake --cores 1 corpus/scale_slice/BUILD.json
 
 # ruff first (a finding fails the build before the tests run), the default suite, then the system tests
 # (test-system below).

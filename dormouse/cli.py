@@ -14,6 +14,7 @@ COMMANDS = {
     **{s.name: (s.module, s.help) for s in STAGES.values()},
     "demo-corpus": ("dormouse.data.demo_corpus", "build corpus/demo from pinned package-registry sources"),
     "scale-corpus": ("dormouse.data.scale_corpus", "build corpus/scale (~4.3 GB of text) from pinned package-registry sources"),
+    "corpus-slice": ("dormouse.data.corpus_slice", "a deterministic slice of a built corpus that keeps its mix (b1's chain on one GPU machine)"),
     "gpu-run": ("dormouse.train.devices", "run a command on free GPU slots (sets CUDA_VISIBLE_DEVICES)"),
     "plan": ("dormouse.engine.plan_cli", "print the plan, or one job's JSON to run a stage by hand"),
     "verify": ("dormouse.engine.verify", "re-hash artifacts against their manifests; exit 1 naming every altered file"),

@@ -39,3 +39,24 @@ rule scale_corpus:
         "../../envs/dormouse.yaml"
     shell:
         "dormouse scale-corpus --out corpus/scale > {log:q} 2>&1"
+
+
+rule scale_slice:
+    """96 MB of the scale corpus's text, a uniform draw of its documents (dormouse/data/corpus_slice.py): what b1's
+    whole chain reads on one GPU machine that takes 64 MiB with the checkout. Then `--config
+    corpus=corpus/scale_slice/data`."""
+    input:
+        built="corpus/scale/BUILD.json",
+    output:
+        built="corpus/scale_slice/BUILD.json",
+    log:
+        "results/logs/scale_slice.log",
+    threads: 1
+    resources:
+        mem_mb=2000,
+        runtime=30,
+        **slurm(),
+    conda:
+        "../../envs/dormouse.yaml"
+    shell:
+        "dormouse corpus-slice --corpus corpus/scale --text-mb 96 --preset b1 --out corpus/scale_slice > {log:q} 2>&1"
