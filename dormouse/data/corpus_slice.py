@@ -6,14 +6,15 @@
 Why: a GPU machine here takes 64 MiB with the checkout (wheels included) and reaches no network, so b1's chain
 (issue #41) cannot read the 4.3 GB scale corpus; it reads a slice made here that travels. The slice is documents of
 the corpus (`<corpus>/data/*.jsonl.zst`, BUILD.json marking a complete build), nothing rewritten: a document is kept
-when `fnv.doc_hash("slice\\0" + its group)` falls below fraction x 2^64, fraction = the text bytes asked / the
-corpus's (its BUILD.json). The group is the id with the shard stage's `part_pattern` deleted, so the parts of one cut
-source file are kept or dropped together (the shard stage holds them together too); the salt makes the choice
-independent of the shard stage's own routing hash, so the slice's eval tail is a uniform draw of it, not a run of the
-corpus's eval tail. Every source and domain keeps about the same share (a uniform draw of documents).
+when `fnv.doc_hash("slice\\0" + its id)` falls below fraction x 2^64, fraction = the text bytes asked / the corpus's
+(its BUILD.json). Each part of a cut file (`<id>#NNN`, ~100 KB) is drawn on its own: a dictionary is one file of
+hundreds of parts, and drawing whole files would keep all of it or none; the shard stage still holds the parts that
+are drawn together. The salt makes the draw independent of the shard stage's routing hash, so the slice's eval tail
+is a uniform draw of it, not a run of the corpus's eval tail. Every source and domain keeps about the same share.
 Output: `<out>/data/<source>.jsonl.zst` (the corpus's file names, zstd level 19: the slice is made to travel) and
 `<out>/BUILD.json`, written last: the parent's BUILD.json sha256, the rule, per source the documents read and kept,
-bytes and domains kept, each file's sha256; totals. Each input file is checked against the sha256 its BUILD.json
+bytes and domains kept, each file's sha256 (a source that keeps no document gets no file, named in
+totals.sources_without_a_document: the corpus readers refuse a file that yields no text); totals. Each input file is checked against the sha256 its BUILD.json
 names while it is read (a changed or damaged corpus is refused, naming the file).
 """
 
@@ -22,7 +23,6 @@ from __future__ import annotations
 import argparse
 import io
 import json
-import re
 import shutil
 import time
 from collections import Counter
@@ -32,19 +32,17 @@ import zstandard
 
 from dormouse.data.fnv import doc_hash
 from dormouse.data.scale_corpus import sha256_file
-from dormouse.engine.config import load_preset
-from dormouse.stages.shard import group_of
 
 FORMAT_VERSION = 1
 ZSTD_LEVEL = 19  # ~15 % smaller than level 3 on code and prose: the slice is carried, once
 
 
-def keeps(group: str, threshold: int) -> bool:
-    """Whether the slice keeps a document group: its salted routing hash below the threshold."""
-    return doc_hash("slice\0" + group) < threshold
+def keeps(doc_id: str, threshold: int) -> bool:
+    """Whether the slice keeps a document: its salted routing hash below the threshold."""
+    return doc_hash("slice\0" + doc_id) < threshold
 
 
-def build(corpus: Path, out: Path, text_bytes: int, part_pattern: str | None) -> dict:
+def build(corpus: Path, out: Path, text_bytes: int) -> dict:
     t0 = time.time()
     build_json = corpus / "BUILD.json"
     if not build_json.exists():
@@ -57,15 +55,14 @@ def build(corpus: Path, out: Path, text_bytes: int, part_pattern: str | None) ->
         raise SystemExit(f"corpus-slice: --text-mb asks {text_bytes} bytes of a corpus of {total}")
     fraction = text_bytes / total
     threshold = int(fraction * 2**64)
-    pattern = re.compile(part_pattern) if part_pattern else None
     (out / "BUILD.json").unlink(missing_ok=True)
     tmp = out / ".data.tmp"
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     summary = {"format_version": FORMAT_VERSION, "parent": {"path": str(corpus), "build_sha256": sha256_file(build_json),
                "format_version": parent.get("format_version"), "text_bytes": total},
-               "rule": "doc_hash('slice\\0' + group) < fraction * 2^64", "fraction": round(fraction, 8),
-               "text_bytes_asked": text_bytes, "part_pattern": part_pattern, "zstd_level": ZSTD_LEVEL, "sources": {}}
+               "rule": "doc_hash('slice\\0' + id) < fraction * 2^64", "fraction": round(fraction, 8),
+               "text_bytes_asked": text_bytes, "zstd_level": ZSTD_LEVEL, "sources": {}}
     totals: Counter = Counter()
     for name, src in sorted(parent["sources"].items()):
         path = corpus / src["file"]
@@ -81,7 +78,7 @@ def build(corpus: Path, out: Path, text_bytes: int, part_pattern: str | None) ->
             for line in io.BufferedReader(r, buffer_size=1 << 20):
                 stats["docs_read"] += 1
                 rec = json.loads(line)
-                if not keeps(group_of(rec["id"], pattern), threshold):
+                if not keeps(rec["id"], threshold):
                     continue
                 zw.write(line)
                 domain = rec.get("metadata", {}).get("domain", "unknown")
@@ -89,6 +86,10 @@ def build(corpus: Path, out: Path, text_bytes: int, part_pattern: str | None) ->
                 stats[f"bytes.{domain}"] += len(rec["text"].encode("utf-8"))
         kept = {k: v for k, v in stats.items() if k.startswith(("docs.", "bytes."))}
         totals.update(kept)
+        if not kept:  # a source too small to keep a document: no file (the readers refuse one that yields no text)
+            dst.unlink()
+            summary["sources"][name] = {"file": None, "docs_read": stats["docs_read"]}
+            continue
         summary["sources"][name] = {"file": f"data/{dst.name}", "file_sha256": sha256_file(dst),
                                     "file_bytes": dst.stat().st_size, "docs_read": stats["docs_read"],
                                     **dict(sorted(kept.items()))}
@@ -96,7 +97,8 @@ def build(corpus: Path, out: Path, text_bytes: int, part_pattern: str | None) ->
     tmp.rename(out / "data")
     text = sum(v for k, v in totals.items() if k.startswith("bytes."))
     summary["totals"] = {**dict(sorted(totals.items())), "text_bytes": text,
-                         "file_bytes": sum(s["file_bytes"] for s in summary["sources"].values())}
+                         "file_bytes": sum(s.get("file_bytes", 0) for s in summary["sources"].values()),
+                         "sources_without_a_document": sorted(n for n, s in summary["sources"].items() if not s["file"])}
     summary["build_seconds"] = round(time.time() - t0, 1)
     (out / "BUILD.json").write_text(json.dumps(summary, indent=1) + "\n")
     return summary
@@ -108,10 +110,8 @@ def main(argv=None) -> int:
     ap.add_argument("--corpus", type=Path, default=Path("corpus/scale"), help="a built corpus (its BUILD.json)")
     ap.add_argument("--text-mb", type=float, required=True, help="text bytes to keep, in MB (10^6)")
     ap.add_argument("--out", type=Path, required=True)
-    ap.add_argument("--preset", default="b1", help="whose data.shard.part_pattern names a document's group (default b1)")
     args = ap.parse_args(argv)
-    pattern = load_preset(args.preset)["data"]["shard"]["part_pattern"]
-    s = build(args.corpus, args.out, int(args.text_mb * 1e6), pattern)
+    s = build(args.corpus, args.out, int(args.text_mb * 1e6))
     t = s["totals"]
     print(f"[corpus-slice] {t['text_bytes'] / 1e6:.1f} MB of text ({s['fraction']:.4%} of {args.corpus}) in "
           f"{t['file_bytes'] / 2**20:.1f} MiB of files, {s['build_seconds']:.0f} s -> {args.out}/data", flush=True)

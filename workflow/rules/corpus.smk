@@ -59,4 +59,4 @@ rule scale_slice:
     conda:
         "../../envs/dormouse.yaml"
     shell:
-        "dormouse corpus-slice --corpus corpus/scale --text-mb 96 --preset b1 --out corpus/scale_slice > {log:q} 2>&1"
+        "dormouse corpus-slice --corpus corpus/scale --text-mb 96 --out corpus/scale_slice > {log:q} 2>&1"
