@@ -48,13 +48,13 @@ def image_packages() -> set[str]:
     return {norm(line.strip()) for line in lines if line.strip() and not line.startswith("#")}
 
 
-def resolve() -> list[tuple[str, str]]:
-    """(name, version) of everything REQUIREMENTS installs, by pip's own resolver (this Python's markers: the
+def resolve(requirements: list[str] = REQUIREMENTS) -> list[tuple[str, str]]:
+    """(name, version) of everything `requirements` install, by pip's own resolver (this Python's markers: the
     image's 3.12 differs in none of these packages' requirements)."""
     with tempfile.TemporaryDirectory() as tmp:
         report = Path(tmp) / "report.json"
         subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--dry-run", "--ignore-installed",
-                        "--report", str(report), *REQUIREMENTS], check=True)
+                        "--report", str(report), *requirements], check=True)
         data = json.loads(report.read_text())
     return sorted((i["metadata"]["name"], i["metadata"]["version"]) for i in data["install"])
 
@@ -79,9 +79,10 @@ def fetch_wheel(name: str, version: str, dest: Path) -> str:
     return "built from its sdist"
 
 
-def wheels(dest: Path) -> None:
-    have = image_packages()
-    need = [(n, v) for n, v in resolve() if norm(n) not in have]
+def wheels(dest: Path, requirements: list[str] = REQUIREMENTS, leave_out: set[str] = frozenset()) -> None:
+    """The wheels of what `requirements` install that the image lacks, but `leave_out`'s, into dest."""
+    have = image_packages() | {norm(n) for n in leave_out}
+    need = [(n, v) for n, v in resolve(requirements) if norm(n) not in have]
     wanted = {norm(n) for n, _ in need}
     dest.mkdir(parents=True, exist_ok=True)
     for old in dest.glob("*.whl"):  # a pin changed since the last run: one version of each only
@@ -116,17 +117,21 @@ def tiny_data(dest: Path) -> None:
     print(f"data: {dest} ({dest.stat().st_size / 2**20:.1f} MiB): " + ", ".join(map(str, members)))
 
 
+def exclude_in_git(pattern: str) -> None:
+    """`pattern` in this checkout's .git/info/exclude (a worktree's .git is a file: git says where it lives)."""
+    exclude = ROOT / subprocess.run(["git", "rev-parse", "--git-path", "info/exclude"], cwd=ROOT, capture_output=True,
+                                    text=True, check=True).stdout.strip()
+    exclude.parent.mkdir(parents=True, exist_ok=True)
+    if pattern not in (exclude.read_text().splitlines() if exclude.exists() else []):
+        with exclude.open("a") as f:
+            f.write(pattern + "\n")
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", type=Path, default=ROOT / ".gpucheck")
     args = ap.parse_args(argv)
-    # .git is a file in a worktree: git says where this checkout's exclude file lives
-    exclude = ROOT / subprocess.run(["git", "rev-parse", "--git-path", "info/exclude"], cwd=ROOT, capture_output=True,
-                                    text=True, check=True).stdout.strip()
-    exclude.parent.mkdir(parents=True, exist_ok=True)
-    if "/.gpucheck/" not in (exclude.read_text().splitlines() if exclude.exists() else []):
-        with exclude.open("a") as f:
-            f.write("/.gpucheck/\n")
+    exclude_in_git("/.gpucheck/")
     wheels(args.out / "whl")
     tiny_data(args.out / "data.tgz")
     total = sum(p.stat().st_size for p in args.out.rglob("*") if p.is_file()) / 2**20

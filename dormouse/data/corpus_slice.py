@@ -1,6 +1,6 @@
 """A deterministic slice of a built corpus that keeps its mix: what b1's whole chain reads on one GPU machine.
 
-    dormouse corpus-slice --corpus corpus/scale --text-mb 96 --out corpus/scale_slice     # or: make scale-slice
+    dormouse corpus-slice --corpus corpus/scale --text-mb 200 --out corpus/scale_slice     # or: make scale-slice
     snakemake --config corpus=corpus/scale_slice/data set=... -- results/b1@slice/bench.json
 
 Why: a GPU machine here takes 64 MiB with the checkout (wheels included) and reaches no network, so b1's chain
