@@ -106,6 +106,7 @@ def test_every_enabled_arm_is_counted_in_training_and_eval(shards):
         assert c[f"{where}.loop.iterations"] > 0
         assert sum(v for k, v in c.items() if k.startswith(f"{where}.moe.tokens.")) > 0
     assert m["final"]["eval_bytes"] == 2048 - 2048 % 32
+    assert 0 < m["final"]["time_to_first_step_s"] < 60  # issue #41 item 3: printed and kept (from the stage's start)
     view_curve = [json.loads(line) for line in (shards / out_dir / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in view_curve if "eval_bpb" in r] == [3, 6]
     # the stage writes nothing outside its artifact; the pretrain view appends the history entry, once per digest

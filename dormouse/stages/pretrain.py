@@ -68,6 +68,7 @@ from dormouse.train.trainer import PretrainStep, resume
 
 
 def main(argv=None) -> int:
+    t_main = time.time()  # time to first step counts from here (imports before it: a few seconds)
     job = parse_job(argv, "pretrain", __doc__)
     cfg = ModelConfig.from_dict(job["params"]["model"])
     train = job["params"]["train"]
@@ -83,13 +84,14 @@ def main(argv=None) -> int:
     check_epochs(job, train, shards)  # before any device is touched
     device = distributed.init(world, device_for(train["device"]))
     try:
-        run(job, cfg, train, shards, world, device)
+        run(job, cfg, train, shards, world, device, t_main)
     finally:
         distributed.shutdown()
     return 0
 
 
-def run(job: dict, cfg: ModelConfig, train: dict, shards, world: distributed.World, device: torch.device) -> None:
+def run(job: dict, cfg: ModelConfig, train: dict, shards, world: distributed.World, device: torch.device,
+        t_main: float) -> None:
     say = print if world.is_main else (lambda *args, **kwargs: None)
     torch.manual_seed(train["seed"])
     deterministic_cpu(device)
@@ -151,6 +153,7 @@ def run(job: dict, cfg: ModelConfig, train: dict, shards, world: distributed.Wor
             say(f"[pretrain] train.cuda_graphs: {step_fn.graphs}; the step runs eagerly", flush=True)
         t_last, bytes_last = time.time(), 0
         meter = progress.Meter("pretrain", "step", train["steps"], start)
+        first_step_s = None  # no step left to run (a resume at the end)
         net.train()
         for step in range(start, train["steps"]):
             mult = wsd_multiplier(step, train["steps"], train["warmup_steps"], train["decay_frac"], train["min_lr_frac"])
@@ -161,6 +164,12 @@ def run(job: dict, cfg: ModelConfig, train: dict, shards, world: distributed.Wor
             if step_fn.graphs == "graphed" and step_fn.graphed is None and step_fn.qat is None:
                 c["cuda_graphs.captures"] += 1
             step_fn(x, y, train_counters, f"step {step}")
+            if step == start:  # one sync: the first step's kernels (compile, autotune, graph capture) have run
+                if device.type == "cuda":
+                    torch.cuda.synchronize(device)
+                first_step_s = round(time.time() - t_main, 1)
+                say(f"[pretrain] time to first step: {first_step_s} s (since the stage started: load, compile, capture, "
+                    f"step {step + 1})", flush=True)
             if step == start + 1 and compiled and world.is_main:  # the step's graphs (forward, backward, optimizer) exist
                 compile_cache.save(device, c, say)
             if step_fn.qat is not None and world.is_main:
@@ -244,6 +253,7 @@ def run(job: dict, cfg: ModelConfig, train: dict, shards, world: distributed.Wor
                 "eval_bpb": metrics[-1].get("eval_bpb"), "eval_bytes": eval_bytes, "params": formula,
                 "epochs": round(stream.epochs_seen(), 4), "train_bytes_seen": stream.bytes_seen(),
                 "device": str(device), "world_size": world.size, "optimizers": [type(o).__name__ for o in opts],
+                "time_to_first_step_s": first_step_s,  # this process's (a resumed run's own)
             }
             if ptq_bpb:
                 final["eval_bpb_ptq"] = ptq_bpb
