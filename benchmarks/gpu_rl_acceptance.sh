@@ -29,6 +29,29 @@ fi
 out_of() { $PY -c "import json, sys; print(json.load(open(sys.argv[1]))['out'])" "$1"; }
 # the least time a stage is started with, all arms side by side (H200, small: rl ~160 s alone, bench ~240 s)
 min_s() { case $1 in rl) echo "${MIN_RL_S:-420}";; export) echo "${MIN_EXPORT_S:-60}";; *) echo "${MIN_BENCH_S:-330}";; esac; }
+# rl does not resume, so an arm cut by the call's end is lost: while the arms run side by side, once each has printed
+# an eta past its warm-up, the last arm still running is stopped whenever the slowest one's eta ends past the deadline
+# (the others then share the GPU and finish; the stopped arm runs in the next call)
+watch_rl_arms() {
+  local launched; launched=$(date +%s)
+  while sleep 10; do
+    local alive=() worst=0 i eta
+    for i in "${!pids[@]}"; do kill -0 "${pids[$i]}" 2>/dev/null && alive+=("$i"); done
+    [ ${#alive[@]} -le 1 ] && return
+    [ $(( $(date +%s) - launched )) -lt "${WATCH_AFTER_S:-60}" ] && continue
+    for i in "${alive[@]}"; do
+      eta=$(grep -oE "step [0-9]+/[0-9]+ .* eta [0-9:]+" "$LOGS/${todo[$i]}_rl.log" | tail -1 |
+            awk '{split($2, s, "/"); split($NF, t, ":"); if (s[1] >= 10) print t[1] * 3600 + t[2] * 60 + t[3]}')
+      if [ -z "$eta" ]; then continue 2; fi  # an arm still warming up: no estimate yet
+      [ "$eta" -gt "$worst" ] && worst=$eta
+    done
+    if [ $(( $(date +%s) + worst + ${ETA_MARGIN_S:-30} )) -gt "$deadline" ]; then
+      i=${alive[-1]}
+      echo "${todo[$i]}: rl stopped (the slowest arm's eta ${worst}s ends past this call's deadline); it runs in the next call"
+      kill "${pids[$i]}"
+    fi
+  done
+}
 for stage in rl export bench; do
   todo=()
   for a in $ARMS; do
@@ -54,12 +77,13 @@ for stage in rl export bench; do
     timeout "$left" $PY -m dormouse.cli "$stage" --job "@$JOBS/$a/${PRESET}_$stage.json" > "$LOGS/${a}_$stage.log" 2>&1 &
     pids+=($!)
   done
+  if [ "$stage" = rl ]; then watch_rl_arms; fi
   failed=0 late=0
   for i in "${!todo[@]}"; do
     wait "${pids[$i]}"; rc=$?
     a=${todo[$i]}
     grep -E "^\[$stage\] (start|end|selected)" "$LOGS/${a}_$stage.log" | sed "s/^/$a: /"
-    if [ "$rc" -eq 124 ]; then echo "$a: $stage ran out of this call's time; call again"; late=1
+    if [ "$rc" -eq 124 ] || [ "$rc" -eq 143 ]; then echo "$a: $stage ran out of this call's time; call again"; late=1
     elif [ "$rc" -ne 0 ]; then echo "$a: $stage exit $rc (${a}_$stage.log)"; tail -3 "$LOGS/${a}_$stage.log"; failed=1; fi
   done
   if [ -n "$diag" ]; then

@@ -89,3 +89,39 @@ def test_dev_curves_from_rl_logs_alone_when_no_bench_ran(tmp_path, capsys):
     assert "rl_s0: 0:0.2000 20:0.2100 40:0.2300; shipped step 40" in capsys.readouterr().out
     (tmp_path / "x.log").write_text("no rl here\n")
     assert acc.main(["--logs", str(tmp_path / "x.log"), "--plot", str(png)]) == 2
+
+
+def test_the_rl_watchdog_stops_the_last_arm_when_the_slowest_eta_ends_past_the_deadline(tmp_path):
+    """gpu_rl_acceptance.sh: rl does not resume, so an arm the call's end would cut is stopped early and the others
+    finish. Fake rl arms (a stand-in for `python -m dormouse.cli rl`) print the stage's progress line with an eta of
+    ten minutes in a call of 40 s: the last arm is stopped and reported for the next call, the first runs to its end."""
+    import os
+    import subprocess
+    import sys
+    import time
+
+    jobs = tmp_path / "jobs"
+    for arm in ("a_s0", "a_s1"):
+        (jobs / arm).mkdir(parents=True)
+        for stage in ("rl", "export", "bench"):
+            (jobs / arm / f"tiny_{stage}.json").write_text(json.dumps({"out": str(tmp_path / "store" / arm / stage)}))
+    fake = tmp_path / "py"
+    fake.write_text(f"""#!/bin/sh
+if [ "$1" = -m ]; then  # an rl arm: a progress line a second, then a clean end after 25 s
+  for i in $(seq 10 34); do echo "[rl] step $i/300  reward 0.2  1.0 step/s  elapsed 0:00:$i  eta 0:10:00"; sleep 1; done
+  exit 0
+fi
+exec {sys.executable} "$@"
+""")
+    fake.chmod(0o755)
+    env = dict(os.environ, PY=str(fake), PRESET="tiny", ARMS="a_s0 a_s1", JOBS=str(jobs), OUT=str(tmp_path / "out"),
+               LOGS=str(tmp_path / "logs"), MIN_RL_S="1", DIAG="0", CALL_S="40", WATCH_AFTER_S="3", ETA_MARGIN_S="0")
+    t0 = time.time()
+    run = subprocess.run(["bash", str(REPO / "benchmarks" / "gpu_rl_acceptance.sh")], env=env, capture_output=True,
+                         text=True, timeout=120)
+    out = run.stdout + run.stderr
+    assert run.returncode == 0, out
+    assert "a_s1: rl stopped (the slowest arm's eta 600s ends past this call's deadline)" in out
+    assert "a_s1: rl ran out of this call's time; call again" in out and "a_s0: rl ran out" not in out
+    assert "step 34/300" in (tmp_path / "logs" / "a_s0_rl.log").read_text()  # the first arm ran to its end
+    assert time.time() - t0 < 39  # stopped, not cut by the call's timeout
