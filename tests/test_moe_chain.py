@@ -4,14 +4,12 @@ export and bench on the CPU; every rung but bf16 quantizes the expert banks, and
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 import torch
-import yaml
-from pipeline_util import configure, manifest, run_chain
+from pipeline_util import manifest
 from safetensors import safe_open
-from test_posttrain import STAGES, TINY
+from test_posttrain import TINY, build_chain
 
 # ffn_hidden 128: each expert matrix holds 4 096 weights, quant.MIN_QUANT_NUMEL, so the banks are quantized
 MOE = {**TINY, "model": {**TINY["model"], "ffn_hidden": 128, "moe": True, "n_experts": 4, "moe_top_k": 1}}
@@ -19,22 +17,7 @@ MOE = {**TINY, "model": {**TINY["model"], "ffn_hidden": 128, "moe": True, "n_exp
 
 @pytest.fixture(scope="module")
 def moe_chain(tmp_path_factory, small_corpus, quality_examples):
-    import shutil
-
-    root = Path(__file__).resolve().parents[1]
-    work = tmp_path_factory.mktemp("moe_chain")
-    for d in ("config", "workflow"):
-        shutil.copytree(root / d, work / d)
-    config = configure(work, small_corpus, *quality_examples)
-    path = work / "config" / "presets" / "tiny.yaml"
-    preset = yaml.safe_load(path.read_text())
-    preset.update(MOE)
-    path.write_text(yaml.safe_dump(preset, sort_keys=False))
-    (work / "corpus" / "bench").mkdir(parents=True)
-    (work / "corpus" / "bench" / "capitals.jsonl").write_text(
-        json.dumps({"question": "The capital of France is", "choices": ["Paris", "Lyon"], "answer": 0}) + "\n")
-    config["bench_tasks"] = str(work / "corpus" / "bench")
-    return work, run_chain(work, config, stages=STAGES)
+    return build_chain(tmp_path_factory.mktemp("moe_chain"), small_corpus, quality_examples, MOE)
 
 
 def test_an_moe_model_goes_through_sft_rl_export_and_bench(moe_chain):

@@ -32,26 +32,29 @@ TINY = {
 STAGES = ("filter", "shard", "anchors", "pretrain", "sft", "rl", "export", "bench")
 
 
-@pytest.fixture(scope="module")
-def chain(tmp_path_factory, small_corpus, quality_examples):
+def build_chain(work: Path, small_corpus, quality_examples, preset_update: dict):
+    """The tiny preset with `preset_update` over it, through every stage in `work` (a copy of config/ and workflow/)."""
     import shutil
 
     root = Path(__file__).resolve().parents[1]
-    work = tmp_path_factory.mktemp("posttrain")
     for d in ("config", "workflow"):
         shutil.copytree(root / d, work / d)
     config = configure(work, small_corpus, *quality_examples)
     path = work / "config" / "presets" / "tiny.yaml"
     preset = yaml.safe_load(path.read_text())
-    preset.update(TINY)
+    preset.update(preset_update)
     path.write_text(yaml.safe_dump(preset, sort_keys=False))
     bench_dir = work / "corpus" / "bench"
     bench_dir.mkdir(parents=True)
     (bench_dir / "capitals.jsonl").write_text(
         json.dumps({"question": "The capital of France is", "choices": ["Paris", "Lyon"], "answer": 0}) + "\n")
     config["bench_tasks"] = str(bench_dir)
-    plan = run_chain(work, config, stages=STAGES)
-    return work, plan
+    return work, run_chain(work, config, stages=STAGES)
+
+
+@pytest.fixture(scope="module")
+def chain(tmp_path_factory, small_corpus, quality_examples):
+    return build_chain(tmp_path_factory.mktemp("posttrain"), small_corpus, quality_examples, TINY)
 
 
 def test_sft_loss_counts_only_assistant_bytes():

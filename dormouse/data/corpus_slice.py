@@ -14,8 +14,9 @@ is a uniform draw of it, not a run of the corpus's eval tail. Every source and d
 Output: `<out>/data/<source>.jsonl.zst` (the corpus's file names, zstd level 19: the slice is made to travel) and
 `<out>/BUILD.json`, written last: the parent's BUILD.json sha256, the rule, per source the documents read and kept,
 bytes and domains kept, each file's sha256 (a source that keeps no document gets no file, named in
-totals.sources_without_a_document: the corpus readers refuse a file that yields no text); totals. Each input file is checked against the sha256 its BUILD.json
-names while it is read (a changed or damaged corpus is refused, naming the file).
+sources_without_a_document: the corpus readers refuse a file that yields no text); totals as the corpus's. Each
+input file is checked against the sha256 its BUILD.json names before it is read (a changed, damaged or missing corpus
+file is refused, naming it).
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from pathlib import Path
 import zstandard
 
 from dormouse.data.fnv import doc_hash
-from dormouse.data.scale_corpus import sha256_file
+from dormouse.data.scale_corpus import publish, sha256_file
 
 FORMAT_VERSION = 1
 ZSTD_LEVEL = 19  # ~15 % smaller than level 3 on code and prose: the slice is carried, once
@@ -63,7 +64,6 @@ def build(corpus: Path, out: Path, text_bytes: int) -> dict:
                "format_version": parent.get("format_version"), "text_bytes": total},
                "rule": "doc_hash('slice\\0' + id) < fraction * 2^64", "fraction": round(fraction, 8),
                "text_bytes_asked": text_bytes, "zstd_level": ZSTD_LEVEL, "sources": {}}
-    totals: Counter = Counter()
     for name, src in sorted(parent["sources"].items()):
         path = corpus / src["file"]
         got = sha256_file(path) if path.exists() else "missing"
@@ -85,7 +85,6 @@ def build(corpus: Path, out: Path, text_bytes: int) -> dict:
                 stats[f"docs.{domain}"] += 1
                 stats[f"bytes.{domain}"] += len(rec["text"].encode("utf-8"))
         kept = {k: v for k, v in stats.items() if k.startswith(("docs.", "bytes."))}
-        totals.update(kept)
         if not kept:  # a source too small to keep a document: no file (the readers refuse one that yields no text)
             dst.unlink()
             summary["sources"][name] = {"file": None, "docs_read": stats["docs_read"]}
@@ -93,15 +92,9 @@ def build(corpus: Path, out: Path, text_bytes: int) -> dict:
         summary["sources"][name] = {"file": f"data/{dst.name}", "file_sha256": sha256_file(dst),
                                     "file_bytes": dst.stat().st_size, "docs_read": stats["docs_read"],
                                     **dict(sorted(kept.items()))}
-    shutil.rmtree(out / "data", ignore_errors=True)
-    tmp.rename(out / "data")
-    text = sum(v for k, v in totals.items() if k.startswith("bytes."))
-    summary["totals"] = {**dict(sorted(totals.items())), "text_bytes": text,
-                         "file_bytes": sum(s.get("file_bytes", 0) for s in summary["sources"].values()),
-                         "sources_without_a_document": sorted(n for n, s in summary["sources"].items() if not s["file"])}
-    summary["build_seconds"] = round(time.time() - t0, 1)
-    (out / "BUILD.json").write_text(json.dumps(summary, indent=1) + "\n")
-    return summary
+    summary["file_bytes"] = sum(s.get("file_bytes", 0) for s in summary["sources"].values())
+    summary["sources_without_a_document"] = sorted(n for n, s in summary["sources"].items() if not s["file"])
+    return publish(out, tmp, summary, t0)
 
 
 def main(argv=None) -> int:
@@ -112,7 +105,6 @@ def main(argv=None) -> int:
     ap.add_argument("--out", type=Path, required=True)
     args = ap.parse_args(argv)
     s = build(args.corpus, args.out, int(args.text_mb * 1e6))
-    t = s["totals"]
-    print(f"[corpus-slice] {t['text_bytes'] / 1e6:.1f} MB of text ({s['fraction']:.4%} of {args.corpus}) in "
-          f"{t['file_bytes'] / 2**20:.1f} MiB of files, {s['build_seconds']:.0f} s -> {args.out}/data", flush=True)
+    print(f"[corpus-slice] {s['totals']['text_bytes'] / 1e6:.1f} MB of text ({s['fraction']:.4%} of {args.corpus}) in "
+          f"{s['file_bytes'] / 2**20:.1f} MiB of files, {s['build_seconds']:.0f} s -> {args.out}/data", flush=True)
     return 0

@@ -261,7 +261,6 @@ def source_docs(src: Source, archive: Path, stats: Counter):
 
 def build(out: Path, cache: Path) -> dict:
     t0 = time.time()
-    data = out / "data"
     (out / "BUILD.json").unlink(missing_ok=True)
     tmp = out / ".data.tmp"
     shutil.rmtree(tmp, ignore_errors=True)
@@ -280,8 +279,14 @@ def build(out: Path, cache: Path) -> dict:
                                         "file": f"data/{path.name}", "file_sha256": sha256_file(path),
                                         "seconds": round(time.time() - t, 1), **dict(sorted(stats.items()))}
         print(f"[scale-corpus] {src.name}: {json.dumps(dict(sorted(stats.items())))} ({time.time() - t:.0f} s)", flush=True)
-    shutil.rmtree(data, ignore_errors=True)
-    tmp.rename(data)
+    return publish(out, tmp, summary, t0)
+
+
+def publish(out: Path, tmp: Path, summary: dict, t0: float) -> dict:
+    """A corpus build's end: its files from `tmp` to `out/data`, the per-source docs.* and bytes.* summed into
+    summary["totals"] (text_bytes, docs_share), then BUILD.json written last: it marks a complete build."""
+    shutil.rmtree(out / "data", ignore_errors=True)
+    tmp.rename(out / "data")
     totals = Counter()
     for s in summary["sources"].values():
         totals.update({k: v for k, v in s.items() if k.startswith(("docs.", "bytes."))})
