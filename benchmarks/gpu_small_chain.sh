@@ -9,8 +9,9 @@
 # Stages already built on this (warm) machine are skipped and a killed pretrain resumes from its
 # scratch checkpoint, so a second call continues the first. Everything stops before BUDGET_S.
 # Back in $OUT: logs, art/small_chain.tar (manifests, metrics, bench.json), with WEIGHTS_BACK="sft"
-# (a list of stages) those stages' models in 15 MiB parts (art/<stage>_<digest>.part_*: `cat` them back into
-# results/store/<stage>/<digest>/model.safetensors), and Triton's autotune results
+# (a list of stages) those stages' whole artifacts as `dormouse pack` parts of 15 MiB (art/<stage>-<digest>.tar.zst.*
+# and .parts.json: `dormouse unpack <files_at>/art --store results/store` here verifies and restores them; a small
+# sft then travels back as results/store/sft/<digest>, 36.5 MB, for rl without pretrain and sft), and Triton's autotune results
 # (triton_autotune.tgz, a few hundred KB; the whole cache is over $OUT's 16 MiB a file). Carry
 # that tgz in .cache_h200/ and the next lease skips most of the autotune (~150-400 s cold).
 set -uo pipefail
@@ -36,13 +37,12 @@ for s in pretrain sft rl export bench; do
   tar -rf "$OUT/art/small_chain.tar" -C "$d/.." "$(basename "$d")/manifest.json" \
     $(cd "$d" && ls metrics.jsonl bench.json 2>/dev/null | sed "s|^|$(basename "$d")/|")
 done
-# $OUT returns at most 8 files: 3 parts per model, one tar, the autotune tgz and one log per stage run.
+# $OUT returns at most 8 files: a model's 3 parts and their list, one tar, the autotune tgz and one log per stage run.
 if [ -n "${WEIGHTS_BACK:-}" ]; then
   for s in $WEIGHTS_BACK; do
     d=$(python3 -c "import json; print(json.load(open('$J/small_$s.json'))['out'])")
     [ -f "$d/manifest.json" ] || continue
-    split -b 15M "$d/model.safetensors" "$OUT/art/${s}_$(basename "$d").part_"
-    tar -rf "$OUT/art/small_chain.tar" -C "$d/.." "$(basename "$d")/config.json"
+    python3 -m dormouse.cli pack --artifact "$d" --out "$OUT/art" --part-mib 15 || echo "$s: pack failed"
   done
 fi
 # Triton's autotune results (`<kernel>.autotune.json` in the cache; fla asks Triton to keep them).

@@ -15,12 +15,15 @@
 set -euo pipefail
 exclude=$(git rev-parse --git-path info/exclude)  # .git is a file in a worktree: ask git where its exclude lives
 mkdir -p "$(dirname "$exclude")"
-for p in /.whl/ /.whl_chain/ /.whl_serve/ /.whl_bench/ /.job/ /.cache_h200/; do grep -qxF "$p" "$exclude" 2>/dev/null || echo "$p" >> "$exclude"; done
+for p in /.whl/ /.whl_chain/ /.whl_rl/ /.whl_serve/ /.whl_bench/ /.job/ /.cache_h200/; do grep -qxF "$p" "$exclude" 2>/dev/null || echo "$p" >> "$exclude"; done
 plat="--platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64"
 get() { python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp $plat -d "$@"; }
 get .whl_chain fla-core==0.6.0 jsonschema==4.26.0 jsonschema-specifications==2025.9.1 referencing==0.37.0 \
   rpds-py==2026.9.1 zstandard==0.25.0
 mkdir -p .whl && cp .whl_chain/*.whl .whl/
+# .whl_rl: .whl_chain without zstandard (5.5 MB; rl reads no zstd part): rl from an sft carried as
+# results/store/sft/<digest> (36.5 MB, brought back by gpu_small_chain.sh's WEIGHTS_BACK) fits 64 MiB with the shard
+mkdir -p .whl_rl && cp .whl_chain/*.whl .whl_rl/ && rm -f .whl_rl/zstandard-*.whl
 get .whl flash-linear-attention==0.6.0
 get .whl_serve fastapi==0.165.0 uvicorn==0.55.0 starlette==1.10.0 pydantic==2.14.4 pydantic-core==2.50.5 \
   annotated-types==0.8.0 annotated-doc==0.0.7 typing-inspection==0.4.5 anyio==4.16.0 sniffio==1.3.1 h11==0.16.0 \
