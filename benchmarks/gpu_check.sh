@@ -111,7 +111,7 @@ PY
      i=$((i + 1))
      t=$(( t_end - $(date +%s) ))
      (if [ "$t" -lt 15 ]; then echo "not run: no time left for $group"; exit 124; fi
-      timeout "$t" python3 -m pytest -v -m gpu -p no:cacheprovider --timeout 240 --tb=short -rfEs $group) \
+      timeout --kill-after=20 "$t" python3 -m pytest -v -m gpu -p no:cacheprovider --timeout 240 --tb=short -rfEs $group) \
        > /tmp/gpu_check_tests.$i.log 2>&1 &
      pids+=($!)
    done

@@ -29,26 +29,33 @@ fi
 out_of() { $PY -c "import json, sys; print(json.load(open(sys.argv[1]))['out'])" "$1"; }
 # the least time a stage is started with, all arms side by side (H200, small: rl ~160 s alone, bench ~240 s)
 min_s() { case $1 in rl) echo "${MIN_RL_S:-420}";; export) echo "${MIN_EXPORT_S:-60}";; *) echo "${MIN_BENCH_S:-330}";; esac; }
-# rl does not resume, so an arm cut by the call's end is lost: while the arms run side by side, once each has printed
-# an eta past its warm-up, the last arm still running is stopped whenever the slowest one's eta ends past the deadline
-# (the others then share the GPU and finish; the stopped arm runs in the next call)
+# rl does not resume, so an arm cut by the call's end is lost: while the arms run side by side, each arm's rate is
+# measured over a window of at least WATCH_AFTER_S (from its step line, `[rl] step N/M`), and when the slowest arm's
+# remaining steps at that rate end past the deadline, the last arm still running is stopped (it runs in the next
+# call); the window then starts again, so the others' faster rate without it is measured before another is stopped
 watch_rl_arms() {
-  local launched; launched=$(date +%s)
+  local i now step total alive worst rest bt bs ready
+  declare -A base=()
   while sleep 10; do
-    local alive=() worst=0 i eta
+    alive=()
     for i in "${!pids[@]}"; do kill -0 "${pids[$i]}" 2>/dev/null && alive+=("$i"); done
     [ ${#alive[@]} -le 1 ] && return
-    [ $(( $(date +%s) - launched )) -lt "${WATCH_AFTER_S:-60}" ] && continue
+    now=$(date +%s) worst=0 ready=1
     for i in "${alive[@]}"; do
-      eta=$(grep -oE "step [0-9]+/[0-9]+ .* eta [0-9:]+" "$LOGS/${todo[$i]}_rl.log" | tail -1 |
-            awk '{split($2, s, "/"); split($NF, t, ":"); if (s[1] >= 10) print t[1] * 3600 + t[2] * 60 + t[3]}')
-      if [ -z "$eta" ]; then continue 2; fi  # an arm still warming up: no estimate yet
-      [ "$eta" -gt "$worst" ] && worst=$eta
+      step=
+      read -r step total < <(grep -oE "^\[rl\] step [0-9]+/[0-9]+" "$LOGS/${todo[$i]}_rl.log" | tail -1 | tr -c '0-9\n' ' ')
+      if [ -z "$step" ]; then ready=0; continue; fi  # an arm still loading: no rate yet
+      [ -n "${base[$i]:-}" ] || base[$i]="$now $step"
+      read -r bt bs <<< "${base[$i]}"
+      if [ $(( now - bt )) -lt "${WATCH_AFTER_S:-60}" ] || [ "$step" -le "$bs" ]; then ready=0; continue; fi
+      rest=$(( (total - step) * (now - bt) / (step - bs) ))
+      [ "$rest" -gt "$worst" ] && worst=$rest
     done
-    if [ $(( $(date +%s) + worst + ${ETA_MARGIN_S:-30} )) -gt "$deadline" ]; then
+    if [ "$ready" = 1 ] && [ $(( now + worst + ${ETA_MARGIN_S:-30} )) -gt "$deadline" ]; then
       i=${alive[-1]}
-      echo "${todo[$i]}: rl stopped (the slowest arm's eta ${worst}s ends past this call's deadline); it runs in the next call"
+      echo "${todo[$i]}: rl stopped (the slowest arm needs ~${worst}s more, past this call's deadline); it runs in the next call"
       kill "${pids[$i]}"
+      base=()  # the rest's rate without it, measured afresh
     fi
   done
 }

@@ -65,6 +65,9 @@ def build(corpus: Path, out: Path, text_bytes: int) -> dict:
                "rule": "doc_hash('slice\\0' + id) < fraction * 2^64", "fraction": round(fraction, 8),
                "text_bytes_asked": text_bytes, "zstd_level": ZSTD_LEVEL, "sources": {}}
     for name, src in sorted(parent["sources"].items()):
+        if not src.get("file"):  # a slice's source that kept no document (slicing a slice)
+            summary["sources"][name] = {"file": None, "docs_read": 0}
+            continue
         path = corpus / src["file"]
         got = sha256_file(path) if path.exists() else "missing"
         if got != src["file_sha256"]:

@@ -330,9 +330,9 @@ def main(argv=None) -> int:
             start = task_eval.held_out(model, heldout, params["tasks"], params["dtype"], params["eval"]["batch_size"], device, ex, ey, eval_counters)
             progress.note(f"[rl] start: {task_eval.held_out_line(start)}")
             # the dev prompts in one batch through one DecodeStep (on CUDA a graph replay per byte)
-            dev_decoder = DecodeStep(model.eval(), len(dev), buckets=[len(dev)], graphed=decoder.graphed,
-                                     bf16=uses_bf16(params["dtype"])) if dev else None
-            select = Selection(model, dev, task_params, device, params, rl["select"], rl["steps"], dev_decoder)
+            select = Selection(model, dev, task_params, device, params, rl["select"], rl["steps"],
+                               DecodeStep(model.eval(), len(dev), buckets=[len(dev)], graphed=decoder.graphed,
+                                          bf16=uses_bf16(params["dtype"])) if dev else None)
         metrics, t0 = [], time.time()
         prompts_seen: dict[str, set[str]] = {}  # per cell: the distinct prompts rl trained on (rl.cell_prompts.*)
         meter = progress.Meter("rl", "step", rl["steps"])
