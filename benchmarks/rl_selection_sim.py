@@ -24,6 +24,7 @@ Rules, each deciding from the same per-item correctness lists:
           the exact one-sided sign test's p <= 0.05 / 10 planned checkpoints; the most accurate that passes ships
   new     selection.decide(rule="select_then_confirm"): the best on the select half, shipped if z >= min_z against
           step 0 on the confirm half; at the schema's default min_z and at 2.0
+  final   selection.decide(rule="final"): the last checkpoint alone on all the items at p <= 0.05 (small's rule)
 
 Each cell: the share of arms that shipped a checkpoint (step > 0) with its 95 % Wilson interval, and the mean
 true gain shipped (the target of the shipped checkpoint minus step 0's, in points; 0 when step 0 ships).
@@ -112,14 +113,16 @@ def old_rule(steps: list[int], correct: list[list[bool]], prompts: list[str], mi
 
 
 def simulate(n: int, targets: list[float], arms: int, seed: int, min_zs: list[float], base: float = BASE,
-             discord: float = DISCORD, rules: tuple[str, ...] = ("old", "bonferroni", "new"), corr: float = 0.0) -> dict:
-    """Per rule (old, bonferroni, and new at each min_z): ships (arms that shipped a step > 0) and the summed true
+             discord: float = DISCORD, rules: tuple[str, ...] = ("old", "bonferroni", "new", "final"),
+             corr: float = 0.0) -> dict:
+    """Per rule (old, bonferroni, new at each min_z, final): ships (arms that shipped a step > 0) and the summed true
     gain."""
     rng = np.random.default_rng(seed)
     prompts = [f"dev item {i}" for i in range(n)]
     steps = [0] + [10 * (k + 1) for k in range(len(targets))]
     gain = {s: t - base for s, t in zip(steps[1:], targets)} | {0: 0.0}
-    names = [r for r in ("old", "bonferroni") if r in rules] + ([f"new z>={z}" for z in min_zs] if "new" in rules else [])
+    names = ([r for r in ("old", "bonferroni") if r in rules] + ([f"new z>={z}" for z in min_zs] if "new" in rules else [])
+             + (["final"] if "final" in rules else []))
     out = {k: {"ships": 0, "gain": 0.0} for k in names}
     for _ in range(arms):
         correct = draw_arm(rng, n, base, targets, discord, corr)
@@ -132,6 +135,8 @@ def simulate(n: int, targets: list[float], arms: int, seed: int, min_zs: list[fl
         if "new" in rules:
             for z in min_zs:
                 picks[f"new z>={z}"] = selection.decide(steps, correct, prompts, z, rule="select_then_confirm")["selected_step"]
+        if "final" in rules:
+            picks["final"] = selection.decide(steps, correct, prompts, rule="final", alpha=ALPHA)["selected_step"]
         for k, s in picks.items():
             out[k]["ships"] += s > 0
             out[k]["gain"] += gain[s]
@@ -177,9 +182,9 @@ def main(argv=None) -> int:
     print("# arm A-D rows are parametric reconstructions of the observed curves (straight lines over the reported "
           "ranges), not the recorded items\n")
     head = f"{'scenario':<11} {'items':>5} {'halves':>8}  " + "  ".join(
-        f"{k:>26}" for k in ["old z>=2.0", "bonferroni (default)"] + [f"new z>={z}" for z in min_zs])
+        f"{k:>26}" for k in ["old z>=2.0", "bonferroni (default)"] + [f"new z>={z}" for z in min_zs] + ["final"])
     print(head)
-    print(f"{'':<11} {'':>5} {'sel/conf':>8}  " + "  ".join(f"{'ships [95% CI]  gain':>26}" for _ in range(2 + len(min_zs))))
+    print(f"{'':<11} {'':>5} {'sel/conf':>8}  " + "  ".join(f"{'ships [95% CI]  gain':>26}" for _ in range(3 + len(min_zs))))
     for name, (base, targets, corr) in scenarios(a.base).items():
         for i, n in enumerate(sizes):
             sel, conf = selection.halves([f"dev item {j}" for j in range(n)])

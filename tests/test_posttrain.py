@@ -15,7 +15,7 @@ from pipeline_util import configure, manifest, run_chain
 from dormouse.engine.config import validate
 from dormouse.engine.views import main as view_main
 from dormouse.posttrain import chat, task_eval, tasks
-from dormouse.stages.rl import Curriculum
+from dormouse.stages.rl import Curriculum, selection_line
 from dormouse.stages.sft import sft_batch
 
 TINY = {
@@ -391,6 +391,24 @@ def test_bonferroni_ships_the_most_accurate_checkpoint_past_the_corrected_z(monk
     # nothing passes: step 0 ships
     sel, model, weights = run_selection(monkeypatch, rows[:2], 1.7, rule="bonferroni", steps=20)
     assert sel.report()["selected_step"] == 0 and torch.equal(model.weight, weights[0])
+
+
+def test_final_ships_the_weights_rl_ends_with_or_step0(monkeypatch):
+    """rule final in the stage: no candidate copy is kept; a last checkpoint that passes ships as the model stands (the
+    last step's weights), one that does not gives back step 0's, whatever a mid-run checkpoint scored."""
+    n = 60
+    def row(right):
+        return [i in right for i in range(n)]
+    base = set(range(40, 55))
+    rows = [row(base), row(base | set(range(12))), row(base | set(range(6)))]  # steps 0, 2 (the peak), 4
+    sel, model, weights = run_selection(monkeypatch, rows, 1.7, rule="final", steps=4)
+    r = sel.report()
+    assert r["rule"] == "final" and r["selected_step"] == 4 and sel.cand_state is None
+    assert torch.equal(model.weight, weights[4])
+    rows[2] = row(base | {0})
+    sel, model, weights = run_selection(monkeypatch, rows, 1.7, rule="final", steps=4)
+    assert sel.report()["selected_step"] == 0 and torch.equal(model.weight, weights[0])
+    assert "final: the last checkpoint against step 0, p <= 0.05; step 4 gained 1 lost 0 p 0.5" in selection_line(sel.report())
 
 
 def test_rl_stops_when_dev_accuracy_stops_rising(monkeypatch):

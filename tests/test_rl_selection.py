@@ -100,3 +100,22 @@ def test_bonferroni_in_decide():
     assert d["selected_step"] == 0 and d["p_crit"] < 1 / 256
     with pytest.raises(ValueError, match="planned"):
         selection.decide([0, 10, 20], [base, gain8, gain9], PROMPTS, rule="bonferroni", planned=1)
+
+
+def test_final_tests_the_last_checkpoint_alone_at_alpha():
+    """final: one planned test, the last checkpoint against step 0 at p <= alpha; the checks before it only draw the
+    curve (a mid-run peak that fades does not ship), and a gain bonferroni's divided alpha misses ships."""
+    base = row(set(range(30, 40)))
+    peak, flat = row(set(range(30, 40)) | set(range(9))), row(set(range(30, 40)) | {0})
+    d = selection.decide([0, 10, 20], [base, peak, flat], PROMPTS, rule="final")
+    assert d["candidate_step"] == 20 and d["selected_step"] == 0 and [t["step"] for t in d["tests"]] == [10, 20]
+    six = row(set(range(30, 40)) | set(range(6)))  # 6 gained, none lost: p 1/64 = 0.0156
+    d = selection.decide([0, 10, 20], [base, base, six], PROMPTS, rule="final", alpha=0.05)
+    assert d["selected_step"] == 20 and d["tests"][-1]["p"] == 0.01562
+    assert selection.decide([0, 10, 20], [base, base, six], PROMPTS, rule="bonferroni", planned=6)["selected_step"] == 0
+    assert selection.decide([0], [base], PROMPTS, rule="final")["selected_step"] == 0
+
+
+def test_finals_simulated_null_rate_is_at_most_alpha():
+    null = sim.simulate(842, [sim.BASE] * 10, arms=600, seed=4, min_zs=[], rules=("final",))["final"]
+    assert null["rate"] <= sim.ALPHA + 0.02, null

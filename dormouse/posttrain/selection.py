@@ -1,6 +1,13 @@
-"""rl's checkpoint choice as a pure function of per-item dev correctness. Two rules, both holding the false-ship rate
+"""rl's checkpoint choice as a pure function of per-item dev correctness. Three rules, each holding the false-ship rate
 (a checkpoint shipped when none is better than step 0, the SFT model) to `alpha` or below whatever the number of
-checkpoints; benchmarks/rl_selection_sim.py simulates both through `decide`.
+checkpoints; benchmarks/rl_selection_sim.py simulates them through `decide`.
+
+final: one test, planned before the run: the last checkpoint (the model rl ends with: at rl.steps, or where the
+plateau stopped it) ships if the exact one-sided sign test against step 0 on all the dev prompts gives p <= alpha,
+else step 0. The checks before it draw the dev curve and test nothing, so nothing is spent on them: a gain that builds
+up to the end passes at alpha, where bonferroni asks alpha / the planned checkpoints (+10 points in one 96-prompt
+cell with 4 prompts lost elsewhere: p 0.015, shipped by final, not by bonferroni over 6 checks). A peak mid-run that
+fades is not shipped.
 
 bonferroni (the default): each checkpoint is tested against step 0 on all the dev prompts by the exact one-sided sign
 test (each distinct prompt once: P(at least `gained` of the gained + lost discordant prompts under a fair coin)), at
@@ -30,7 +37,7 @@ from functools import lru_cache
 
 from dormouse.posttrain.task_eval import paired_sign
 
-RULES = ("bonferroni", "select_then_confirm")
+RULES = ("bonferroni", "select_then_confirm", "final")
 
 
 @lru_cache(maxsize=1 << 16)
@@ -111,6 +118,8 @@ def candidate(rule: str, steps: list[int], correct: list[list[bool]], prompts: l
     either stays put or moves to the newest step as rows are added, so the stage keeps one copy."""
     if rule == "select_then_confirm":
         return candidate_of(steps, correct, halves(prompts)[0])
+    if rule == "final":  # the newest checkpoint is the one tested; the stage keeps no copy (it ends holding it)
+        return steps[-1] if len(steps) > 1 else 0
     if rule != "bonferroni":
         raise ValueError(f"unknown selection rule {rule!r}; known: {RULES}")
     crit, units = p_crit(alpha, planned), distinct_units(prompts)
@@ -139,6 +148,12 @@ def decide(steps: list[int], correct: list[list[bool]], prompts: list[str], min_
         cand = candidate(rule, steps, correct, prompts, alpha=alpha, planned=max(planned, 1))
         return {"rule": rule, "alpha": alpha, "planned_checkpoints": planned, "p_crit": float(f"{crit:.4g}"),
                 "units": len(distinct_units(prompts)), "tests": tests, "candidate_step": cand, "selected_step": cand}
+    if rule == "final":
+        tests = [{**t, "z": round(t["z"], 3), "p": float(f"{t['p']:.4g}")} for t in _tests(steps, correct, prompts)]
+        last = tests[-1] if tests else None
+        ships = last is not None and sign_p(last["gained"], last["lost"]) <= alpha
+        return {"rule": rule, "alpha": alpha, "units": len(distinct_units(prompts)), "tests": tests,
+                "candidate_step": steps[-1] if tests else 0, "selected_step": steps[-1] if ships else 0}
     if rule != "select_then_confirm":
         raise ValueError(f"unknown selection rule {rule!r}; known: {RULES}")
     sel, conf = halves(prompts)

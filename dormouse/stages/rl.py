@@ -25,7 +25,8 @@ Model selection (dormouse/posttrain/selection.py): every `select.every` steps (a
 greedy exact match on the dev split (task_eval.dev_items: distinct prompts rl never trains on and the held-out set
 never asks). `select.rule` bonferroni (default): the most accurate checkpoint whose paired sign test against step 0
 on all the dev prompts (exact, one-sided) reaches p <= alpha / the planned checkpoints ships, else the SFT weights;
-select_then_confirm: the best on a select half ships if it beats step 0 on the confirm half at z >= min_z. Either
+select_then_confirm: the best on a select half ships if it beats step 0 on the confirm half at z >= min_z; final: the
+model rl ends with ships if it beats step 0 on all the dev prompts at p <= alpha (one planned test). Each
 ships a checkpoint no better than step 0 at most ~alpha of the time (benchmarks/rl_selection_sim.py). rl stops
 early when dev accuracy reaches its plateau (`select.plateau`). `shuffle_rewards`: the null arm (each group's
 rewards permuted before the advantages). `skip_cells`: cells whose groups never teach, left out of rl's prompts
@@ -189,7 +190,9 @@ class Selection:
             paired = task_eval.paired_sign(self.rows[0], right, self.prompts)
             self.paired.append({"step": step, **paired, "z": round(paired["z"], 3)})
             cand = selection.candidate(steps=self.steps, correct=self.rows, prompts=self.prompts, **self.rule_args)
-            if cand == step and cand != self.cand_step:
+            if self.select["rule"] == "final":  # the model rl ends with is the one tested: no copy
+                self.cand_step = cand
+            elif cand == step and cand != self.cand_step:
                 self.cand_step = cand
                 self.cand_state = None  # the old copy goes before the new one is made
                 self.cand_state = self._copy()
@@ -212,8 +215,9 @@ class Selection:
     def restore(self) -> None:
         self.decoder = None  # its graphs and buffers go before the held-out decode
         if self.dev:
-            state = self.cand_state if self.decide()["selected_step"] else self.base_state
-            self.model.load_state_dict(state)
+            selected = self.decide()["selected_step"]
+            if not (selected and self.select["rule"] == "final"):  # final ships the weights rl ends with, as they are
+                self.model.load_state_dict(self.cand_state if selected else self.base_state)
             self.base_state = self.cand_state = None
 
     def report(self) -> dict:
@@ -230,6 +234,10 @@ class Selection:
 
 def selection_line(r: dict) -> str:
     """The selection's evidence in one line."""
+    if r["rule"] == "final":
+        t = r["tests"][-1] if r["tests"] else None
+        return (f"final: the last checkpoint against step 0, p <= {r['alpha']}; "
+                + (f"step {t['step']} gained {t['gained']} lost {t['lost']} p {t['p']}" if t else "no checkpoint"))
     if r["rule"] == "bonferroni":
         best = min(r["tests"], key=lambda t: t["p"], default=None)
         return (f"bonferroni: p <= {r['p_crit']} (alpha {r['alpha']} over {r['planned_checkpoints']} planned "
