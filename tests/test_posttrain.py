@@ -554,6 +554,35 @@ def test_rl_with_pass_rate_prompts_and_dr_grpo_runs(chain):
     assert sum(groups.values()) == c["rl.groups"] == 4 * 2 * 2  # steps x prompts_per_step x oversample
 
 
+def test_rl_in_smalls_shape_runs_skipping_cells_and_testing_the_last_checkpoint(chain):
+    """small's recipe on the tiny chain: pass-rate prompts over the cells left after skip_cells, dev checks that only
+    draw the curve and the final rule's one test; the skipped cells are never drawn."""
+    from dormouse.cli import main as dormouse_main
+    from dormouse.engine.store import artifact_digest
+
+    work, plan = chain
+    spec = plan.job("rl", plan.chain["tiny"]["rl"]).spec(plan.store)
+    spec["params"]["rl"] = {**spec["params"]["rl"], "prompts": "pass_rate", "skip_cells": ["add@1", "reverse@2"],
+                            "pass_rate": {"window": 4, "floor": 0.05, "prior": 1.0}, "steps": 4,
+                            "select": {**spec["params"]["rl"]["select"], "every": 2, "rule": "final", "plateau": None}}
+    spec["digest"] = artifact_digest("rl", spec["format_version"], spec["params"],
+                                     {k: v["digest"] for k, v in spec["inputs"].items()}, spec["retractions"])
+    spec["out"] = f"{plan.store}/rl/{spec['digest']}"
+    cwd = os.getcwd()
+    os.chdir(work)
+    try:
+        assert dormouse_main(["rl", "--job", json.dumps(spec)]) == 0
+    finally:
+        os.chdir(cwd)
+    m = json.loads((work / spec["out"] / "manifest.json").read_text())
+    final, c = m["final"], m["counters"]
+    assert set(final["pass_rate_cells"]) == {"add/2", "reverse/1"} and c["rl.skipped_cells"] == 2
+    assert not any(k in c for k in ("rl.cell_groups.add.1", "rl.cell_groups.reverse.2"))
+    sel = final["selection"]
+    assert sel["rule"] == "final" and [t["step"] for t in sel["tests"]] == [2, 4] and sel["candidate_step"] == 4
+    assert [s for s, _ in sel["curve"]] == [0, 2, 4] and sel["selected_step"] in (0, 4)
+
+
 @pytest.mark.slow
 def test_gpu_rl_acceptance_script_runs_the_arms_side_by_side(chain, tmp_path):
     """benchmarks/gpu_rl_acceptance.sh on CPU with two tiny rl seeds and a null arm (rl.shuffle_rewards): rl, export and
