@@ -526,16 +526,14 @@ def test_new_rl_keys_at_their_defaults_leave_the_digest_alone():
     assert moved["prompts"] == "pass_rate" and moved["advantage"] == "mean" and "pass_rate" in moved
 
 
-def test_rl_with_pass_rate_prompts_and_dr_grpo_runs(chain):
-    """The rl stage under prompts: pass_rate, advantage: mean, loss_norm: token: it trains, counts every cell and
-    reports the sampler's view of each."""
+def run_rl_variant(chain, rl_update) -> dict:
+    """The tiny chain's rl job with rl_update(its rl params) -> new rl params, run under its own digest; the manifest."""
     from dormouse.cli import main as dormouse_main
     from dormouse.engine.store import artifact_digest
 
     work, plan = chain
     spec = plan.job("rl", plan.chain["tiny"]["rl"]).spec(plan.store)
-    spec["params"]["rl"] = {**spec["params"]["rl"], "prompts": "pass_rate", "advantage": "mean", "loss_norm": "token",
-                            "pass_rate": {"window": 4, "floor": 0.05, "prior": 1.0}, "steps": 4}
+    spec["params"]["rl"] = rl_update(spec["params"]["rl"])
     spec["digest"] = artifact_digest("rl", spec["format_version"], spec["params"],
                                      {k: v["digest"] for k, v in spec["inputs"].items()}, spec["retractions"])
     spec["out"] = f"{plan.store}/rl/{spec['digest']}"
@@ -545,7 +543,14 @@ def test_rl_with_pass_rate_prompts_and_dr_grpo_runs(chain):
         assert dormouse_main(["rl", "--job", json.dumps(spec)]) == 0
     finally:
         os.chdir(cwd)
-    m = json.loads((work / spec["out"] / "manifest.json").read_text())
+    return json.loads((work / spec["out"] / "manifest.json").read_text())
+
+
+def test_rl_with_pass_rate_prompts_and_dr_grpo_runs(chain):
+    """The rl stage under prompts: pass_rate, advantage: mean, loss_norm: token: it trains, counts every cell and
+    reports the sampler's view of each."""
+    m = run_rl_variant(chain, lambda rl: {**rl, "prompts": "pass_rate", "advantage": "mean", "loss_norm": "token",
+                                          "pass_rate": {"window": 4, "floor": 0.05, "prior": 1.0}, "steps": 4})
     final, c = m["final"], m["counters"]
     assert final["algorithm"] == {"advantage": "mean", "loss_norm": "token", "prompts": "pass_rate", "shuffle_rewards": False,
                                   "skip_cells": []}
@@ -557,24 +562,9 @@ def test_rl_with_pass_rate_prompts_and_dr_grpo_runs(chain):
 def test_rl_in_smalls_shape_runs_skipping_cells_and_testing_the_last_checkpoint(chain):
     """small's recipe on the tiny chain: pass-rate prompts over the cells left after skip_cells, dev checks that only
     draw the curve and the final rule's one test; the skipped cells are never drawn."""
-    from dormouse.cli import main as dormouse_main
-    from dormouse.engine.store import artifact_digest
-
-    work, plan = chain
-    spec = plan.job("rl", plan.chain["tiny"]["rl"]).spec(plan.store)
-    spec["params"]["rl"] = {**spec["params"]["rl"], "prompts": "pass_rate", "skip_cells": ["add@1", "reverse@2"],
-                            "pass_rate": {"window": 4, "floor": 0.05, "prior": 1.0}, "steps": 4,
-                            "select": {**spec["params"]["rl"]["select"], "every": 2, "rule": "final", "plateau": None}}
-    spec["digest"] = artifact_digest("rl", spec["format_version"], spec["params"],
-                                     {k: v["digest"] for k, v in spec["inputs"].items()}, spec["retractions"])
-    spec["out"] = f"{plan.store}/rl/{spec['digest']}"
-    cwd = os.getcwd()
-    os.chdir(work)
-    try:
-        assert dormouse_main(["rl", "--job", json.dumps(spec)]) == 0
-    finally:
-        os.chdir(cwd)
-    m = json.loads((work / spec["out"] / "manifest.json").read_text())
+    m = run_rl_variant(chain, lambda rl: {**rl, "prompts": "pass_rate", "skip_cells": ["add@1", "reverse@2"],
+                                          "pass_rate": {"window": 4, "floor": 0.05, "prior": 1.0}, "steps": 4,
+                                          "select": {**rl["select"], "every": 2, "rule": "final", "plateau": None}})
     final, c = m["final"], m["counters"]
     assert set(final["pass_rate_cells"]) == {"add/2", "reverse/1"} and c["rl.skipped_cells"] == 2
     assert not any(k in c for k in ("rl.cell_groups.add.1", "rl.cell_groups.reverse.2"))
