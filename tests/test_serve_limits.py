@@ -294,7 +294,11 @@ def test_a_small_request_is_served_while_a_2000_prompt_request_fills_the_batch(m
         h = s.health()
         assert not big_done.is_set() and h["waiting_streams"] > 1800, h  # the big one still runs
         assert latency < 2.0, f"the small request took {latency:.1f} s"
-        assert h["counters"]["serve.preempted"] >= 1
+        # its row came from pausing a big stream, or from one that ended (at temperature 1 a story may stop early and
+        # the fair share then hands its row to the small request): a CI run saw the second, no preemption
+        c = h["counters"]
+        ended = sum(v for k, v in c.items() if k.startswith("serve.finished.")) - 1  # the small request's own left out
+        assert c.get("serve.preempted", 0) >= 1 or ended >= 1, c
     finally:
         thread.join(timeout=15)
         s.close()
