@@ -101,7 +101,7 @@ def old_rule(steps: list[int], correct: list[list[bool]], prompts: list[str], mi
     """rl format 10, per threshold: the most accurate checkpoint whose sign test against step 0 on all the items has
     z >= min_z (the earliest on a tie), else 0. (The sim's prompts are distinct, so keys change nothing; left out
     for speed.)"""
-    zs = [(step, paired_sign(correct[0], right)["z"], sum(right)) for step, right in zip(steps[1:], correct[1:])]
+    zs = [(step, paired_sign(correct[0], right)["z"], sum(right)) for step, right in zip(steps[1:], correct[1:], strict=True)]
     out = {}
     for min_z in min_zs:
         best, best_step = -1, 0
@@ -120,7 +120,7 @@ def simulate(n: int, targets: list[float], arms: int, seed: int, min_zs: list[fl
     rng = np.random.default_rng(seed)
     prompts = [f"dev item {i}" for i in range(n)]
     steps = [0] + [10 * (k + 1) for k in range(len(targets))]
-    gain = {s: t - base for s, t in zip(steps[1:], targets)} | {0: 0.0}
+    gain = {s: t - base for s, t in zip(steps[1:], targets, strict=True)} | {0: 0.0}
     names = ([r for r in ("old", "bonferroni") if r in rules] + ([f"new z>={z}" for z in min_zs] if "new" in rules else [])
              + (["final"] if "final" in rules else []))
     out = {k: {"ships": 0, "gain": 0.0} for k in names}
