@@ -43,31 +43,29 @@ def grade(item: tasks.Item, generated: bytes) -> str:
 
 
 @torch.no_grad()
-def answer(model, items: list[tasks.Item], max_new_bytes: int, device, dtype: str, batch: int = 256) -> list[bytes]:
-    """Greedy replies to every item's prompt (eval mode; the caller's train/eval mode is restored)."""
+def answer(model, items: list[tasks.Item], max_new_bytes: int, device, dtype: str, batch: int = 256,
+           step=None) -> list[bytes]:
+    """Greedy replies to every item's prompt (eval mode; the caller's train/eval mode is restored). `step`: a
+    `decode.DecodeStep` of at least len(items) rows to decode them through in one batch (rl's dev checks: one graph
+    replay per byte on CUDA); compare only replies decoded the same way (bf16 kernels may break a near-tie otherwise)."""
     was_training = model.training
     model.eval()
-    out: list[bytes] = []
-    for i in range(0, len(items), batch):
-        prompts = [chat.prompt_bytes(it.prompt) for it in items[i : i + batch]]
-        with autocast(device, dtype):
-            out += generate(model, prompts, max_new_bytes, temperature=0.0, bf16=uses_bf16(dtype))
+    prompts = [chat.prompt_bytes(it.prompt) for it in items]
+    if step is not None:
+        out = generate_static(model, prompts, max_new_bytes, step=step)
+    else:
+        out = []
+        for i in range(0, len(prompts), batch):
+            with autocast(device, dtype):
+                out += generate(model, prompts[i : i + batch], max_new_bytes, temperature=0.0, bf16=uses_bf16(dtype))
     model.train(was_training)
     return out
 
 
 def correct(model, items: list[tasks.Item], max_new_bytes: int, device, dtype: str, step=None) -> list[bool]:
-    """Per item, whether the greedy reply is verified correct (for paired comparisons of two models). `step`: a
-    `decode.DecodeStep` of at least len(items) rows to decode them through in one batch (rl's dev checks: one graph
-    replay per byte on CUDA); compare only checks made the same way (bf16 kernels may break a near-tie otherwise)."""
-    if step is None:
-        replies = answer(model, items, max_new_bytes, device, dtype)
-    else:
-        was_training = model.training
-        model.eval()
-        with torch.no_grad():
-            replies = generate_static(model, [chat.prompt_bytes(it.prompt) for it in items], max_new_bytes, step=step)
-        model.train(was_training)
+    """Per item, whether the greedy reply is verified correct (for paired comparisons of two models); `step` as
+    `answer`'s."""
+    replies = answer(model, items, max_new_bytes, device, dtype, step=step)
     return [grade(it, g) == "correct" for it, g in zip(items, replies, strict=True)]
 
 
