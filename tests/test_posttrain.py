@@ -15,7 +15,8 @@ from pipeline_util import configure, manifest, run_chain
 from dormouse.engine.config import validate
 from dormouse.engine.views import main as view_main
 from dormouse.posttrain import chat, task_eval, tasks
-from dormouse.stages.rl import Curriculum, selection_line
+from dormouse.posttrain.grpo import Curriculum
+from dormouse.posttrain.selection import selection_line
 from dormouse.stages.sft import sft_batch
 
 TINY = {
@@ -204,7 +205,7 @@ def test_bench_schema_rejects_a_missing_stage(chain, bench_view):
 
 
 def test_group_advantages_are_relative_and_zero_without_variance():
-    from dormouse.stages.rl import group_advantages
+    from dormouse.posttrain.grpo import group_advantages
 
     adv = group_advantages(torch.tensor([1.0, 0.0, 0.0, 0.0, 1.0, 1.0, 1.0, 1.0]), 4)
     std = torch.tensor([1.0, 0.0, 0.0, 0.0]).std()  # unbiased: 0.5
@@ -213,7 +214,7 @@ def test_group_advantages_are_relative_and_zero_without_variance():
 
 
 def test_grpo_loss_clips_the_ratio_per_sign_of_the_advantage_and_adds_k3():
-    from dormouse.stages.rl import grpo_loss
+    from dormouse.posttrain.grpo import grpo_loss
 
     old = torch.zeros(2, 3)
     new = torch.full((2, 3), math.log(1.5)).requires_grad_()  # ratio 1.5 everywhere
@@ -295,7 +296,7 @@ def run_selection(monkeypatch, rows: list[list[bool]], min_z: float, rule: str =
     """Selection over steps 0, 2, 4, ... whose dev correctness is `rows` (run as the stage runs it: `steps` planned, a
     stop at the plateau); the weights move every step. Returns the selection and the weights of each step."""
     from dormouse.posttrain import task_eval
-    from dormouse.stages.rl import Selection
+    from dormouse.posttrain.selection import Selection
 
     it = iter(rows)
     monkeypatch.setattr(task_eval, "correct", lambda *a, **k: next(it))
@@ -310,7 +311,7 @@ def run_selection(monkeypatch, rows: list[list[bool]], min_z: float, rule: str =
         with torch.no_grad():
             model.weight.add_(1.0)
         weights[step] = model.weight.detach().clone()
-        if sel.due(step, {"steps": steps, "select": select}):
+        if sel.due(step, steps):
             sel.check(step)
             if sel.stop():
                 break
@@ -340,7 +341,7 @@ def test_each_dev_check_reports_its_accuracy_per_cell_on_distinct_prompts(monkey
     """Which cells rl moves (a flat dev curve can hide a gain in one cell and a loss in another): each check's
     accuracy per family.difficulty counts each distinct prompt once, and the log says it at step 0 too."""
     from dormouse.posttrain import task_eval, tasks
-    from dormouse.stages.rl import Selection
+    from dormouse.posttrain.selection import Selection
 
     dev = [tasks.Item("add", 1, 0, "1+1", "2"), tasks.Item("add", 1, 1, "1+1", "2"),  # a repeat: counted once
            tasks.Item("add", 1, 2, "2+2", "4"), tasks.Item("sort", 2, 3, "ba", "ab"), tasks.Item("sort", 2, 4, "dc", "cd")]
@@ -428,7 +429,7 @@ def test_rl_stops_when_dev_accuracy_stops_rising(monkeypatch):
 
 
 def test_selection_off_reports_no_step(monkeypatch):
-    from dormouse.stages.rl import Selection
+    from dormouse.posttrain.selection import Selection
 
     sel = Selection(torch.nn.Linear(2, 2), [], {"max_new_bytes": 4}, "cpu", {"dtype": "float32"},
                     {"every": 0, "rule": "bonferroni", "alpha": 0.05, "min_z": 1.7, "plateau": None}, 10)
@@ -471,7 +472,7 @@ def _rl_diagnosis():
 
 
 def test_advantages_with_and_without_the_std():
-    from dormouse.stages.rl import group_advantages
+    from dormouse.posttrain.grpo import group_advantages
 
     r = torch.tensor([1.0, 0.0, 0.0, 0.0, 1.0, 1.0, 1.0, 1.0])
     mean = group_advantages(r, 4, "mean")
@@ -482,7 +483,7 @@ def test_advantages_with_and_without_the_std():
 
 
 def test_token_norm_weighs_long_replies_by_their_length():
-    from dormouse.stages.rl import grpo_loss
+    from dormouse.posttrain.grpo import grpo_loss
 
     lp = torch.zeros(2, 4)
     mask = torch.tensor([[True, False, False, False], [True, True, True, True]])
@@ -494,7 +495,7 @@ def test_token_norm_weighs_long_replies_by_their_length():
 def test_pass_rate_sampler_follows_the_cells_that_teach():
     import random
 
-    from dormouse.stages.rl import PassRateSampler
+    from dormouse.posttrain.grpo import PassRateSampler
 
     s = PassRateSampler(["add", "sort"], range(1, 3), {"window": 4, "floor": 0.05, "prior": 1.0})
     for _ in range(4):

@@ -1,6 +1,6 @@
-"""rl's checkpoint choice as a pure function of per-item dev correctness. Three rules, each holding the false-ship rate
-(a checkpoint shipped when none is better than step 0, the SFT model) to `alpha` or below whatever the number of
-checkpoints; benchmarks/rl_selection_sim.py simulates them through `decide`.
+"""rl's checkpoint choice: pure functions of per-item dev correctness, and the stage's `Selection` that feeds them.
+Three rules, each holding the false-ship rate (a checkpoint shipped when none is better than step 0, the SFT model)
+to `alpha` or below whatever the number of checkpoints; benchmarks/rl_selection_sim.py simulates them through `decide`.
 
 final: one test, planned before the run: the last checkpoint (the model rl ends with: at rl.steps, or where the
 plateau stopped it) ships if the exact one-sided sign test against step 0 on all the dev prompts gives p <= alpha,
@@ -26,8 +26,8 @@ the confirm half never took part in the choice, so the chance of shipping is tha
 Testing each checkpoint against step 0 on all the items at z >= 2 and shipping the best that passed (rl format 10
 and before) compounded ten chances: ~17 % under the null.
 
-The stage (dormouse/stages/rl.py, Selection) and the simulation both call `candidate` and `decide`, so the simulated
-rates are the stage's."""
+The stage's `Selection` (below: the dev checks, the copies of step 0 and the candidate) and the simulation both call
+`candidate` and `decide`, so the simulated rates are the stage's."""
 
 from __future__ import annotations
 
@@ -35,6 +35,9 @@ import hashlib
 import math
 from functools import lru_cache
 
+from dormouse.engine import progress
+from dormouse.posttrain import task_eval
+from dormouse.posttrain.decode import DecodeStep
 from dormouse.posttrain.task_eval import paired_sign
 
 RULES = ("bonferroni", "select_then_confirm", "final")
@@ -169,3 +172,114 @@ def decide(steps: list[int], correct: list[list[bool]], prompts: list[str], min_
     return {"rule": rule, "candidate_step": cand, "select_items": len(sel), "confirm_items": len(conf),
             "confirm": {**test, "z": round(test["z"], 3)}, "halves": curve, "min_z": min_z,
             "selected_step": cand if ships else 0}
+
+
+class Selection:
+    """Greedy dev correctness per item at step 0 (the SFT model) and every `select.every` steps; `restore` then ships
+    what decide picks under `select.rule` (bonferroni by default: the most accurate checkpoint that beats
+    step 0 on all the dev prompts at p <= alpha / the planned checkpoints), else step 0. Two CPU copies are kept:
+    step 0's and the rule's candidate so far (selection.candidate stays put or moves to the newest step). Testing each
+    of ten checkpoints at z >= 2 and shipping the best that passed (format 10) shipped noise ~17 % of the time under
+    the null (benchmarks/rl_selection_sim.py). `stop` says when dev accuracy has reached its plateau
+    (select.plateau). With `every` 0 it does nothing and the last step's model is kept."""
+
+    def __init__(self, model, dev: list, task_params: dict, device, params: dict, select: dict, steps: int,
+                 decoder: DecodeStep | None = None):
+        self.model, self.dev, self.device, self.select = model, dev, device, select
+        self.decoder = decoder  # every check through it (step 0 too): checks compare with each other only
+        self.max_new, self.dtype = task_params["max_new_bytes"], params["dtype"]
+        self.prompts = [it.prompt for it in dev]
+        every = select["every"]
+        self.planned = len(set(range(every, steps + 1, every)) | {steps}) if every else 0  # as `due` checks
+        self.rule_args = {"rule": select["rule"], "alpha": select["alpha"], "planned": max(self.planned, 1)}
+        self.curve: list[tuple[int, float]] = []
+        self.cell_curve: list[dict] = []  # per check: accuracy per family.difficulty (which cells rl moves)
+        self.units = distinct_units(self.prompts)
+        self.paired: list[dict] = []
+        self.steps: list[int] = []
+        self.rows: list[list[bool]] = []
+        self.base_state = self.cand_state = None
+        self.cand_step = 0
+        self.decision: dict | None = None
+        if dev:
+            self.check(0)
+
+    def due(self, step: int, steps: int) -> bool:
+        return bool(self.dev) and (step % self.select["every"] == 0 or step == steps)
+
+    def _copy(self) -> dict:
+        return {k: v.detach().to("cpu", copy=True) for k, v in self.model.state_dict().items()}
+
+    def check(self, step: int) -> float:
+        right = task_eval.correct(self.model, self.dev, self.max_new, self.device, self.dtype, step=self.decoder)
+        acc = round(sum(right[i] for i in self.units) / len(self.units), 5)  # each distinct prompt once, as the tests count
+        self.curve.append((step, acc))
+        by_cell: dict[str, list[bool]] = {}
+        for i in self.units:
+            by_cell.setdefault(f"{self.dev[i].family}.{self.dev[i].difficulty}", []).append(right[i])
+        cells = {k: round(sum(v) / len(v), 4) for k, v in sorted(by_cell.items())}
+        self.cell_curve.append({"step": step, **cells})
+        progress.note(f"[rl] dev@{step}: accuracy {acc} over {len(self.units)} distinct prompts; per cell "
+                      + " ".join(f"{k} {v}" for k, v in cells.items()))
+        self.steps.append(step)
+        self.rows.append(right)
+        if step == 0:
+            self.base_state = self._copy()
+        else:  # all the dev prompts against step 0 (bonferroni's test; descriptive under select_then_confirm)
+            paired = task_eval.paired_sign(self.rows[0], right, self.prompts)
+            self.paired.append({"step": step, **paired, "z": round(paired["z"], 3)})
+            cand = candidate(steps=self.steps, correct=self.rows, prompts=self.prompts, **self.rule_args)
+            if self.select["rule"] == "final":  # the model rl ends with is the one tested: no copy
+                self.cand_step = cand
+            elif cand == step and cand != self.cand_step:
+                self.cand_step = cand
+                self.cand_state = None  # the old copy goes before the new one is made
+                self.cand_state = self._copy()
+        return acc
+
+    def stop(self) -> bool:
+        """Whether dev accuracy has reached its plateau: the best of the last `checkpoints` checks is below the best
+        before them + min_rise (select.plateau; None: never)."""
+        plateau = self.select.get("plateau")
+        return bool(self.dev) and plateau is not None and plateaued(
+            [a for _, a in self.curve], plateau["checkpoints"], plateau["min_rise"])
+
+    def decide(self) -> dict:
+        self.decision = decide(self.steps, self.rows, self.prompts, self.select["min_z"], **self.rule_args)
+        if self.decision["candidate_step"] != self.cand_step:
+            raise RuntimeError(f"selection kept step {self.cand_step}, the rule's candidate is "
+                               f"{self.decision['candidate_step']}")
+        return self.decision
+
+    def restore(self) -> None:
+        self.decoder = None  # its graphs and buffers go before the held-out decode
+        if self.dev:
+            selected = self.decide()["selected_step"]
+            if not (selected and self.select["rule"] == "final"):  # final ships the weights rl ends with, as they are
+                self.model.load_state_dict(self.cand_state if selected else self.base_state)
+            self.base_state = self.cand_state = None
+
+    def report(self) -> dict:
+        """The rule and its evidence (selection.decide), each step's accuracy on the distinct dev prompts (`curve`),
+        its accuracy per family.difficulty cell (`cell_curve`: which cells rl moves), each checkpoint's test against step
+        0 on all of them (`vs_step0`) and the selected step (None with
+        selection off)."""
+        if not self.dev:
+            return {"rule": self.select["rule"], "dev_items": 0, "curve": [], "vs_step0": [],
+                    "min_z": self.select["min_z"], "selected_step": None}
+        return {"dev_items": len(self.dev), "curve": self.curve, "cell_curve": self.cell_curve, "vs_step0": self.paired,
+                "min_z": self.select["min_z"], **(self.decision or self.decide())}
+
+
+def selection_line(r: dict) -> str:
+    """The selection's evidence in one line."""
+    if r["rule"] == "final":
+        t = r["tests"][-1] if r["tests"] else None
+        return (f"final: the last checkpoint against step 0, p <= {r['alpha']}; "
+                + (f"step {t['step']} gained {t['gained']} lost {t['lost']} p {t['p']}" if t else "no checkpoint"))
+    if r["rule"] == "bonferroni":
+        best = min(r["tests"], key=lambda t: t["p"], default=None)
+        return (f"bonferroni: p <= {r['p_crit']} (alpha {r['alpha']} over {r['planned_checkpoints']} planned "
+                f"checkpoints); the least p {best['p'] if best else None} at step {best['step'] if best else None}")
+    return (f"candidate {r['candidate_step']}, best on the select half; on the confirm half vs step 0: gained "
+            f"{r['confirm']['gained']} lost {r['confirm']['lost']} z {r['confirm']['z']}, min_z {r['min_z']}")

@@ -1,0 +1,220 @@
+"""GRPO's library: the prompt samplers (curriculum, per-cell pass rates), group advantages, the clipped-ratio loss
+with the k3 KL term, reply log-probs, and one step's group bookkeeping. The stage (dormouse/stages/rl.py) owns the
+loop; what each piece computes is documented there and here."""
+
+from __future__ import annotations
+
+import copy
+import statistics
+from collections import deque
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from dormouse.posttrain import task_eval
+from dormouse.train import qat
+from dormouse.train.runtime import autocast, pad_width, update, with_moe_aux
+
+
+class Curriculum:
+    """Per family, the unlocked difficulties start..level; a prompt's difficulty is drawn uniformly from them, so
+    a promoted family keeps training the cells below (the dev and held-out sets ask them too). The frontier moves
+    up one when the mean reward of its last `window` groups reaches `promote_at`."""
+
+    def __init__(self, families: list[str], cur: dict, difficulties: range):
+        self.cur, self.low, self.top = cur, difficulties[0], difficulties[-1]
+        self.level = {f: self.low for f in families}
+        self.recent = {f: deque(maxlen=cur["window"]) for f in families}
+
+    def __call__(self, family: str, rng) -> int:
+        return rng.randint(self.low, self.level[family])
+
+    def record(self, family: str, difficulty: int, mean_reward: float) -> bool:
+        """Record one group's mean reward (only the frontier's count); True when the family moved up a difficulty."""
+        if difficulty != self.level[family]:
+            return False
+        q = self.recent[family]
+        q.append(mean_reward)
+        if len(q) == q.maxlen and statistics.fmean(q) >= self.cur["promote_at"] and self.level[family] < self.top:
+            self.level[family] += 1
+            q.clear()
+            return True
+        return False
+
+
+class PassRateSampler:
+    """rl.prompts: pass_rate. Each prompt's (family, difficulty) is drawn with weight max(floor, share), the share
+    being the fraction of the cell's last `window` groups whose rewards differed (0 < successes < G: the groups
+    that teach), or `prior` for a cell not yet measured. So prompts go where the current policy's per-prompt pass
+    rate is informative, measured online per cell, and a cell that went all-right or all-wrong is still sampled
+    at the floor and noticed when the policy moves."""
+
+    def __init__(self, families: list[str], difficulties: range, cfg: dict, skip: frozenset = frozenset()):
+        self.cells = [(f, d) for f in families for d in difficulties if (f, d) not in skip]
+        self.cfg = cfg
+        self.recent = {cell: deque(maxlen=cfg["window"]) for cell in self.cells}
+        self.pass_rates = {cell: deque(maxlen=cfg["window"]) for cell in self.cells}
+
+    def share(self, cell) -> float:
+        q = self.recent[cell]
+        return statistics.fmean(q) if q else self.cfg["prior"]
+
+    def __call__(self, rng) -> tuple[str, int]:
+        weights = [max(self.cfg["floor"], self.share(cell)) for cell in self.cells]
+        return rng.choices(self.cells, weights=weights)[0]
+
+    def record(self, family: str, difficulty: int, rewards: torch.Tensor) -> None:
+        cell = (family, difficulty)
+        self.recent[cell].append(float(rewards.std()) > 0.0)
+        self.pass_rates[cell].append(float(rewards.mean()))
+
+    def report(self) -> dict:
+        return {f"{f}/{d}": {"teaching_share": round(self.share((f, d)), 4), "groups_measured": len(self.recent[(f, d)]),
+                             "pass_rate": round(statistics.fmean(self.pass_rates[(f, d)]), 4) if self.pass_rates[(f, d)] else None}
+                for f, d in self.cells}
+
+
+def group_advantages(rewards: torch.Tensor, group_size: int, kind: str = "mean_std") -> torch.Tensor:
+    """Per group of `group_size` consecutive samples: r - group mean, divided by (group std + 1e-4) when `kind`
+    is mean_std (GRPO; "mean" is Dr. GRPO's); a group whose rewards are all equal gets zeros (no signal)."""
+    grouped = rewards.view(-1, group_size)
+    centred = grouped - grouped.mean(1, keepdim=True)
+    if kind == "mean_std":
+        centred = centred / (grouped.std(1, keepdim=True) + 1e-4)
+    elif kind != "mean":
+        raise ValueError(f"rl.advantage {kind!r}")
+    return centred.view(-1)
+
+
+def grpo_loss(new_lp, old_lp, ref_lp, adv, mask, clip_eps: float, kl_coef: float, norm: str = "reply") -> torch.Tensor:
+    """Clipped-ratio objective per reply byte, plus kl_coef x the k3 KL estimate to the reference
+    (unbiased, >= 0); norm "reply": averaged over each reply's bytes (`mask`), then over replies; "token": over
+    every reply byte of the batch at once (DAPO). [N, L] tensors, adv [N, 1]; ref_lp None = no KL term."""
+    ratio = (new_lp - old_lp).exp()
+    per_byte = -torch.minimum(ratio * adv, ratio.clamp(1 - clip_eps, 1 + clip_eps) * adv)
+    if ref_lp is not None:
+        d = ref_lp - new_lp
+        per_byte = per_byte + kl_coef * (d.exp() - d - 1)
+    m = mask.float()
+    if norm == "token":
+        return (per_byte * m).sum() / m.sum()
+    if norm != "reply":
+        raise ValueError(f"rl.loss_norm {norm!r}")
+    return ((per_byte * m).sum(1) / m.sum(1)).mean()
+
+
+def reply_logprobs(model, prompts: list[bytes], replies: list[bytes], temperature: float, device, counters=None):
+    """Per reply byte, log p(byte | prompt + reply so far) at the sampling temperature: [N, L] and a mask."""
+    seqs = [p + r for p, r in zip(prompts, replies)]
+    width = pad_width(max(len(s) for s in seqs) - 1, device)
+    x = torch.zeros(len(seqs), width, dtype=torch.long)
+    tgt = torch.zeros(len(seqs), width, dtype=torch.long)
+    mask = torch.zeros(len(seqs), width, dtype=torch.bool)
+    for i, (p, s) in enumerate(zip(prompts, seqs)):
+        t = torch.tensor(list(s), dtype=torch.long)
+        x[i, : len(s) - 1], tgt[i, : len(s) - 1] = t[:-1], t[1:]
+        mask[i, len(p) - 1 : len(s) - 1] = True  # targets that are reply bytes
+    x, tgt, mask = x.to(device), tgt.to(device), mask.to(device)
+    logits, _ = model(x, counters=counters)
+    lp = F.log_softmax(logits.float() / temperature, dim=-1).gather(-1, tgt.unsqueeze(-1)).squeeze(-1)
+    return lp, mask
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class GRPOSettings:
+    """What one update reads, built once from the stage's params (rl's section with RL_LATER_DEFAULTS filled in)."""
+
+    group_size: int
+    temperature: float
+    ppo_epochs: int
+    clip_eps: float
+    kl_coef: float
+    grad_clip: float
+    advantage: str
+    loss_norm: str
+    shuffle_rewards: bool
+    dtype: str
+    moe_aux_coef: float | None
+
+    @classmethod
+    def of(cls, rl: dict, later: dict, params: dict) -> GRPOSettings:
+        return cls(group_size=rl["group_size"], temperature=rl["temperature"], ppo_epochs=rl["ppo_epochs"],
+                   clip_eps=rl["clip_eps"], kl_coef=rl["kl_coef"], grad_clip=rl["grad_clip"],
+                   advantage=later["advantage"], loss_norm=later["loss_norm"],
+                   shuffle_rewards=later["shuffle_rewards"], dtype=params["dtype"],
+                   moe_aux_coef=params.get("moe_aux_coef"))
+
+
+def prompt_sampler(families: list[str], difficulties: range, rl: dict, prompts: str, skip: frozenset):
+    """(item stream, PassRateSampler or None, Curriculum) for rl.prompts; the curriculum is built either way (its
+    levels are reported only when it draws)."""
+    curriculum = Curriculum(families, rl["curriculum"], difficulties)
+    if prompts == "pass_rate":
+        sampler = PassRateSampler(families, difficulties, rl["pass_rate"], skip)
+        return task_eval.cell_stream("rl", sampler, rl["seed"], spread=True), sampler, curriculum
+    return task_eval.item_stream("rl", families, curriculum, rl["seed"], spread=True, skip=skip), None, curriculum
+
+
+def tally_groups(c, items: list, rewards: torch.Tensor, sampler: PassRateSampler | None, curriculum: Curriculum,
+                 prompts_seen: dict[str, set[str]]) -> list[int]:
+    """Count each group (zero variance, per cell, distinct prompts per cell) and feed the prompt sampler; returns the
+    groups with a learning signal (rewards that differ), in draw order."""
+    signal = []
+    for i, it in enumerate(items):
+        teaches = float(rewards[i].std()) > 0.0
+        c["rl.groups"] += 1
+        if teaches:
+            signal.append(i)
+        else:
+            c["rl.groups_zero_variance"] += 1
+        cell = f"{it.family}.{it.difficulty}"
+        c[f"rl.cell_groups.{cell}"] += 1
+        c[f"rl.cell_groups_teaching.{cell}"] += int(teaches)
+        if it.prompt not in prompts_seen.setdefault(cell, set()):  # a small cell's few prompts come back
+            prompts_seen[cell].add(it.prompt)
+            c[f"rl.cell_prompts.{cell}"] += 1
+        if sampler is not None:
+            sampler.record(it.family, it.difficulty, rewards[i])
+        elif curriculum.record(it.family, it.difficulty, float(rewards[i].mean())):
+            c[f"rl.promotions.{it.family}"] += 1
+    return signal
+
+
+def frozen_copy(model):
+    """The KL reference: the SFT weights as they are, no gradients."""
+    ref = copy.deepcopy(model).eval()
+    for p in ref.parameters():
+        p.requires_grad_(False)
+    return ref
+
+
+class GroupUpdate:
+    """One step's learning from its kept groups: advantages (rewards permuted within each group first in the null
+    arm), the sampling policy's and the reference's log-probs, then `ppo_epochs` clipped updates, each through the
+    QAT rung's forward when there is one (entered per update: the weights moved)."""
+
+    def __init__(self, model, ref, fq, opts: list, cfg, s: GRPOSettings, device, null_gen: torch.Generator):
+        self.model, self.ref, self.fq, self.opts, self.cfg, self.s, self.device = model, ref, fq, opts, cfg, s, device
+        self.params, self.null_gen = list(model.parameters()), null_gen
+
+    def __call__(self, prompts: list[bytes], replies: list[bytes], rewards: torch.Tensor, step: int, c,
+                 train_counters) -> torch.Tensor:
+        s, model = self.s, self.model
+        if s.shuffle_rewards:
+            rewards = rewards.gather(1, torch.rand(rewards.shape, generator=self.null_gen).argsort(1))
+            c["rl.null_shuffled_groups"] += rewards.shape[0]
+        adv = group_advantages(rewards.reshape(-1), s.group_size, s.advantage).to(self.device).unsqueeze(1)
+        with torch.no_grad(), autocast(self.device, s.dtype):
+            with qat.through(self.fq):
+                old_lp, mask = reply_logprobs(model, prompts, replies, s.temperature, self.device)
+            ref_lp = (reply_logprobs(self.ref, prompts, replies, s.temperature, self.device)[0]
+                      if self.ref is not None else None)
+        model.train()
+        for _ in range(s.ppo_epochs):
+            with qat.through(self.fq), autocast(self.device, s.dtype):
+                new_lp, _ = reply_logprobs(model, prompts, replies, s.temperature, self.device, train_counters)
+            loss = grpo_loss(new_lp, old_lp, ref_lp, adv, mask, s.clip_eps, s.kl_coef, s.loss_norm)
+            update(with_moe_aux(loss, model, self.cfg, s.moe_aux_coef), self.params, self.opts, s.grad_clip, "rl", step)
+            c["rl.updates"] += 1
+        return loss
