@@ -29,6 +29,8 @@ import json
 import os
 import time
 import uuid
+from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Literal
 
@@ -193,253 +195,297 @@ def completion_prompts(req: CompletionRequest) -> list[bytes]:
     return out
 
 
+@dataclass(frozen=True, slots=True)
+class ServeState:
+    """What the handlers share, on app.state.serve (one app per server; tests build several in one process)."""
+
+    batcher: Batcher
+    model_id: str
+    limits: Limits
+    info: dict | None
+    api_key: str | None
+
+    @property
+    def card(self) -> dict:
+        return {"id": self.model_id, "object": "model", "created": 0, "owned_by": "dormouse"}
+
+
+def serve_state(request: Request) -> ServeState:
+    return request.app.state.serve
+
+
+async def read_body(request: Request, limits: Limits) -> bytes:
+    """The body, refused with a 413 as soon as it passes max_body_bytes: a Content-Length over it before a byte is
+    read, a chunked one when its running total does (neither uvicorn nor Starlette caps a request body)."""
+    too_big = BadRequest(f"the request body is over {limits.max_body_bytes} bytes", code="request_too_large",
+                         status=413)
+    if int(request.headers.get("content-length") or 0) > limits.max_body_bytes:  # h11 checked it is a number
+        raise too_big
+    parts, size = [], 0
+    try:
+        async with asyncio.timeout(limits.read_timeout):  # a body trickled byte by byte holds its connection
+            async for part in request.stream():
+                size += len(part)
+                if size > limits.max_body_bytes:
+                    raise too_big
+                parts.append(part)
+    except TimeoutError:
+        raise BadRequest(f"the request body took over {limits.read_timeout:g} s to arrive ({size} bytes came)",
+                         code="request_timeout", status=408) from None
+    return b"".join(parts)
+
+
+async def parse(request: Request, kind: type[Sampling], limits: Limits) -> Sampling:
+    raw = await read_body(request, limits)
+    try:
+        body = json.loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as e:
+        raise BadRequest(f"the request body is not JSON: {type(e).__name__}: {e}", code="invalid_json") from None
+    if not isinstance(body, dict):
+        raise BadRequest("the request body must be a JSON object", code="invalid_json")
+    try:
+        return kind.model_validate(body)
+    except ValidationError as e:
+        raise BadRequest(*validation_message(e)) from None
+
+
+def check_length(prompt: bytes, limits: Limits) -> None:
+    if len(prompt) > limits.max_prompt_bytes:
+        raise BadRequest(f"the prompt is {len(prompt)} bytes, at most {limits.max_prompt_bytes}",
+                         code="context_length_exceeded")
+
+
+def check_request_size(prompts: list[bytes], max_new: int, limits: Limits) -> None:
+    """A request's share of the server: at most max_prompts prompts and max_request_tokens bytes asked for (the
+    batcher shares rows fairly between requests; these bound what one request queues)."""
+    if len(prompts) > limits.max_prompts:
+        raise BadRequest(f"prompt: {len(prompts)} prompts in one request, at most {limits.max_prompts} (send "
+                         "the rest in other requests)", "prompt", code="too_many_prompts")
+    if len(prompts) * max_new > limits.max_request_tokens:
+        raise BadRequest(f"max_tokens: {len(prompts)} prompt(s) x {max_new} max_tokens = {len(prompts) * max_new} "
+                         f"bytes asked for, at most {limits.max_request_tokens} per request (lower max_tokens or "
+                         "split the prompts)", "max_tokens", code="too_many_tokens")
+
+
+def check_model(req: Sampling, model_id: str) -> None:
+    if req.model not in (None, "", model_id):  # as vLLM and OpenAI: a model this server does not serve is a 404
+        raise BadRequest(f"the model {req.model!r} does not exist here; this server serves {model_id!r} "
+                         "(GET /v1/models)", "model", code="model_not_found", status=404)
+
+
+def start(batcher: Batcher, prompt: bytes, req: Sampling, max_new: int, stop_bytes=frozenset({chat.END}),
+          group: object = None) -> tuple[Stream, asyncio.Queue]:
+    loop, q = asyncio.get_running_loop(), asyncio.Queue()
+
+    def deliver(item):  # from the decode thread
+        try:
+            loop.call_soon_threadsafe(q.put_nowait, item)
+        except RuntimeError:  # the server's loop closed (shutting down): no one waits; the decode thread goes on
+            pass
+
+    stream = Stream(prompt, max_new, emit=lambda text: deliver(("text", text)),
+                    finish=lambda reason, usage: deliver(("done", reason, usage)),
+                    temperature=req.temperature, top_k=req.top_k, stops=req.stops(), seed=req.seed,
+                    stop_bytes=stop_bytes, group=group)
+    batcher.submit(stream)
+    return stream, q
+
+
+async def collect(request: Request, stream: Stream, q: asyncio.Queue) -> tuple[str, str, dict]:
+    """A whole reply; a client that went away meanwhile (polled every second) cancels its stream, freeing its row."""
+    parts, checked = [], time.monotonic()
+    try:
+        while True:
+            try:
+                item = await asyncio.wait_for(q.get(), timeout=1.0)
+            except asyncio.TimeoutError:
+                item = None
+            if time.monotonic() - checked >= 1.0:  # text arrives every step: poll by the clock, not on silence
+                checked = time.monotonic()
+                if await request.is_disconnected():
+                    raise ClientGone()
+            if item is None:
+                continue
+            if item[0] == "text":
+                parts.append(item[1])
+            elif item[1] == "error":
+                raise BadRequest(f"the model failed to decode this request: {item[2]['error']}", code="server_error",
+                                 status=500)
+            else:
+                return "".join(parts), item[1], item[2]
+    finally:
+        stream.cancel()  # a no-op for a stream that finished
+
+
+async def collect_all(request: Request, started) -> list[tuple[str, str, dict]]:
+    try:
+        return [await collect(request, stream, q) for stream, q in started]
+    finally:
+        for stream, _ in started:  # a client gone or an error: the prompts not yet collected stop too
+            stream.cancel()
+
+
+def sse(obj) -> str:
+    return f"data: {json.dumps(obj, ensure_ascii=False)}\n\n"
+
+
+async def sse_events(stream: Stream, q: asyncio.Queue, chunk, include_usage: bool):
+    done = False
+    try:
+        first = chunk(None, None, first=True)
+        if first is not None:
+            yield sse(first)
+        while True:
+            item = await q.get()
+            if item[0] == "text":
+                yield sse(chunk(item[1], None))
+                continue
+            done = True
+            if item[1] == "error":  # the stream is already open: the error goes in it, then it ends
+                yield sse(error_body(f"the model failed to decode this request: {item[2]['error']}",
+                                     code="server_error"))
+                yield "data: [DONE]\n\n"
+                return
+            yield sse(chunk(None, item[1]))
+            if include_usage:
+                yield sse({**chunk(None, None, usage_only=True), "usage": item[2]})
+            yield "data: [DONE]\n\n"
+            return
+    finally:
+        if not done:  # the client went away: free its row
+            stream.cancel()
+
+
+def streaming(stream: Stream, q: asyncio.Queue, chunk, include_usage: bool) -> StreamingResponse:
+    return StreamingResponse(sse_events(stream, q, chunk, include_usage), media_type="text/event-stream",
+                             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+
+
+def chat_chunk(base: dict, text, reason, first=False, usage_only=False) -> dict:
+    if usage_only:
+        return {**base, "choices": []}
+    delta = {"role": "assistant", "content": ""} if first else ({"content": text} if text is not None else {})
+    return {**base, "choices": [{"index": 0, "delta": delta, "finish_reason": reason}]}
+
+
+def completion_chunk(base: dict, text, reason, first=False, usage_only=False) -> dict | None:
+    if first:  # completions have no role chunk
+        return None
+    if usage_only:
+        return {**base, "choices": []}
+    return {**base, "choices": [{"index": 0, "text": text or "", "logprobs": None, "finish_reason": reason}]}
+
+
+# No return annotations on the routes: FastAPI would take one as a response_model and re-serialise through it.
+async def chat_completions(request: Request):
+    s = serve_state(request)
+    req = await parse(request, ChatRequest, s.limits)
+    check_model(req, s.model_id)
+    if req.logprobs or req.top_logprobs is not None:
+        raise BadRequest("not supported: log-probs are not served", "logprobs" if req.logprobs else "top_logprobs")
+    prompt = chat_prompt(req, s.limits)
+    s.batcher.counters["serve.system_messages_folded"] += sum(m.role in ("system", "developer") for m in req.messages)
+    check_length(prompt, s.limits)
+    max_new = req.max_completion_tokens or req.max_tokens or s.limits.default_max_tokens
+    check_request_size([prompt], max_new, s.limits)
+    # a reply ends at the turn's END, or at a byte that would open another turn (the next request would refuse it)
+    stream, q = start(s.batcher, prompt, req, max_new, stop_bytes=frozenset({chat.USER, chat.ASSISTANT, chat.END}))
+    rid, created = f"chatcmpl-{uuid.uuid4().hex[:24]}", int(time.time())
+    if not req.stream:
+        text, reason, usage = (await collect_all(request, [(stream, q)]))[0]
+        return {"id": rid, "object": "chat.completion", "created": created, "model": s.model_id,
+                "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": reason}],
+                "usage": usage}
+    base = {"id": rid, "object": "chat.completion.chunk", "created": created, "model": s.model_id}
+    return streaming(stream, q, partial(chat_chunk, base), bool((req.stream_options or {}).get("include_usage")))
+
+
+async def completions(request: Request):
+    s = serve_state(request)
+    req = await parse(request, CompletionRequest, s.limits)
+    check_model(req, s.model_id)
+    prompts = completion_prompts(req)
+    for prompt in prompts:
+        check_length(prompt, s.limits)
+    max_new = req.max_tokens or s.limits.default_max_tokens
+    check_request_size(prompts, max_new, s.limits)
+    group = object()  # the request's prompts share its rows (batcher: fair between requests)
+    started = [start(s.batcher, prompt, req, max_new, group=group) for prompt in prompts]
+    rid, created = f"cmpl-{uuid.uuid4().hex[:24]}", int(time.time())
+    if not req.stream:
+        done = await collect_all(request, started)
+        usage = {k: sum(u[k] for _, _, u in done) for k in ("prompt_tokens", "completion_tokens", "total_tokens")}
+        return {"id": rid, "object": "text_completion", "created": created, "model": s.model_id, "usage": usage,
+                "choices": [{"index": i, "text": text, "logprobs": None, "finish_reason": reason}
+                            for i, (text, reason, _) in enumerate(done)]}
+    stream, q = started[0]
+    base = {"id": rid, "object": "text_completion", "created": created, "model": s.model_id}
+    return streaming(stream, q, partial(completion_chunk, base), bool((req.stream_options or {}).get("include_usage")))
+
+
+async def models(request: Request):
+    return {"object": "list", "data": [serve_state(request).card]}
+
+
+async def model(request: Request, name: str):  # client.models.retrieve
+    s = serve_state(request)
+    if name != s.model_id:
+        raise BadRequest(f"the model {name!r} does not exist here; this server serves {s.model_id!r}", "model",
+                         code="model_not_found", status=404)
+    return s.card
+
+
+async def health(request: Request):
+    s = serve_state(request)
+    batcher = s.batcher
+    alive = batcher.alive()  # the decode thread: without it nothing decodes
+    body = {"status": "ok" if alive else "error", "model": s.model_id, **(s.info or {}), "live_streams": batcher.live,
+            "waiting_streams": batcher.waiting_streams(), "prefilling_streams": batcher.prefilling_now,
+            "max_batch": batcher.max_batch, "prefill_chunk": batcher.prefill_chunk,
+            "state_bytes_per_stream": batcher.state_bytes_per_stream,
+            "last_error": batcher.last_error,
+            "counters": {k: v for k, v in sorted(batcher.counters.items()) if k.startswith("serve.")}}
+    return body if alive else JSONResponse(body, status_code=503)
+
+
+async def page(request: Request):
+    s = serve_state(request)
+    return PAGE.replace("{{MODEL}}", s.model_id).replace("{{KEY_REQUIRED}}", "true" if s.api_key else "false")
+
+
+async def on_bad_request(request: Request, e: BadRequest):
+    serve_state(request).batcher.counters[f"serve.rejected.{e.code}"] += 1
+    # a body refused unread: close the connection rather than read (and drop) the rest of it
+    headers = {"Connection": "close"} if e.status in (408, 413) else None
+    return JSONResponse(error_body(e.message, e.param, e.code), status_code=e.status, headers=headers)
+
+
+async def on_http_error(request: Request, e: StarletteHTTPException):  # 404, 405: OpenAI's body, not {"detail"}
+    return JSONResponse(error_body(str(e.detail), code=f"http_{e.status_code}"), status_code=e.status_code)
+
+
+async def on_client_gone(request: Request, e: ClientGone):
+    serve_state(request).batcher.counters["serve.clients_gone"] += 1
+    return JSONResponse(error_body("client closed the request", code="client_closed_request"), status_code=499)
+
+
 def create_app(batcher: Batcher, model_id: str, limits: Limits | None = None, info: dict | None = None, *,
                api_key: str | None = None, allowed_hosts: list[str] | None = None):
     """The API behind Guard (dormouse/serve/guard.py): allowed_hosts None or ["*"] takes any Host; api_key None
     takes requests without a key."""
-    limits = limits or Limits()
     app = FastAPI(title="dormouse", docs_url=None, redoc_url=None)
+    app.state.serve = ServeState(batcher, model_id, limits or Limits(), info, api_key)
     app.state.counters = batcher.counters  # server_config's connection counters go to /health beside the rest
     app.add_middleware(Guard, counters=batcher.counters, api_key=api_key, allowed_hosts=allowed_hosts)
-
-    @app.exception_handler(BadRequest)
-    async def _bad(request, e: BadRequest):
-        batcher.counters[f"serve.rejected.{e.code}"] += 1
-        # a body refused unread: close the connection rather than read (and drop) the rest of it
-        headers = {"Connection": "close"} if e.status in (408, 413) else None
-        return JSONResponse(error_body(e.message, e.param, e.code), status_code=e.status, headers=headers)
-
-    @app.exception_handler(StarletteHTTPException)
-    async def _http(request, e: StarletteHTTPException):  # 404, 405: OpenAI's error body, not FastAPI's {"detail"}
-        return JSONResponse(error_body(str(e.detail), code=f"http_{e.status_code}"), status_code=e.status_code)
-
-    async def read_body(request: Request) -> bytes:
-        """The body, refused with a 413 as soon as it passes max_body_bytes: a Content-Length over it before a byte is
-        read, a chunked one when its running total does (neither uvicorn nor Starlette caps a request body)."""
-        too_big = BadRequest(f"the request body is over {limits.max_body_bytes} bytes", code="request_too_large",
-                             status=413)
-        if int(request.headers.get("content-length") or 0) > limits.max_body_bytes:  # h11 checked it is a number
-            raise too_big
-        parts, size = [], 0
-        try:
-            async with asyncio.timeout(limits.read_timeout):  # a body trickled byte by byte holds its connection
-                async for part in request.stream():
-                    size += len(part)
-                    if size > limits.max_body_bytes:
-                        raise too_big
-                    parts.append(part)
-        except TimeoutError:
-            raise BadRequest(f"the request body took over {limits.read_timeout:g} s to arrive ({size} bytes came)",
-                             code="request_timeout", status=408) from None
-        return b"".join(parts)
-
-    async def parse(request: Request, kind: type[Sampling]) -> Sampling:
-        raw = await read_body(request)
-        try:
-            body = json.loads(raw)
-        except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as e:
-            raise BadRequest(f"the request body is not JSON: {type(e).__name__}: {e}", code="invalid_json") from None
-        if not isinstance(body, dict):
-            raise BadRequest("the request body must be a JSON object", code="invalid_json")
-        try:
-            return kind.model_validate(body)
-        except ValidationError as e:
-            raise BadRequest(*validation_message(e)) from None
-
-    def check_length(prompt: bytes) -> None:
-        if len(prompt) > limits.max_prompt_bytes:
-            raise BadRequest(f"the prompt is {len(prompt)} bytes, at most {limits.max_prompt_bytes}",
-                             code="context_length_exceeded")
-
-    def check_request_size(prompts: list[bytes], max_new: int) -> None:
-        """A request's share of the server: at most max_prompts prompts and max_request_tokens bytes asked for (the
-        batcher shares rows fairly between requests; these bound what one request queues)."""
-        if len(prompts) > limits.max_prompts:
-            raise BadRequest(f"prompt: {len(prompts)} prompts in one request, at most {limits.max_prompts} (send "
-                             "the rest in other requests)", "prompt", code="too_many_prompts")
-        if len(prompts) * max_new > limits.max_request_tokens:
-            raise BadRequest(f"max_tokens: {len(prompts)} prompt(s) x {max_new} max_tokens = {len(prompts) * max_new} "
-                             f"bytes asked for, at most {limits.max_request_tokens} per request (lower max_tokens or "
-                             "split the prompts)", "max_tokens", code="too_many_tokens")
-
-    def start(prompt: bytes, req: Sampling, max_new: int, stop_bytes=frozenset({chat.END}),
-              group: object = None) -> tuple[Stream, asyncio.Queue]:
-        loop, q = asyncio.get_running_loop(), asyncio.Queue()
-
-        def deliver(item):  # from the decode thread
-            try:
-                loop.call_soon_threadsafe(q.put_nowait, item)
-            except RuntimeError:  # the server's loop closed (shutting down): no one waits; the decode thread goes on
-                pass
-
-        stream = Stream(prompt, max_new, emit=lambda text: deliver(("text", text)),
-                        finish=lambda reason, usage: deliver(("done", reason, usage)),
-                        temperature=req.temperature, top_k=req.top_k, stops=req.stops(), seed=req.seed,
-                        stop_bytes=stop_bytes, group=group)
-        batcher.submit(stream)
-        return stream, q
-
-    async def collect(request: Request, stream: Stream, q: asyncio.Queue) -> tuple[str, str, dict]:
-        """A whole reply; a client that went away meanwhile (polled every second) cancels its stream, freeing its row."""
-        parts, checked = [], time.monotonic()
-        try:
-            while True:
-                try:
-                    item = await asyncio.wait_for(q.get(), timeout=1.0)
-                except asyncio.TimeoutError:
-                    item = None
-                if time.monotonic() - checked >= 1.0:  # text arrives every step: poll by the clock, not on silence
-                    checked = time.monotonic()
-                    if await request.is_disconnected():
-                        raise ClientGone()
-                if item is None:
-                    continue
-                if item[0] == "text":
-                    parts.append(item[1])
-                elif item[1] == "error":
-                    raise BadRequest(f"the model failed to decode this request: {item[2]['error']}", code="server_error",
-                                     status=500)
-                else:
-                    return "".join(parts), item[1], item[2]
-        finally:
-            stream.cancel()  # a no-op for a stream that finished
-
-    async def collect_all(request: Request, started) -> list[tuple[str, str, dict]]:
-        try:
-            return [await collect(request, stream, q) for stream, q in started]
-        finally:
-            for stream, _ in started:  # a client gone or an error: the prompts not yet collected stop too
-                stream.cancel()
-
-    def sse(obj) -> str:
-        return f"data: {json.dumps(obj, ensure_ascii=False)}\n\n"
-
-    def streaming(stream: Stream, q: asyncio.Queue, chunk, include_usage: bool):
-        async def events():
-            done = False
-            try:
-                first = chunk(None, None, first=True)
-                if first is not None:
-                    yield sse(first)
-                while True:
-                    item = await q.get()
-                    if item[0] == "text":
-                        yield sse(chunk(item[1], None))
-                        continue
-                    done = True
-                    if item[1] == "error":  # the stream is already open: the error goes in it, then it ends
-                        yield sse(error_body(f"the model failed to decode this request: {item[2]['error']}",
-                                             code="server_error"))
-                        yield "data: [DONE]\n\n"
-                        return
-                    yield sse(chunk(None, item[1]))
-                    if include_usage:
-                        yield sse({**chunk(None, None, usage_only=True), "usage": item[2]})
-                    yield "data: [DONE]\n\n"
-                    return
-            finally:
-                if not done:  # the client went away: free its row
-                    stream.cancel()
-        return StreamingResponse(events(), media_type="text/event-stream",
-                                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
-
-    def check_model(req: Sampling) -> None:
-        if req.model not in (None, "", model_id):  # as vLLM and OpenAI: a model this server does not serve is a 404
-            raise BadRequest(f"the model {req.model!r} does not exist here; this server serves {model_id!r} "
-                             "(GET /v1/models)", "model", code="model_not_found", status=404)
-
-    @app.post("/v1/chat/completions")
-    async def chat_completions(request: Request):
-        req = await parse(request, ChatRequest)
-        check_model(req)
-        if req.logprobs or req.top_logprobs is not None:
-            raise BadRequest("not supported: log-probs are not served", "logprobs" if req.logprobs else "top_logprobs")
-        prompt = chat_prompt(req, limits)
-        batcher.counters["serve.system_messages_folded"] += sum(m.role in ("system", "developer") for m in req.messages)
-        check_length(prompt)
-        max_new = req.max_completion_tokens or req.max_tokens or limits.default_max_tokens
-        check_request_size([prompt], max_new)
-        # a reply ends at the turn's END, or at a byte that would open another turn (the next request would refuse it)
-        stream, q = start(prompt, req, max_new, stop_bytes=frozenset({chat.USER, chat.ASSISTANT, chat.END}))
-        rid, created = f"chatcmpl-{uuid.uuid4().hex[:24]}", int(time.time())
-        if not req.stream:
-            text, reason, usage = (await collect_all(request, [(stream, q)]))[0]
-            return {"id": rid, "object": "chat.completion", "created": created, "model": model_id,
-                    "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": reason}],
-                    "usage": usage}
-
-        def chunk(text, reason, first=False, usage_only=False):
-            base = {"id": rid, "object": "chat.completion.chunk", "created": created, "model": model_id}
-            if usage_only:
-                return {**base, "choices": []}
-            delta = {"role": "assistant", "content": ""} if first else ({"content": text} if text is not None else {})
-            return {**base, "choices": [{"index": 0, "delta": delta, "finish_reason": reason}]}
-
-        return streaming(stream, q, chunk, bool((req.stream_options or {}).get("include_usage")))
-
-    @app.post("/v1/completions")
-    async def completions(request: Request):
-        req = await parse(request, CompletionRequest)
-        check_model(req)
-        prompts = completion_prompts(req)
-        for prompt in prompts:
-            check_length(prompt)
-        max_new = req.max_tokens or limits.default_max_tokens
-        check_request_size(prompts, max_new)
-        group = object()  # the request's prompts share its rows (batcher: fair between requests)
-        started = [start(prompt, req, max_new, group=group) for prompt in prompts]
-        rid, created = f"cmpl-{uuid.uuid4().hex[:24]}", int(time.time())
-        if not req.stream:
-            done = await collect_all(request, started)
-            usage = {k: sum(u[k] for _, _, u in done) for k in ("prompt_tokens", "completion_tokens", "total_tokens")}
-            return {"id": rid, "object": "text_completion", "created": created, "model": model_id, "usage": usage,
-                    "choices": [{"index": i, "text": text, "logprobs": None, "finish_reason": reason}
-                                for i, (text, reason, _) in enumerate(done)]}
-        stream, q = started[0]
-
-        def chunk(text, reason, first=False, usage_only=False):
-            base = {"id": rid, "object": "text_completion", "created": created, "model": model_id}
-            if first:
-                return None
-            if usage_only:
-                return {**base, "choices": []}
-            return {**base, "choices": [{"index": 0, "text": text or "", "logprobs": None, "finish_reason": reason}]}
-
-        return streaming(stream, q, chunk, bool((req.stream_options or {}).get("include_usage")))
-
-    card = {"id": model_id, "object": "model", "created": 0, "owned_by": "dormouse"}
-
-    @app.get("/v1/models")
-    async def models():
-        return {"object": "list", "data": [card]}
-
-    @app.get("/v1/models/{name:path}")
-    async def model(name: str):  # client.models.retrieve
-        if name != model_id:
-            raise BadRequest(f"the model {name!r} does not exist here; this server serves {model_id!r}", "model",
-                             code="model_not_found", status=404)
-        return card
-
-    @app.get("/health")
-    async def health():
-        alive = batcher.alive()  # the decode thread: without it nothing decodes
-        body = {"status": "ok" if alive else "error", "model": model_id, **(info or {}), "live_streams": batcher.live,
-                "waiting_streams": batcher.waiting_streams(), "prefilling_streams": batcher.prefilling_now,
-                "max_batch": batcher.max_batch, "prefill_chunk": batcher.prefill_chunk,
-                "state_bytes_per_stream": batcher.state_bytes_per_stream,
-                "last_error": batcher.last_error,
-                "counters": {k: v for k, v in sorted(batcher.counters.items()) if k.startswith("serve.")}}
-        return body if alive else JSONResponse(body, status_code=503)
-
-    @app.get("/", response_class=HTMLResponse)
-    async def page():
-        return PAGE.replace("{{MODEL}}", model_id).replace("{{KEY_REQUIRED}}", "true" if api_key else "false")
-
-    @app.exception_handler(ClientGone)
-    async def _gone(request, e: ClientGone):
-        batcher.counters["serve.clients_gone"] += 1
-        return JSONResponse(error_body("client closed the request", code="client_closed_request"), status_code=499)
-
+    app.add_exception_handler(BadRequest, on_bad_request)
+    app.add_exception_handler(StarletteHTTPException, on_http_error)
+    app.add_exception_handler(ClientGone, on_client_gone)
+    app.add_api_route("/v1/chat/completions", chat_completions, methods=["POST"])
+    app.add_api_route("/v1/completions", completions, methods=["POST"])
+    app.add_api_route("/v1/models", models, methods=["GET"])
+    app.add_api_route("/v1/models/{name:path}", model, methods=["GET"])
+    app.add_api_route("/health", health, methods=["GET"])
+    app.add_api_route("/", page, methods=["GET"], response_class=HTMLResponse)
     return app
 
 
@@ -502,7 +548,7 @@ def load(args) -> tuple:
     return model, device, True, f"dormouse-{label}", info
 
 
-def main(argv=None) -> int:
+def arg_parser() -> argparse.ArgumentParser:
     from dormouse.engine.plan import add_plan_arguments
 
     ap = argparse.ArgumentParser(prog="dormouse serve", description=__doc__,
@@ -545,6 +591,24 @@ def main(argv=None) -> int:
     ap.add_argument("--allowed-hosts", default=None,
                     help="comma-separated names clients reach the server by (the Host header; '*' for any); default: "
                          "localhost, 127.0.0.1, ::1 and --host (this machine's names when --host is 0.0.0.0 or ::)")
+    return ap
+
+
+def check_port_free(host: str, port: int) -> None:
+    """Fails in one line before a minute of loading the model, not after it."""
+    import socket
+
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as probe:
+        try:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            probe.bind((host, port))
+        except OSError as e:
+            raise SystemExit(f"dormouse serve: cannot listen on {host}:{port} ({e.strerror}); another server "
+                             "there? (--port)") from None
+
+
+def main(argv=None) -> int:
+    ap = arg_parser()
     args = ap.parse_args(argv)
     if args.model and (args.set or args.corpus):
         ap.error("--set/--corpus choose which run of --preset to serve; --model names the artifact itself")
@@ -552,15 +616,7 @@ def main(argv=None) -> int:
         ap.error(f"--prefill-chunk must be >= 0 (0: whole prompts), got {args.prefill_chunk}")
     import uvicorn
 
-    import socket
-
-    with socket.socket(socket.AF_INET6 if ":" in args.host else socket.AF_INET) as probe:  # before a minute of loading
-        try:
-            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            probe.bind((args.host, args.port))
-        except OSError as e:
-            raise SystemExit(f"dormouse serve: cannot listen on {args.host}:{args.port} ({e.strerror}); another server "
-                             "there? (--port)") from None
+    check_port_free(args.host, args.port)
     model, device, bf16, model_id, info = load(args)
     batcher = (GraphedBatcher if args.decode == "graphed" else Batcher)(model, device, bf16, max_batch=args.max_batch,
                                                                         prefill_chunk=args.prefill_chunk)
