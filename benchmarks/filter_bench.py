@@ -103,7 +103,8 @@ def worker_ours(cfg: dict) -> dict:
 
     from dormouse.data import quality
     from dormouse.data.readers import ReaderConfig
-    from dormouse.stages.filter import filter_documents, iter_records
+    from dormouse.data.filtering import filter_documents
+    from dormouse.data.readers import iter_records
 
     t_import = time.perf_counter() - t0
     params = cfg["params"]
@@ -120,7 +121,7 @@ def worker_ours(cfg: dict) -> dict:
     out_dir.mkdir()
     try:
         t = time.perf_counter()
-        # --- dormouse.stages.filter.filter_documents: the stage's own loop, minus manifest and tqdm ---
+        # --- dormouse.data.filtering.filter_documents: the stage's own loop, minus manifest and tqdm ---
         c: Counter = Counter()
         per_file: dict[str, Counter] = defaultdict(Counter)
         records = iter_records(cfg["inputs"], reader_cfg, c, [])

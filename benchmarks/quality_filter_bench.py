@@ -30,7 +30,7 @@ from dormouse.data import quality  # noqa: E402
 from dormouse.data.fnv import fnv1a_64  # noqa: E402
 from dormouse.data.readers import ReaderConfig  # noqa: E402
 from dormouse.engine.config import load_preset  # noqa: E402
-from dormouse.stages.filter import iter_records  # noqa: E402
+from dormouse.data.readers import iter_records  # noqa: E402
 
 CONFIGS = {  # name -> overrides of the preset's quality.train
     "preset": {},

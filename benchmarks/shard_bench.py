@@ -16,7 +16,7 @@ Rows (median of --reps, each after one untimed warm-up):
   py read         read the part files in 1 MiB blocks in-process (cat without a process spawn)
   py decompress   zstandard stream_reader over the parts, 1 MiB reads (as docs_io.read_parts opens them)
   py read_parts   dormouse.data.docs_io.read_parts: decompress + readline + json.loads (one pass)
-  shard work      dormouse.stages.shard.shard_documents, the stage's own work (pass 1: decode each document
+  shard work      dormouse.data.shards.shard_documents, the stage's own work (pass 1: decode each document
                   once into scratch bytes, doc_hash(id); cutoff; pass 2: route from the scratch bytes,
                   write .bin/.ids.jsonl/.idx.npy) into a temp dir
   shard stage     `dormouse shard --job` end to end in a subprocess on a temp store (the filter artifact
@@ -60,7 +60,7 @@ from bench_env import TSV, append_tsv, cpu_model, git_rev, mem_gib  # noqa: E402
 sys.path.insert(0, str(ROOT))
 from dormouse.data.docs_io import read_parts  # noqa: E402
 from dormouse.data.fnv import fnv1a_64  # noqa: E402
-from dormouse.stages.shard import shard_documents  # noqa: E402
+from dormouse.data.shards import shard_documents  # noqa: E402
 
 MB = 1_000_000
 
@@ -118,7 +118,7 @@ class _Dir:
 
 
 def shard_work(parts: list[Path], n_shards: int, eval_target: int, out: Path, part_pattern: str | None) -> dict:
-    """dormouse.stages.shard.shard_documents itself (both passes), writing under `out`."""
+    """dormouse.data.shards.shard_documents itself (both passes), writing under `out`."""
     t0 = time.perf_counter()
     art = _Dir(out)
     shard_documents(parts, n_shards, eval_target, art, part_pattern)

@@ -427,7 +427,7 @@ def test_fingerprint_follows_the_recipe_not_the_code(monkeypatch):
     builder's source text does not enter (refactoring the module rebuilds nothing)."""
     from dataclasses import replace
 
-    from dormouse.engine.raw import raw_fingerprint
+    from dormouse.data.raw import raw_fingerprint
 
     base, spec = dc.fingerprint(), raw_fingerprint("corpus/demo/data")
     assert base == dc.fingerprint()

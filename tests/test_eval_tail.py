@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from dormouse.data.docs_io import PartWriter
-from dormouse.stages.shard import shard_documents, tail_size, whole_groups
+from dormouse.data.shards import shard_documents, tail_size, whole_groups
 
 
 class Art:

@@ -88,7 +88,7 @@ def sides_of_groups(workdir, plan, pattern):
     """{group id: set of sides ("eval", "train")} of the tiny shard artifact, groups named by `pattern`."""
     import re
 
-    from dormouse.stages.shard import group_of
+    from dormouse.data.shards import group_of
 
     art = workdir / plan.artifact_dir("shard", plan.chain["tiny"]["shard"])
     compiled = re.compile(pattern)
@@ -162,7 +162,7 @@ def test_shard_sizes_within_the_stated_bound(built):
 
 
 def test_balance_bound_catches_a_skewed_router():
-    from dormouse.stages.shard import balance
+    from dormouse.data.shards import balance
 
     sizes = np.full(1000, 1000)
     fair = balance(np.array([250_000.0] * 4), sizes)

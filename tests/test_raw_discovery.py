@@ -2,7 +2,7 @@
 
 import os
 
-from dormouse.engine.raw import expand_raw, ignored_files, scan_raw
+from dormouse.data.raw import expand_raw, ignored_files, scan_raw
 
 
 def corpus(tmp_path):

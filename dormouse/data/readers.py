@@ -22,7 +22,9 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import zstandard
 
+from dormouse.data.raw import RAW_SUFFIXES, expand_raw, ignored_files, scan_raw
 from dormouse.engine.config import InputError
+from dormouse.engine.store import sha256_file
 
 
 class ReadError(InputError):
@@ -362,3 +364,31 @@ def read_file(path: Path, rel: str, cfg: ReaderConfig, counters: Counter) -> Ite
     if n_text == 0 and n_bad == 0:  # records skipped by policy were already counted
         _bad(cfg.on_bad_file, "no_text", f"{path}: file yields no text", counters, "reader.files_skipped")
     counters["reader.files_read"] += 1
+
+
+
+def iter_records(specs: list[str], cfg: ReaderConfig, counters: Counter, files_out: list | None = None,
+                 ignored_out: list | None = None) -> Iterator[Record]:
+    """Every record of the raw corpus `specs` (data/raw.py's discovery: links followed within the root, each real
+    file once); the files read (path, size, sha256) go to `files_out`, those not read, with their reason, to
+    `ignored_out`, both counted."""
+    for spec in specs:
+        base = Path(spec)
+        scan = scan_raw(spec)
+        counters["corpus_links_followed"] += scan.links_followed
+        counters["corpus_duplicate_paths"] += scan.duplicate_paths
+        for entry in ignored_files(spec):
+            reason = entry["reason"].split(":")[0]
+            counters[f"reader.files_ignored.{reason}"] += 1
+            if ignored_out is not None:
+                ignored_out.append(entry)
+            why = (f"no reader for its suffix (expected {', '.join(RAW_SUFFIXES)})" if reason == "unknown_suffix"
+                   else f"a link to {entry['resolves_to']}, outside {spec} (link_outside_root; to read it, point the "
+                        f"corpus at a directory holding both)" if reason == "link_outside_root"
+                   else entry["reason"] + (f" (the same as {entry['same_as']})" if "same_as" in entry else ""))
+            print(f"[filter] not reading {entry['path']}: {why}", flush=True)
+        for path in expand_raw(spec):
+            rel = path.relative_to(base).as_posix() if base.is_dir() else path.as_posix()
+            if files_out is not None:
+                files_out.append({"path": str(path), "size": path.stat().st_size, "sha256": sha256_file(path)})
+            yield from read_file(path, rel, cfg, counters)

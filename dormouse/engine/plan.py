@@ -18,7 +18,7 @@ from pathlib import Path
 
 from dormouse.engine.config import ConfigError, find_project, flatten, load_preset, load_retractions, load_yaml, validate
 from dormouse.engine.experiments import load_experiments
-from dormouse.engine.raw import DEMO_BUILT, expand_raw, is_demo, raw_input
+from dormouse.data.raw import DEMO_BUILT, expand_raw, is_demo, raw_input
 from dormouse.engine.registry import STAGES, ptq_twin, stage_params
 from dormouse.engine.store import artifact_digest, canonical_json
 

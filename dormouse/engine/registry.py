@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from dormouse.data.shards import SHARD_DEFAULTS_NOT_DIGESTED
 from dormouse.engine.config import ConfigError
 
 
@@ -45,11 +46,6 @@ def omit_defaults(section: dict, defaults: dict) -> dict:
     return {k: v for k, v in section.items() if not (k in defaults and v == defaults[k])}
 
 
-# Keys added to data.shard after digests were pinned: left out of the params at their default, so every preset
-# that does not set them keeps its digest (the shard stage applies the same defaults when a key is absent).
-SHARD_DEFAULTS_NOT_DIGESTED = {"eval_tail_fraction": None, "eval_tail_min_bytes": None, "eval_tail_max_bytes": None,
-                               "eval_tail_min_docs": None, "eval_tail_max_docs": None, "eval_tail_warn_below": 100,
-                               "eval_tail_max_share": 0.2}
 
 
 def _shard(preset: dict) -> dict:

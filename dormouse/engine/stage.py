@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 from dormouse.engine import progress
-from dormouse.engine.raw import raw_input
+from dormouse.data.raw import raw_input
 from dormouse.engine.store import Artifact, ArtifactError, ArtifactWriter, open_artifact, published
 
 

@@ -32,7 +32,7 @@ import numpy as np
 from dormouse.data import shards as layout
 from dormouse.data.byte_stream import eval_window
 from dormouse.engine import progress
-from dormouse.engine.raw import expand_raw
+from dormouse.data.raw import expand_raw
 from dormouse.engine.stage import check_raw_input, input_artifact, parse_job, summary, writer
 from dormouse.posttrain import chat, mc, quant, task_eval, tasks
 from dormouse.train.runtime import deterministic_cpu, device_for, evaluate, load_model, model_config_of
