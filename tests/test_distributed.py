@@ -195,9 +195,10 @@ def test_moe_aux_loss_does_not_depend_on_the_world_size(shards, tmp_path):
 
 NAN_ON_RANK_1 = """
 import os, sys
-from dormouse.stages import pretrain
+from dormouse.cli import main
+from dormouse.model.gpt import ByteLM
 
-real_forward = pretrain.ByteLM.forward
+real_forward = ByteLM.forward
 calls = 0
 
 
@@ -211,8 +212,8 @@ def forward(self, idx, targets=None, counters=None):
     return logits, loss
 
 
-pretrain.ByteLM.forward = forward
-sys.exit(pretrain.main(sys.argv[1:]))
+ByteLM.forward = forward
+sys.exit(main(["pretrain", *sys.argv[1:]]))
 """
 
 

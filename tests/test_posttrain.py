@@ -17,7 +17,7 @@ from dormouse.engine.views import main as view_main
 from dormouse.posttrain import chat, task_eval, tasks
 from dormouse.posttrain.grpo import Curriculum
 from dormouse.posttrain.selection import selection_line
-from dormouse.stages.sft import sft_batch
+from dormouse.posttrain.chat_batches import sft_batch
 
 TINY = {
     "model": {"d_model": 32, "n_heads": 2, "head_dim": 16, "ffn_hidden": 64, "n_core": 1, "kda_chunk_size": 16,

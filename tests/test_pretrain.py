@@ -18,8 +18,10 @@ from pipeline_util import configure, run_chain
 
 from dormouse.engine.plan import build_plan
 from dormouse.model.config import ModelConfig
-from dormouse.stages import pretrain
+from dormouse.cli import main as dormouse_main
+from dormouse.model.gpt import ByteLM
 from dormouse.train import checkpoint, runtime
+from dormouse.train.firewall import BadStepsError
 
 TINY_MODEL = {"d_model": 32, "n_heads": 2, "head_dim": 16, "ffn_hidden": 64, "n_core": 1, "kda_chunk_size": 16}
 TINY_TRAIN = {"device": "cpu", "steps": 60, "batch_size": 4, "seq_len": 32, "eval_every": 20, "eval_bytes": 2048,
@@ -130,7 +132,7 @@ def test_inert_arm_in_eval_is_a_loud_failure():
 def test_nan_firewall_skips_whole_steps_then_aborts(shards, monkeypatch):
     config = set_model(shards, TINY_MODEL, {**TINY_TRAIN, "steps": 10, "ckpt_every": 100, "max_bad_steps": 3})
     job, out_dir = job_json(shards, config)
-    real_forward = pretrain.ByteLM.forward
+    real_forward = ByteLM.forward
     bad_steps = {2}
 
     def forward(self, idx, targets=None, counters=None):
@@ -142,17 +144,17 @@ def test_nan_firewall_skips_whole_steps_then_aborts(shards, monkeypatch):
         return logits, loss
 
     forward.calls = 0
-    monkeypatch.setattr(pretrain.ByteLM, "forward", forward)
+    monkeypatch.setattr(ByteLM, "forward", forward)
     monkeypatch.chdir(shards)
-    assert pretrain.main(["--job", job]) == 0
+    assert dormouse_main(["pretrain", "--job", job]) == 0
     c = json.loads((shards / out_dir / "manifest.json").read_text())["counters"]
     assert c["train.steps_skipped_nonfinite"] == 1
 
     shutil.rmtree(shards / out_dir)
     forward.calls = 0
     bad_steps.update(range(1, 100))
-    with pytest.raises(pretrain.BadStepsError, match="4 non-finite steps in a row"):
-        pretrain.main(["--job", job])
+    with pytest.raises(BadStepsError, match="4 non-finite steps in a row"):
+        dormouse_main(["pretrain", "--job", job])
     assert not (shards / out_dir / "manifest.json").exists()
 
 

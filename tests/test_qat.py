@@ -26,7 +26,7 @@ from dormouse.engine.views import main as view_main
 from dormouse.model.config import ModelConfig
 from dormouse.model.regions import compile_regions
 from dormouse.posttrain import quant
-from dormouse.stages.export import rung_source_state
+from dormouse.posttrain.quant import rung_source_state
 from dormouse.train.optim import build_optimizers
 from dormouse.train.arms import finish_start
 from dormouse.train.qat import QAT_RUNGS, FakeQuant
@@ -40,7 +40,7 @@ TRAIN = {"optimizer": "muon", "lr": 3e-3, "muon_lr": 2e-2, "weight_decay": 0.0}
 
 
 def exported(model, rung: str, path) -> torch.nn.Module:
-    """The model as export writes the rung and loads it back (dormouse/stages/export.py's calls)."""
+    """The model as export writes the rung and loads it back (the export stage's calls)."""
     quant.save_rung(path, rung_source_state(model), rung, eligible=quant.eligible_for(rung))
     return quant.load_rung_model(path, model.cfg, torch.device("cpu"))
 
@@ -253,14 +253,15 @@ def test_a_control_killed_between_its_kept_and_periodic_saves_still_keeps_its_ch
                                                                                           quality_examples, monkeypatch):
     """A kept step that is also a periodic checkpoint step (8 of 16, ckpt_every 8): a kill between the two saves must
     not leave a resume that starts past the kept step (it would never keep it, and every rerun would fail)."""
-    from dormouse.stages import pretrain
+    from dormouse.train import checkpoint
+    from dormouse.train.finish import KEPT
 
     config = configure_qat(workdir, small_corpus, quality_examples, qat={"rung": "ternary", "fraction": 0.5})
     exp = {"base": "tiny", "seeds": [0], "steps": 16, "branch": True, "control": {"train": {"qat": None, "ptq_rungs": ["ternary"]}},
            "arms": {"fin": {"train": {"qat": {"rung": "ternary", "fraction": 0.5}}}}}
     (workdir / "config" / "experiments" / "br.yaml").write_text(yaml.safe_dump(exp))
     plan = run_chain(workdir, config, stages=("filter", "shard"))
-    save, saved = pretrain.checkpoint.save, []
+    save, saved = checkpoint.save, []
 
     def die_after_the_first_save_at_8(root, step, *args, **kwargs):
         out = save(root, step, *args, **kwargs)
@@ -269,11 +270,11 @@ def test_a_control_killed_between_its_kept_and_periodic_saves_still_keeps_its_ch
             raise RuntimeError("killed between the two saves of step 8")
         return out
 
-    monkeypatch.setattr(pretrain.checkpoint, "save", die_after_the_first_save_at_8)
+    monkeypatch.setattr(checkpoint, "save", die_after_the_first_save_at_8)
     with pytest.raises(RuntimeError, match="killed"):
         run_chain(workdir, config, "ab/br/control/s0", stages=("pretrain",))
-    assert saved == [(pretrain.KEPT, 8)]
-    monkeypatch.setattr(pretrain.checkpoint, "save", save)
+    assert saved == [(KEPT, 8)]
+    monkeypatch.setattr(checkpoint, "save", save)
     run_chain(workdir, config, "ab/br/control/s0", stages=("pretrain",))
     m = json.loads((workdir / plan.manifest_path("pretrain", plan.chain["ab/br/control/s0"]["pretrain"])).read_text())
     assert "checkpoints/step-00000008/snapshot.json" in m["files"] and m["counters"]["checkpoints_kept"] == 1
@@ -284,7 +285,7 @@ def test_a_run_killed_inside_the_finish_resumes_to_the_same_weights_and_counts(w
                                                                                  monkeypatch):
     """A checkpoint taken inside the finish (step 14 of 16; the finish is 12..15) resumes through the rung: the same
     weights, metrics and qat counts as an uninterrupted run (CPU: bit for bit)."""
-    from dormouse.stages import pretrain
+    from dormouse.train import checkpoint
 
     config = configure_qat(workdir, small_corpus, quality_examples, ckpt_every=7)
     plan = run_chain(workdir, config, stages=("filter", "shard", "pretrain"))
@@ -293,17 +294,17 @@ def test_a_run_killed_inside_the_finish_resumes_to_the_same_weights_and_counts(w
     ref_counters = json.loads((out / "manifest.json").read_text())["counters"]
     shutil.rmtree(out)
 
-    save = pretrain.checkpoint.save
+    save = checkpoint.save
 
     def save_then_die(root, step, *args):
         save(root, step, *args)
         if step == 14:
             raise RuntimeError("killed after the checkpoint at step 14")
 
-    monkeypatch.setattr(pretrain.checkpoint, "save", save_then_die)
+    monkeypatch.setattr(checkpoint, "save", save_then_die)
     with pytest.raises(RuntimeError, match="step 14"):
         run_chain(workdir, config, stages=("pretrain",))
-    monkeypatch.setattr(pretrain.checkpoint, "save", save)
+    monkeypatch.setattr(checkpoint, "save", save)
     run_chain(workdir, config, stages=("pretrain",))
     counters = json.loads((out / "manifest.json").read_text())["counters"]
     assert counters["resumed_from_step"] == 14 and counters["train.qat.steps"] == ref_counters["train.qat.steps"] == 4

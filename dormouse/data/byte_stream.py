@@ -92,6 +92,20 @@ def planned_epochs(train_bytes: int, batch_size: int, seq_len: int, steps: int) 
     return steps * batch_size * seq_len / max(train_bytes, 1)
 
 
+def check_epochs(who: str, n: int, where, *, steps: int, batch_size: int, seq_len: int, max_epochs: float | None) -> None:
+    """Refuse a run planned past `max_epochs` passes over its `n` bytes of train shards (None: no ceiling); print the
+    planned passes otherwise."""
+    passes = planned_epochs(n, batch_size, seq_len, steps)
+    if max_epochs is not None and passes > max_epochs:
+        raise SystemExit(
+            f"{who} plans {steps} steps x {batch_size} x {seq_len} = {steps * batch_size * seq_len:,} bytes, "
+            f"{passes:.1f} passes over its {n:,} bytes of train shards ({where}), past train.max_epochs "
+            f"{max_epochs}: a repeated corpus is memorised and the eval BPB stops measuring the model. "
+            "Bring more text (corpus=...), lower train.steps, or raise train.max_epochs if the repeats are meant.")
+    print(f"[pretrain] planned passes over the train shards: {passes:.2f} ({n:,} bytes; max_epochs {max_epochs})",
+          flush=True)
+
+
 def eval_targets(n_tail_bytes: int, eval_bytes: int, seq_len: int) -> tuple[int, int]:
     """[start, stop) of the eval tail's bytes that the eval window scores: rows of seq_len targets from byte 1
     (each row's inputs start one byte earlier), as many whole rows as eval_bytes and the tail allow. The

@@ -406,3 +406,9 @@ def load_rung_model(path, cfg, device):
     model = ByteLM(cfg)
     model.load_state_dict(load_rung(path), strict=True)
     return model.to(device).eval()
+
+
+def rung_source_state(model) -> dict[str, torch.Tensor]:
+    """The state dict the rungs quantize: floating tensors in fp32 on CPU; integer buffers (the Engram hash
+    multipliers reach 2^31, past float32's 24-bit mantissa) unchanged."""
+    return {k: (v.detach().float() if v.is_floating_point() else v.detach()).cpu() for k, v in model.state_dict().items()}

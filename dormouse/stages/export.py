@@ -20,7 +20,6 @@ from __future__ import annotations
 import json
 from collections import Counter
 
-import torch
 
 from dormouse.data import shards as layout
 from dormouse.data.byte_stream import eval_window
@@ -28,11 +27,6 @@ from dormouse.engine import progress
 from dormouse.engine.stage import input_artifact, parse_job, summary, writer
 from dormouse.posttrain import quant
 from dormouse.train.runtime import check_arms_active, deterministic_cpu, device_for, evaluate, load_model
-
-def rung_source_state(model) -> dict[str, torch.Tensor]:
-    """The state dict the rungs quantize: floating tensors in fp32 on CPU; integer buffers (the Engram hash
-    multipliers reach 2^31, past float32's 24-bit mantissa) unchanged."""
-    return {k: (v.detach().float() if v.is_floating_point() else v.detach()).cpu() for k, v in model.state_dict().items()}
 
 
 def main(argv=None) -> int:
@@ -44,7 +38,7 @@ def main(argv=None) -> int:
     model, cfg = load_model(src, device)
     ex, ey, eval_bytes = eval_window(layout.eval_bin(shards), params["eval"]["eval_bytes"], params["eval"]["seq_len"])
     batch = params["eval"]["batch_size"]
-    state = rung_source_state(model)
+    state = quant.rung_source_state(model)
     lineage = json.loads(src.file("config.json").read_text()).get("qat", [])
     last = lineage[-1] if lineage else None
     trained_for = last["rung"] if last and last["stage"] == src.stage and last["steps"] > 0 else None

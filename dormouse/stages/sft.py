@@ -25,7 +25,7 @@ from dormouse.data import shards as layout
 from dormouse.data.byte_stream import TrainStream, eval_window
 from dormouse.engine import progress
 from dormouse.engine.stage import input_artifact, parse_job, summary, writer
-from dormouse.posttrain import chat, task_eval
+from dormouse.posttrain import chat_batches, task_eval
 from dormouse.train import qat
 from dormouse.train.optim import build_optimizers, set_lr, wsd_multiplier
 from dormouse.train.runtime import (
@@ -35,26 +35,10 @@ from dormouse.train.runtime import (
     deterministic_cpu,
     device_for,
     load_model,
-    pad_width,
     save_model_artifact,
     update,
     with_moe_aux,
 )
-
-
-def sft_batch(items, device) -> tuple[torch.Tensor, torch.Tensor, int]:
-    """(inputs, targets, assistant bytes): right-padded rows; a target is -1 except where it is an
-    assistant byte (padding comes after every scored position of a causal model, so it changes nothing)."""
-    rows = [chat.sft_example(it.prompt, it.answer) for it in items]
-    width = pad_width(max(len(b) for b, _ in rows) - 1, device)
-    x = torch.zeros(len(rows), width, dtype=torch.long)
-    y = torch.full((len(rows), width), -1, dtype=torch.long)
-    for i, (b, mask) in enumerate(rows):
-        t = torch.tensor(list(b), dtype=torch.long)
-        x[i, : len(b) - 1] = t[:-1]
-        keep = torch.tensor(mask[1:], dtype=torch.bool)
-        y[i, : len(b) - 1] = torch.where(keep, t[1:], -1)
-    return x.to(device), y.to(device), int((y >= 0).sum())
 
 
 def main(argv=None) -> int:
@@ -90,7 +74,7 @@ def main(argv=None) -> int:
         model.train()
         for step in range(sft["steps"]):
             set_lr(opts, wsd_multiplier(step, sft["steps"], sft["warmup_steps"], sft["decay_frac"], sft["min_lr_frac"]))
-            x, y, n_bytes = sft_batch([next(stream) for _ in range(sft["batch_size"])], device)
+            x, y, n_bytes = chat_batches.sft_batch([next(stream) for _ in range(sft["batch_size"])], device)
             with qat.through(fq), autocast(device, params["dtype"]):
                 _, loss = model(x, y, counters=train_counters)
                 total = with_moe_aux(loss, model, cfg, params.get("moe_aux_coef"))

@@ -131,6 +131,17 @@ def save_model_artifact(art, model, config: dict, metrics: list[dict]) -> None:
     art.path("metrics.jsonl").write_text("".join(json.dumps(m) + "\n" for m in metrics))
 
 
+def device_facts(device: torch.device) -> dict:
+    """The manifest's facts of where a run trained: the GPU and its peak memory (rank 0's), torch's CPU threads."""
+    facts = {}
+    if device.type == "cuda":
+        facts["peak_memory_gib"] = round(torch.cuda.max_memory_allocated(device) / 2**30, 3)
+        # reserved counts CUDA graphs' private pools, which the allocated peak may leave out
+        facts["peak_reserved_gib"] = round(torch.cuda.max_memory_reserved(device) / 2**30, 3)
+        facts["gpu"] = torch.cuda.get_device_name(device)
+    return {**facts, "torch_threads": torch.get_num_threads()}
+
+
 def model_config_of(art_dir: Path) -> ModelConfig:
     return ModelConfig.from_dict(json.loads((Path(art_dir) / "config.json").read_text())["model"])
 
