@@ -25,8 +25,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from benchmarks.bench_env import ROOT, append_tsv, cpu_model, git_rev, mem_gib  # noqa: E402
-from dormouse.engine.config import load_yaml  # noqa: E402
-from dormouse.engine.plan import build_plan  # noqa: E402
+from dormouse.core.config import load_yaml  # noqa: E402
+from dormouse.planner.plan import build_plan  # noqa: E402
 
 
 def run_once(job: str, workers: int, cwd: Path) -> dict:

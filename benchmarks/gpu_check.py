@@ -34,7 +34,7 @@ def verdict(part: str, problems: list[str], detail: str) -> int:
 
 
 def plan_dir(set_: str, stage: str, preset: str = "tiny") -> Path:
-    from dormouse.engine.plan import load_plan
+    from dormouse.planner.plan import load_plan
 
     plan = load_plan(None, set_ or None)
     return Path(plan.artifact_dir(stage, plan.chain[preset][stage]))
@@ -119,9 +119,10 @@ def decode_agreement(model, prompts: list[bytes], max_new_bytes: int, margin: fl
 def decode(model_dir: Path, max_new_bytes: int = 32) -> int:
     import torch
 
-    from dormouse.engine.plan import load_plan
-    from dormouse.engine.store import open_artifact
-    from dormouse.posttrain import chat, task_eval
+    from dormouse.planner.plan import load_plan
+    from dormouse.core.store import open_artifact
+    from dormouse.data import chat
+    from dormouse.posttrain import task_eval
     from dormouse.train.runtime import load_model
 
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -220,7 +221,7 @@ def main(argv=None) -> int:
         print(plan_dir(args.set, args.stage))
         return 0
     if args.cmd == "view":  # a run with --config set= writes its own view folder, not results/tiny/
-        from dormouse.engine.plan import load_plan
+        from dormouse.planner.plan import load_plan
 
         print(f"results/{load_plan(None, args.set or None).view_name('tiny')}")
         return 0
@@ -232,7 +233,7 @@ def main(argv=None) -> int:
         return serve(args.port, args.device)
     if args.cmd == "lm-eval-result":
         return lm_eval_result(args.dir, args.device, args.log)
-    from dormouse.posttrain.lm_eval_adapter import write_local_task
+    from dormouse.tools.lm_eval_adapter import write_local_task
 
     print(write_local_task(args.dir, "dormouse_tiny", TASK_JSONL, args.dir / "hf_cache"))
     return 0

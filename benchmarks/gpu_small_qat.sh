@@ -22,8 +22,8 @@ if [ "${1:-}" = "--plan" ]; then
 import sys
 from pathlib import Path
 
-from dormouse.engine.config import load_yaml
-from dormouse.engine.plan import build_plan
+from dormouse.core.config import load_yaml
+from dormouse.planner.plan import build_plan
 
 name, out = sys.argv[1], Path(sys.argv[2])
 plan = build_plan(load_yaml(Path("config/config.yaml")))

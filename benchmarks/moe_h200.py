@@ -29,7 +29,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from benchmarks.bench_env import git_rev  # noqa: E402
-from dormouse.engine.config import load_preset  # noqa: E402
+from dormouse.core.config import load_preset  # noqa: E402
 from dormouse.model.ffn import PATHS, MoE, SwiGLU  # noqa: E402
 
 ORDER = ["loop"] + [p for p in PATHS if p != "loop"]  # the reference first: every row's ratio is against it

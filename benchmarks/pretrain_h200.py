@@ -141,7 +141,7 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 from torch import nn  # noqa: E402
 
-from dormouse.engine.config import load_preset  # noqa: E402
+from dormouse.core.config import load_preset  # noqa: E402
 from dormouse.model.config import ModelConfig  # noqa: E402
 from dormouse.model.ffn import SwiGLU  # noqa: E402
 from dormouse.model.gpt import ByteLM, count_params  # noqa: E402

@@ -29,7 +29,7 @@ from benchmarks.bench_env import ROOT, append_tsv, cpu_model, git_rev, mem_gib  
 from dormouse.data import quality  # noqa: E402
 from dormouse.data.fnv import fnv1a_64  # noqa: E402
 from dormouse.data.readers import ReaderConfig  # noqa: E402
-from dormouse.engine.config import load_preset  # noqa: E402
+from dormouse.core.config import load_preset  # noqa: E402
 from dormouse.data.readers import iter_records  # noqa: E402
 
 CONFIGS = {  # name -> overrides of the preset's quality.train

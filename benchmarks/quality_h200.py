@@ -49,8 +49,8 @@ from pretrain_h200 import attach_param_groups, build_sdpa, sdpa_layout, versions
 
 from dormouse.data import shards as layout  # noqa: E402
 from dormouse.data.byte_stream import StreamState, TrainStream, eval_window  # noqa: E402
-from dormouse.engine.config import load_preset  # noqa: E402
-from dormouse.engine.stage import input_artifact  # noqa: E402
+from dormouse.core.config import load_preset  # noqa: E402
+from dormouse.planner.job import input_artifact  # noqa: E402
 from dormouse.model.config import ModelConfig  # noqa: E402
 from dormouse.model.gpt import ByteLM, count_params  # noqa: E402
 from dormouse.train import checkpoint, cuda_graphs  # noqa: E402
@@ -189,8 +189,8 @@ def train_for(system: str, cfg: ModelConfig, train: dict, shards, device, budget
 
 def plot(rows: list[dict], path: Path, anchors: Path | None = None) -> None:
     """Both curves, eval BPB against training seconds and against bytes read, with the anchor ladder's
-    best rungs (dormouse.engine.plots.best_anchors) when `anchors` (results/<preset>/anchors.json) is given."""
-    from dormouse.engine.plots import ANCHOR_COLORS, best_anchors, new_figure, save
+    best rungs (dormouse.tools.plots.best_anchors) when `anchors` (results/<preset>/anchors.json) is given."""
+    from dormouse.tools.plots import ANCHOR_COLORS, best_anchors, new_figure, save
 
     fig, (by_clock, by_bytes) = new_figure(10, 8, rows=2)
     runs = dict.fromkeys((r["system"], r.get("date", "")) for r in rows)  # a TSV of several runs: one curve each

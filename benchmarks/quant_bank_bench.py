@@ -1,4 +1,4 @@
-"""Fake quantization of one MoE expert bank (QAT's forward, dormouse/posttrain/quant.py): the whole bank in one call
+"""Fake quantization of one MoE expert bank (QAT's forward, dormouse/model/quant.py): the whole bank in one call
 against one matrix at a time (the baseline, timed in the same run), per rung, on the given device.
 
     python3 benchmarks/quant_bank_bench.py --device cuda          # b1's shape: 64 experts of 576 x 512
@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from dormouse.posttrain import quant as Q  # noqa: E402
+from dormouse.model import quant as Q  # noqa: E402
 
 
 def timed(fn, device: torch.device, reps: int) -> float:

@@ -31,7 +31,7 @@ sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
 
-from dormouse.engine.store import open_artifact  # noqa: E402
+from dormouse.core.store import open_artifact  # noqa: E402
 from dormouse.posttrain import chat, task_eval, tasks  # noqa: E402
 from dormouse.posttrain.decode import generate  # noqa: E402
 from dormouse.train.runtime import autocast, deterministic_cpu, load_model, uses_bf16  # noqa: E402

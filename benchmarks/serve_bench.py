@@ -67,8 +67,8 @@ import torch  # noqa: E402
 import uvicorn  # noqa: E402
 
 from bench_env import git_rev  # noqa: E402
-from dormouse.engine.config import load_preset  # noqa: E402
-from dormouse.engine.store import open_artifact  # noqa: E402
+from dormouse.core.config import load_preset  # noqa: E402
+from dormouse.core.store import open_artifact  # noqa: E402
 from dormouse.model.config import ModelConfig  # noqa: E402
 from dormouse.model.gpt import ByteLM, count_params  # noqa: E402
 from dormouse.posttrain.decode import prefill_prompts  # noqa: E402

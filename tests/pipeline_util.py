@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from dormouse.cli import main as dormouse_main
-from dormouse.engine.plan import build_plan
+from dormouse.planner.plan import build_plan
 
 # workflow/profiles/slurm's executor is pyproject's [slurm] extra, not in requirements.txt (it slows every
 # snakemake start where no SLURM controller answers); requirements-test.txt installs it for `make test`.

@@ -1,6 +1,6 @@
 import pytest
 
-from dormouse.posttrain.chat import (
+from dormouse.data.chat import (
     ASSISTANT,
     END,
     USER,

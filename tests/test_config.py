@@ -3,8 +3,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from dormouse.engine.config import ConfigError, load_preset
-from dormouse.engine.plan import build_plan
+from dormouse.core.config import ConfigError, load_preset
+from dormouse.planner.plan import build_plan
 
 
 def test_presets_validate_and_fill_defaults(workdir):
@@ -40,7 +40,7 @@ def test_bad_top_level_config_names_it(workdir):
 def test_sft_and_rl_carry_the_moe_balancing_coefficient_only_for_an_moe(workdir):
     """An MoE keeps pretrain's balancing loss in sft and rl; a dense model's sft and rl params (digests) do not
     change for it."""
-    from dormouse.engine.registry import stage_params
+    from dormouse.planner.registry import stage_params
 
     dense = load_preset("tiny", workdir)
     moe = load_preset("b1", workdir)
@@ -89,8 +89,8 @@ def test_dormouse_plan_set_gives_the_job_snakemake_would_run_with_that_set(workd
     rl only, and its digest is the one `--config set=rl.seed=1` plans."""
     import json
 
-    from dormouse.engine.config import load_yaml
-    from dormouse.engine.plan_cli import main as plan_main
+    from dormouse.core.config import load_yaml
+    from dormouse.planner.plan_cli import main as plan_main
 
     monkeypatch.chdir(workdir)
     jobs = {}
@@ -107,8 +107,8 @@ def test_a_users_corpus_plans_to_snakemakes_digests_from_any_folder(workdir, mon
     `dormouse plan` run from a subfolder (root found and absolute) gives the digests Snakemake's plan (root ".")
     gives. Before the fix the absolute file paths entered the fingerprint: every CLI digest of such a corpus
     differed from the artifacts Snakemake built (found on the b1 scale shard, session 17)."""
-    from dormouse.engine.config import load_yaml
-    from dormouse.engine.plan import load_plan
+    from dormouse.core.config import load_yaml
+    from dormouse.planner.plan import load_plan
 
     (workdir / "mine").mkdir()
     (workdir / "mine" / "a.jsonl").write_text('{"text": "one document"}\n')

@@ -11,7 +11,7 @@ import pytest
 import torch
 from test_pretrain import TINY_MODEL, TINY_TRAIN, job_json, run_stage, set_model, shards_fixture  # noqa: F401 -- the shards fixture
 
-from dormouse.engine.config import load_preset
+from dormouse.core.config import load_preset
 from dormouse.model.config import ModelConfig
 from dormouse.model.gpt import ByteLM
 from dormouse.model.regions import compile_regions

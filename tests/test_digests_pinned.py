@@ -13,8 +13,8 @@ import json
 import os
 from pathlib import Path
 
-from dormouse.engine.config import load_yaml
-from dormouse.engine.plan import build_plan
+from dormouse.core.config import load_yaml
+from dormouse.planner.plan import build_plan
 
 ROOT = Path(__file__).resolve().parents[1]
 PINS = Path(__file__).with_name("data") / "pinned_digests.json"

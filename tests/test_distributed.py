@@ -33,8 +33,8 @@ from safetensors.torch import load_file
 from test_pretrain import TINY_MODEL, TINY_TRAIN, job_json, run_stage, set_model, shards_fixture  # noqa: F401 -- the shards fixture
 
 from dormouse.data.byte_stream import TrainStream
-from dormouse.engine.config import ConfigError
-from dormouse.engine.plan import Plan
+from dormouse.core.config import ConfigError
+from dormouse.planner.plan import Plan
 from dormouse.train.distributed import World
 
 RTOL = 1e-4  # loss curve and eval BPB, relative

@@ -8,7 +8,7 @@ import yaml
 from pipeline_util import configure
 from test_workflow import job_counts, snakemake
 
-from dormouse.engine.experiments import judge, verdict
+from dormouse.planner.experiments import judge, verdict
 
 
 def run(bpb: float, engram_rows: int = 10, engram: bool = True, window: int = 1000, shard: str = "s" * 20,
@@ -105,8 +105,8 @@ def test_a_qat_acceptance_judges_each_rung_against_its_limit_by_the_spread_rule(
 
 
 def test_a_qat_acceptance_refuses_a_finish_longer_than_its_fraction(tmp_path):
-    from dormouse.engine.config import ConfigError
-    from dormouse.engine.experiments import load_experiments
+    from dormouse.core.config import ConfigError
+    from dormouse.planner.experiments import load_experiments
 
     root = tmp_path
     (root / "config" / "experiments").mkdir(parents=True)
@@ -174,8 +174,8 @@ def test_one_control_serves_every_rung_through_its_ptq():
 def test_a_qat_acceptance_plans_only_arms_with_a_rung_the_control_measures():
     """The plan (Experiment.runs) refuses what the verdict could not judge, before any GPU minute: an arm without a
     rung, a rung without a limit, a control that never measures an arm's rung or that finishes through one."""
-    from dormouse.engine.config import ConfigError, validate
-    from dormouse.engine.experiments import Experiment
+    from dormouse.core.config import ConfigError, validate
+    from dormouse.planner.experiments import Experiment
 
     root = Path(__file__).resolve().parents[1]
 
@@ -200,8 +200,8 @@ def test_a_qat_acceptance_plans_only_arms_with_a_rung_the_control_measures():
 def test_a_branching_experiment_plans_arms_that_continue_their_seeds_control():
     """branch: the control keeps a checkpoint at every arm's finish start and each arm's pretrain takes its seed's
     control as its trunk; an arm that is more than its control plus a finish, or has no finish, is refused."""
-    from dormouse.engine.config import ConfigError, validate
-    from dormouse.engine.experiments import Experiment
+    from dormouse.core.config import ConfigError, validate
+    from dormouse.planner.experiments import Experiment
 
     root = Path(__file__).resolve().parents[1]
 
@@ -225,8 +225,8 @@ def test_a_branching_experiment_plans_arms_that_continue_their_seeds_control():
 def test_a_branch_trunk_trains_as_usual_and_a_rung_arm_needs_a_control_that_measures_it():
     """Without qat_acceptance too: an arm through a rung against a control that never measured it would fail only at
     the verdict, after every GPU run; a branched arm's trunk that itself trains through a rung is no trunk."""
-    from dormouse.engine.config import ConfigError, validate
-    from dormouse.engine.experiments import Experiment
+    from dormouse.core.config import ConfigError, validate
+    from dormouse.planner.experiments import Experiment
 
     root = Path(__file__).resolve().parents[1]
 
@@ -264,8 +264,8 @@ def test_an_arm_branched_from_another_build_of_its_control_is_invalid():
 def test_a_retracted_trunk_supersedes_its_branches_whatever_their_digests_sort():
     """dormouse retractions: pretrain depends on pretrain now (a branch's trunk); the trunk's replacement must be known
     before its branch's, which sorting by digest alone does not give."""
-    from dormouse.engine.retractions import superseded
-    from dormouse.engine.store import artifact_digest
+    from dormouse.planner.retractions import superseded
+    from dormouse.core.store import artifact_digest
 
     arm_params = {"model": {"d": 1}, "train": {"qat": {"rung": "ternary", "fraction": 0.2}}}
     for lr in range(500):

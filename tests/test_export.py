@@ -7,8 +7,8 @@ from model_util import live_model, rand_bytes
 
 from dormouse.model.config import ModelConfig
 from dormouse.model.gpt import ByteLM
-from dormouse.posttrain import quant
-from dormouse.posttrain.quant import rung_source_state
+from dormouse.model import quant
+from dormouse.model.quant import rung_source_state
 
 
 def test_bf16_rung_keeps_engram_hash_and_the_model(tmp_path, one_thread):

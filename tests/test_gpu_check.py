@@ -9,7 +9,7 @@ import pytest
 from model_util import live_model
 
 from dormouse.model.config import ModelConfig
-from dormouse.posttrain import chat
+from dormouse.data import chat
 
 ROOT = Path(__file__).resolve().parents[1]
 spec = importlib.util.spec_from_file_location("gpu_check", ROOT / "benchmarks/gpu_check.py")
@@ -58,7 +58,7 @@ def test_lm_eval_result_reads_the_device_and_the_score(tmp_path, capsys):
 
 def test_view_names_the_folder_the_chain_part_builds(workdir, monkeypatch, capsys):
     """gpu_check.sh's chain runs `snakemake <view>/bench.json --config set=...`: a set= run's own view folder."""
-    from dormouse.engine.plan import override_tag
+    from dormouse.planner.plan import override_tag
 
     monkeypatch.chdir(workdir)
     assert gpu_check.main(["view", "--set", "train.device=cuda"]) == 0

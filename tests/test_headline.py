@@ -4,7 +4,7 @@ import json
 import os
 import time
 
-from dormouse.engine import headline
+from dormouse.tools import headline
 
 
 def bench(pretrain_bpb=3.2, rl_gain=(5, 1)):

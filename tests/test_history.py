@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from dormouse.engine import history
-from dormouse.engine.store import ArtifactWriter, artifact_digest
+from dormouse.tools import history
+from dormouse.core.store import ArtifactWriter, artifact_digest
 
 REPO = Path(__file__).resolve().parent.parent
 H200_METRICS = REPO / "benchmarks" / "records" / "2026-12-02-small-pretrain-h200" / "h200_small_pretrain.metrics.jsonl"

@@ -1,5 +1,5 @@
 """Issue 24's case 1 end to end: `kill -9` of Snakemake while it runs a tiny pretrain, then what the docs say
-(`snakemake --unlock`, run again). The orphaned stage must die with its Snakemake (dormouse/engine/lifeline.py),
+(`snakemake --unlock`, run again). The orphaned stage must die with its Snakemake (dormouse/core/lifeline.py),
 the rerun must resume from the checkpoint and publish the artifact, and no finished manifest may be lost."""
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ import sys
 import time
 from pathlib import Path
 
-from dormouse.engine.lifeline import snakemake_ancestor
+from dormouse.core.lifeline import snakemake_ancestor
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -1,4 +1,4 @@
-"""dormouse.posttrain.lm_eval_adapter: the harness model "dormouse" gives dormouse.posttrain.mc's numbers exactly (its
+"""dormouse.tools.lm_eval_adapter: the harness model "dormouse" gives dormouse.posttrain.mc's numbers exactly (its
 loglikelihood on the tiny local task, and `lm_eval.simple_evaluate` end to end on that task defined
 by a local yaml), rolls windows so every byte is predicted once, and decodes greedily."""
 
@@ -19,11 +19,11 @@ from lm_eval.api.instance import Instance  # noqa: E402
 from safetensors.torch import save_file  # noqa: E402
 from test_mc import TASK, TINY, live_model  # noqa: E402
 
-from dormouse.engine.store import ArtifactError, ArtifactWriter, artifact_digest  # noqa: E402
+from dormouse.core.store import ArtifactError, ArtifactWriter, artifact_digest  # noqa: E402
 from dormouse.model.config import ModelConfig  # noqa: E402
 from dormouse.model.gpt import ByteLM  # noqa: E402
 from dormouse.posttrain import mc  # noqa: E402
-from dormouse.posttrain.lm_eval_adapter import DormouseLM, load_artifact_model, write_local_task  # noqa: E402
+from dormouse.tools.lm_eval_adapter import DormouseLM, load_artifact_model, write_local_task  # noqa: E402
 from dormouse.train.checkpoint import CheckpointError  # noqa: E402
 
 torch.set_num_threads(1)
@@ -210,7 +210,7 @@ def test_the_dormouse_lm_eval_command_runs_the_harness_cli(artifact, tmp_path):
 
 def test_sft_rl_and_export_artifacts_load_with_their_own_window(tmp_path):
     """sft and rl artifacts hold no train section: the window is their eval window; an export takes rung=."""
-    from dormouse.posttrain import quant
+    from dormouse.model import quant
 
     model = live_model(ModelConfig(**TINY))
     params = {"tasks": {}, "sft": {}, "device": "cpu", "dtype": "float32",
@@ -238,7 +238,7 @@ def test_sft_rl_and_export_artifacts_load_with_their_own_window(tmp_path):
 def test_pretrained_takes_a_dir_or_a_preset_and_says_what_is_missing(tmp_path, monkeypatch):
     """pretrained= as `dormouse serve --preset` reads it: a dir as is, a preset name for its rl model, `<preset>/<stage>`;
     an unknown name or a model not built is one line naming what to do (was a FileNotFoundError traceback)."""
-    from dormouse.posttrain.lm_eval_adapter import resolve_pretrained
+    from dormouse.tools.lm_eval_adapter import resolve_pretrained
 
     assert resolve_pretrained(tmp_path) == tmp_path
     work = tmp_path / "clone"

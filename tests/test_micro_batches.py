@@ -10,8 +10,8 @@ import pytest
 import torch
 from test_pretrain import TINY_MODEL, TINY_TRAIN
 
-from dormouse.engine.config import ConfigError, load_preset
-from dormouse.engine.registry import stage_params
+from dormouse.core.config import ConfigError, load_preset
+from dormouse.planner.registry import stage_params
 from dormouse.model.config import ModelConfig
 from dormouse.model.gpt import ByteLM
 from dormouse.train.optim import build_optimizers

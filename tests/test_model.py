@@ -414,7 +414,7 @@ def test_preset_parameter_counts_match_the_formula():
 
     import torch
 
-    from dormouse.engine.config import load_preset
+    from dormouse.core.config import load_preset
     from dormouse.model.config import ModelConfig
     from dormouse.model.gpt import ByteLM, count_params
 

@@ -79,7 +79,7 @@ def test_a_wheel_plans_from_a_subfolder_of_a_clone(tmp_path, workdir, tmp_path_f
     assert (site / "dormouse" / "schemas" / "preset.schema.yaml").is_file()
     env = {**os.environ, "PYTHONPATH": str(site)}
     where = workdir / "corpus" / "demo"  # a folder inside the clone, not its root
-    probe = ("import dormouse, sys; from dormouse.engine.plan import load_plan; p = load_plan(None); "
+    probe = ("import dormouse, sys; from dormouse.planner.plan import load_plan; p = load_plan(None); "
              "print(dormouse.__file__); print(p.store); print(p.chain['tiny']['pretrain'])")
     run = subprocess.run([sys.executable, "-c", probe], cwd=where, env=env, capture_output=True, text=True)
     assert run.returncode == 0, run.stderr

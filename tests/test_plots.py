@@ -1,4 +1,4 @@
-"""dormouse.engine.plots on a synthetic bench.json and store laid out as the bench and training stages write them."""
+"""dormouse.tools.plots on a synthetic bench.json and store laid out as the bench and training stages write them."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from dormouse.engine import plots
-from dormouse.engine.store import MANIFEST, sha256_file
+from dormouse.tools import plots
+from dormouse.core.store import MANIFEST, sha256_file
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 DIGESTS = {"pretrain": "6035b0c5fa62c26f8349", "sft": "a1b2c3d4e5f60718293a", "rl": "0f1e2d3c4b5a69788796"}
@@ -150,7 +150,7 @@ def test_best_anchors_keeps_unigram_and_highest_orders():
 
 
 def test_the_anchors_just_above_and_below_the_model_are_found():
-    from dormouse.engine.plots import best_anchors, neighbour_anchors
+    from dormouse.tools.plots import best_anchors, neighbour_anchors
 
     ladder = [{"name": "uniform", "order": 0, "bpb": 8.0}, {"name": "unigram", "order": 1, "bpb": 4.9},
               {"name": "kneser_ney", "order": 2, "bpb": 4.04}, {"name": "kneser_ney", "order": 3, "bpb": 3.17},

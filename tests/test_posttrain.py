@@ -12,9 +12,10 @@ import torch
 import yaml
 from pipeline_util import configure, manifest, run_chain
 
-from dormouse.engine.config import validate
-from dormouse.engine.views import main as view_main
-from dormouse.posttrain import chat, task_eval, tasks
+from dormouse.core.config import validate
+from dormouse.tools.views import main as view_main
+from dormouse.data import chat
+from dormouse.posttrain import task_eval, tasks
 from dormouse.posttrain.grpo import Curriculum
 from dormouse.posttrain.selection import selection_line
 from dormouse.posttrain.chat_batches import sft_batch
@@ -85,8 +86,8 @@ def test_curriculum_promotes_on_the_frontier_mean_draws_every_unlocked_level_and
 
 
 def test_rl_difficulties_default_to_what_the_sets_ask():
-    from dormouse.engine.config import ConfigError, load_preset
-    from dormouse.engine.registry import rl_difficulties, stage_params
+    from dormouse.core.config import ConfigError, load_preset
+    from dormouse.planner.registry import rl_difficulties, stage_params
 
     tasks_ = {"difficulties": [1, 2]}
     assert rl_difficulties({"start": 1, "max": None}, tasks_) == range(1, 3)
@@ -195,7 +196,7 @@ def test_paired_sign_counts_gains_and_losses_item_by_item():
 
 
 def test_bench_schema_rejects_a_missing_stage(chain, bench_view):
-    from dormouse.engine.config import ConfigError
+    from dormouse.core.config import ConfigError
 
     work, _ = chain
     view = json.loads(json.dumps(bench_view))
@@ -243,7 +244,7 @@ def test_rl_trains_on_signal_groups_and_ships_the_selected_checkpoint(chain, mon
     from safetensors.torch import load_file
 
     from dormouse.cli import main as dormouse_main
-    from dormouse.engine.store import artifact_digest
+    from dormouse.core.store import artifact_digest
     from dormouse.posttrain import task_eval
 
     work, plan = chain
@@ -513,8 +514,8 @@ def test_pass_rate_sampler_follows_the_cells_that_teach():
 def test_new_rl_keys_at_their_defaults_leave_the_digest_alone():
     """rl.advantage, loss_norm and prompts came after rl format 9: at the values that run format 9's algorithm they
     stay out of the params (the pinned digests hold); any other value is a param."""
-    from dormouse.engine.config import load_preset, load_yaml
-    from dormouse.engine.registry import RL_LATER_DEFAULTS, stage_params
+    from dormouse.core.config import load_preset, load_yaml
+    from dormouse.planner.registry import RL_LATER_DEFAULTS, stage_params
 
     root = Path(__file__).resolve().parents[1]
     schema = load_yaml(root / "dormouse" / "schemas" / "preset.schema.yaml")["properties"]["rl"]["properties"]
@@ -530,7 +531,7 @@ def test_new_rl_keys_at_their_defaults_leave_the_digest_alone():
 def run_rl_variant(chain, rl_update) -> dict:
     """The tiny chain's rl job with rl_update(its rl params) -> new rl params, run under its own digest; the manifest."""
     from dormouse.cli import main as dormouse_main
-    from dormouse.engine.store import artifact_digest
+    from dormouse.core.store import artifact_digest
 
     work, plan = chain
     spec = plan.job("rl", plan.chain["tiny"]["rl"]).spec(plan.store)

@@ -16,7 +16,7 @@ import torch
 import yaml
 from pipeline_util import configure, run_chain
 
-from dormouse.engine.plan import build_plan
+from dormouse.planner.plan import build_plan
 from dormouse.model.config import ModelConfig
 from dormouse.cli import main as dormouse_main
 from dormouse.model.gpt import ByteLM

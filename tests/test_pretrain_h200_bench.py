@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from dormouse.engine.config import load_preset
+from dormouse.core.config import load_preset
 from dormouse.model.config import ModelConfig
 from dormouse.model.gpt import count_params, engram_params
 

@@ -4,7 +4,7 @@ import subprocess
 import sys
 import textwrap
 
-from dormouse.engine import progress
+from dormouse.core import progress
 
 
 def test_meter_line_has_count_fields_rate_elapsed_and_eta(capsys):
@@ -33,7 +33,7 @@ def test_terminal_progress_keeps_the_terminal_for_progress_and_logs_the_rest(tmp
     # The rule's redirection: `2>&1 > log` points stderr at the terminal, stdout at the log.
     script = textwrap.dedent("""
         import sys, warnings
-        from dormouse.engine import progress
+        from dormouse.core import progress
         progress.to_terminal()
         print("[x] params {}")
         progress.note("[x] milestone")

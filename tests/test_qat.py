@@ -19,14 +19,14 @@ from pipeline_util import configure, run_chain
 from dormouse.cli import main as dormouse_main
 from dormouse.data import shards as layout
 from dormouse.data.byte_stream import eval_window
-from dormouse.engine.config import ConfigError, load_preset, load_yaml, validate
-from dormouse.engine.registry import POSTTRAIN_LATER_DEFAULTS, TRAIN_LATER_DEFAULTS, stage_params
-from dormouse.engine.store import artifact_digest, open_artifact
-from dormouse.engine.views import main as view_main
+from dormouse.core.config import ConfigError, load_preset, load_yaml, validate
+from dormouse.planner.registry import POSTTRAIN_LATER_DEFAULTS, TRAIN_LATER_DEFAULTS, stage_params
+from dormouse.core.store import artifact_digest, open_artifact
+from dormouse.tools.views import main as view_main
 from dormouse.model.config import ModelConfig
 from dormouse.model.regions import compile_regions
-from dormouse.posttrain import quant
-from dormouse.posttrain.quant import rung_source_state
+from dormouse.model import quant
+from dormouse.model.quant import rung_source_state
 from dormouse.train.optim import build_optimizers
 from dormouse.train.arms import finish_start
 from dormouse.train.qat import QAT_RUNGS, FakeQuant

@@ -1,4 +1,4 @@
-"""dormouse.posttrain.quant against independent references: a brute-force E2M1 rounder, numpy/ml_dtypes
+"""dormouse.model.quant against independent references: a brute-force E2M1 rounder, numpy/ml_dtypes
 re-implementations of the MXFP4 and NVFP4 rules, ml_dtypes float8_e4m3fn / float8_e8m0fnu casts;
 pinned ties; the block-max promises each block rule does (and does not) make; packing; odd shapes and
 zero blocks; a model's state dict through safetensors; bytes on disk per rung."""
@@ -17,7 +17,7 @@ from safetensors.torch import save_file
 
 from dormouse.model.config import ModelConfig
 from dormouse.model.gpt import ByteLM
-from dormouse.posttrain import quant as Q
+from dormouse.model import quant as Q
 
 torch.set_num_threads(1)
 

@@ -214,7 +214,7 @@ def test_a_bad_input_is_one_line_from_the_command_line(tmp_path, monkeypatch, ca
     """A stage stopped by bad input prints the reader's message (file, place, the policy that skips it) as one line
     and exits 2, as a configuration mistake does: it was a traceback through Snakemake's RuleException."""
     from dormouse import cli
-    from dormouse.engine import plan_cli
+    from dormouse.planner import plan_cli
 
     txt = tmp_path / "y.txt"
     txt.write_bytes(b"ok then \xff\xfe broken")

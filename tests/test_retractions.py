@@ -9,8 +9,8 @@ import yaml
 from pipeline_util import configure
 from test_workflow import BIN, job_counts, snakemake
 
-from dormouse.engine.config import ConfigError
-from dormouse.engine.plan import build_plan
+from dormouse.core.config import ConfigError
+from dormouse.planner.plan import build_plan
 
 ENTRY = {"id": "R-test-1", "date": "2026-12-02", "stage": "shard", "match": {"num_shards": 5},
          "reason": "routing defect in shards of the 5-way preset", "fixed_in": "abc123"}
@@ -94,7 +94,7 @@ def test_a_match_key_that_no_job_has_is_refused(two_presets):
 def test_every_stage_can_be_retracted():
     from pathlib import Path
 
-    from dormouse.engine.registry import STAGES
+    from dormouse.planner.registry import STAGES
 
     schema = yaml.safe_load((Path(__file__).resolve().parent.parent / "dormouse/schemas/retractions.schema.yaml").read_text())
     assert schema["items"]["properties"]["stage"]["enum"] == list(STAGES)

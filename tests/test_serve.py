@@ -14,10 +14,10 @@ import pytest
 import torch
 import uvicorn
 
-from dormouse.engine.store import ArtifactWriter, artifact_digest
+from dormouse.core.store import ArtifactWriter, artifact_digest
 from dormouse.model.config import ModelConfig
 from dormouse.model.gpt import ByteLM
-from dormouse.posttrain import chat
+from dormouse.data import chat
 from dormouse.posttrain.decode import generate, prefill_prompts
 from dormouse.serve.app import Limits, create_app, server_config
 from dormouse.serve.batcher import PREFILL_CHUNK, Batcher, Stream, state_bytes_per_row
@@ -263,7 +263,7 @@ def test_serve_preset_with_set_loads_that_runs_model_and_says_which(workdir, mod
     import argparse
     from pathlib import Path
 
-    from dormouse.engine.plan import load_plan, override_tag
+    from dormouse.planner.plan import load_plan, override_tag
     from dormouse.serve.app import load, main
 
     monkeypatch.chdir(workdir)
@@ -299,7 +299,7 @@ def test_lm_eval_harness_generates_through_the_server(server, tmp_path, kind):
     docs = [{"question": f"Q{i}: 1+{i}=", "answer": str(1 + i)} for i in range(3)]
     data = tmp_path / "gen.jsonl"
     data.write_text("".join(json.dumps(d) + "\n" for d in docs))
-    from dormouse.posttrain.lm_eval_adapter import write_local_task
+    from dormouse.tools.lm_eval_adapter import write_local_task
 
     tasks = tmp_path / "tasks"
     write_local_task(tasks, "dormouse_serve_gen", data, tmp_path / "hf_cache", output_type="generate_until")

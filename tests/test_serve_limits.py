@@ -261,7 +261,7 @@ def test_a_small_request_is_served_while_a_2000_prompt_request_fills_the_batch(m
     """Issue #45's starvation: 2 000 prompts x 1 024 bytes in one request, then an 8-byte request. Rows are shared
     between requests (the big one pauses a row for the small one), so the small one's greedy reply, the same bytes
     as decoded alone, comes within a few steps; first come first served it waited for all 2 000 prompts."""
-    from dormouse.posttrain import chat
+    from dormouse.data import chat
     from dormouse.posttrain.decode import generate
     from dormouse.serve.app import Limits
 

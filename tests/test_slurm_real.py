@@ -20,7 +20,7 @@ import pytest
 import yaml
 
 import real_slurm
-from dormouse.engine.plan import build_plan
+from dormouse.planner.plan import build_plan
 from pipeline_util import configure, needs_slurm_plugin
 
 pytestmark = [pytest.mark.slow, needs_slurm_plugin]

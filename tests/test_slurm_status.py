@@ -1,4 +1,4 @@
-"""dormouse.engine.slurm_status without a cluster: a stand-in executor class shaped like the plugin's
+"""dormouse.tools.slurm_status without a cluster: a stand-in executor class shaped like the plugin's
 (check_active_jobs an async generator over query_job_status, as in plugin 2.8.0). The real thing
 runs in tests/test_slurm_real.py."""
 
@@ -7,7 +7,7 @@ import sys
 import types
 from dataclasses import dataclass, field
 
-from dormouse.engine import slurm_status
+from dormouse.tools import slurm_status
 
 
 class Log:

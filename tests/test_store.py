@@ -1,6 +1,6 @@
 import pytest
 
-from dormouse.engine.store import ArtifactError, ArtifactWriter, artifact_digest, open_artifact, published
+from dormouse.core.store import ArtifactError, ArtifactWriter, artifact_digest, open_artifact, published
 
 
 def make(tmp_path, params=None, fail=False):
@@ -176,7 +176,7 @@ def test_verify_finds_an_edited_or_unreadable_manifest(tmp_path):
     import hashlib
     import json
 
-    from dormouse.engine.verify import artifact_problems
+    from dormouse.tools.verify import artifact_problems
 
     path = make(tmp_path)
     assert artifact_problems(path) == []
@@ -215,7 +215,7 @@ def _job(store, stage, inputs: dict) -> dict:
 def test_a_consumer_checks_every_listed_files_size_before_it_reads(tmp_path):
     """A deleted shard-0002.idx.npy did not stop pretrain, which reads only the .bin files: files are hashed when
     read, and nothing looked at the others. Every listed file's size is now checked when the input is opened."""
-    from dormouse.engine.stage import input_artifact
+    from dormouse.planner.job import input_artifact
 
     store = tmp_path / "store"
     files = {f"train/shard-000{i}.{ext}": bytes([i]) * 64 for i in range(3) for ext in ("bin", "idx.npy")}

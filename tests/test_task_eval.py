@@ -9,7 +9,8 @@ import torch
 from model_util import live_model
 
 from dormouse.model.config import ModelConfig
-from dormouse.posttrain import chat, task_eval, tasks
+from dormouse.data import chat
+from dormouse.posttrain import task_eval, tasks
 
 CFG = ModelConfig(d_model=32, n_heads=2, head_dim=16, ffn_hidden=48, n_core=2, kda_chunk_size=16)
 TASKS = {"families": ["count", "reverse"], "difficulties": [1, 2], "heldout_items": 5, "max_new_bytes": 8}
@@ -129,8 +130,8 @@ def test_a_skipped_cell_never_comes_from_the_stream():
 
 
 def test_skip_cells_must_name_cells_rl_trains_and_leave_one():
-    from dormouse.engine.config import ConfigError
-    from dormouse.engine.registry import rl_skip_cells
+    from dormouse.core.config import ConfigError
+    from dormouse.planner.registry import rl_skip_cells
 
     tp = {"families": ["add", "sort"], "difficulties": [1, 2]}
     cur = {"start": 1, "max": None}

@@ -3,7 +3,7 @@ import re
 
 import pytest
 
-from dormouse.posttrain.chat import prompt_bytes
+from dormouse.data.chat import prompt_bytes
 from dormouse.posttrain.tasks import (
     DIFFICULTIES,
     FAMILIES,

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from dormouse.engine import transport
-from dormouse.engine.store import ArtifactError, ArtifactWriter, artifact_digest, open_artifact
+from dormouse.planner import transport
+from dormouse.core.store import ArtifactError, ArtifactWriter, artifact_digest, open_artifact
 
 
 def make_artifact(store: Path, first: bytes | None = None) -> Path:

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from pipeline_util import configure
 
-from dormouse.engine.plan import load_plan, override_tag, run_overrides
+from dormouse.planner.plan import load_plan, override_tag, run_overrides
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -65,7 +65,7 @@ def job_counts(out: str) -> dict:
 
 def test_snakemake_builds_anchors_and_reruns_nothing(fixture_workflow):
     run = snakemake(fixture_workflow, "results/tiny/anchors.json")
-    # What a person sees: each stage's progress lines, not its log (dormouse/engine/progress.py)
+    # What a person sees: each stage's progress lines, not its log (dormouse/core/progress.py)
     seen = run.stdout + run.stderr
     for line in ("[filter] doc ", "[shard] pass 2: doc ", "[anchors] n-gram counts: doc ", "[anchors] kneser_ney"):
         assert line in seen, f"{line!r} not shown by snakemake:\n{seen[-3000:]}"
@@ -154,12 +154,12 @@ def test_only_what_changes_results_is_an_override(workdir, monkeypatch):
 
 
 def test_every_registered_stage_has_its_rule():
-    """The rules are written out for readers; this holds them to the registry (dormouse/engine/registry.py): one
+    """The rules are written out for readers; this holds them to the registry (dormouse/planner/registry.py): one
     rule per stage, named as the stage, whose inputs, job and command are that stage's, and no rule runs a stage
     under another name."""
     import re
 
-    from dormouse.engine.registry import STAGES
+    from dormouse.planner.registry import STAGES
 
     rules = {}
     for smk in sorted((ROOT / "workflow" / "rules").glob("*.smk")):

@@ -45,7 +45,7 @@ from pathlib import Path
 from typing import Callable, Iterable, Iterator
 
 from dormouse.data.fnv import fnv1a_64
-from dormouse.engine.store import pins_digest
+from dormouse.core.store import pins_digest
 
 FORMAT_VERSION = 2
 # Documents held out of the corpus as fastText example sets (quality/positive: every domain but

@@ -15,7 +15,7 @@ import numpy as np
 from dormouse.data import quality
 from dormouse.data.docs_io import PartWriter, read_parts
 from dormouse.data.heuristics import heuristic_drop_reason
-from dormouse.posttrain.chat import RESERVED_PATTERN
+from dormouse.data.chat import RESERVED_PATTERN
 
 JUDGE_BATCH = 64  # documents per task: one fastText call, one round trip to a worker
 IN_FLIGHT_PER_WORKER = 4  # tasks ahead of the one being consumed: bounds memory whatever the corpus size

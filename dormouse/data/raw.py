@@ -11,8 +11,8 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from dormouse.engine.config import ConfigError
-from dormouse.engine.store import canonical_json
+from dormouse.core.config import ConfigError
+from dormouse.core.store import canonical_json
 
 RAW_SUFFIXES = (".jsonl", ".jsonl.gz", ".jsonl.zst", ".parquet", ".txt")
 DEMO_ROOT = Path("corpus/demo")

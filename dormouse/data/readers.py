@@ -23,8 +23,8 @@ import pyarrow.parquet as pq
 import zstandard
 
 from dormouse.data.raw import RAW_SUFFIXES, expand_raw, ignored_files, scan_raw
-from dormouse.engine.config import InputError
-from dormouse.engine.store import sha256_file
+from dormouse.core.config import InputError
+from dormouse.core.store import sha256_file
 
 
 class ReadError(InputError):

@@ -39,7 +39,7 @@ from pathlib import Path
 import zstandard
 
 from dormouse.data.demo_corpus import PART_BYTES, _ar_members, fetch, sha256_file, split_text
-from dormouse.engine.store import pins_digest
+from dormouse.core.store import pins_digest
 
 FORMAT_VERSION = 2  # 2: more sources (linux, boost, emacs, erlang, binutils, five FreeDict dictionaries, wine, fpc, qt6-base, blender, qgis, octave, gdb,
 #   racket, ghc, go, sagemath)

@@ -25,7 +25,7 @@ import numpy as np
 
 from dormouse.data.docs_io import read_parts
 from dormouse.data.fnv import doc_hash
-from dormouse.engine import progress
+from dormouse.core import progress
 
 TRAIN_DIR = "train/"
 # Keys added to data.shard after digests were pinned: left out of the params at their default, so every preset

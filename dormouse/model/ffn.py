@@ -13,7 +13,7 @@ MoE contract (what the trainer and the pipeline rely on):
   on the device), so a step has no Python loop over experts, no host sync and no data-dependent shape:
   torch.compile regions and CUDA graphs hold. Every bank gets a gradient every step (zero rows for an expert
   no token chose), so DDP and the optimizers' state stay uniform. Muon sees a bank as E matrices
-  (dormouse/train/optim.py), export quantizes it matrix by matrix (dormouse/posttrain/quant.py).
+  (dormouse/train/optim.py), export quantizes it matrix by matrix (dormouse/model/quant.py).
 - After each forward `self.aux_loss` holds the Switch-style load-balancing loss
   n_experts * sum_i f_i * P_i (f_i: fraction of the N*k routed slots that went to expert i, no gradient;
   P_i: mean router probability of expert i). It is 1.0 for a perfectly balanced router.

@@ -1,11 +1,11 @@
-"""SFT's training batches: chat examples (dormouse/posttrain/chat.py's template) as right-padded input and target
+"""SFT's training batches: chat examples (dormouse/data/chat.py's template) as right-padded input and target
 tensors, scored on the assistant's bytes only."""
 
 from __future__ import annotations
 
 import torch
 
-from dormouse.posttrain import chat
+from dormouse.data import chat
 from dormouse.train.runtime import pad_width
 
 

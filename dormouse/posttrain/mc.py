@@ -6,7 +6,7 @@ from ONE forward over (x + c)[:-1]: the log-prob of c[0] is read from the logits
 CONTEXT position, that of c[j] from position len(x) - 1 + j. The choices of one item share one
 right-padded forward (safe for a causal model: the padding comes after every scored position).
 
-Conventions (the lm-eval adapter, dormouse.posttrain.lm_eval_adapter, uses the same ones):
+Conventions (the lm-eval adapter, dormouse.tools.lm_eval_adapter, uses the same ones):
 - Empty context: the first byte of a continuation must be predicted from something, so an empty
   context is replaced by the one byte EMPTY_CONTEXT_PREFIX = 0x00 (the role of lm-eval's BOS/EOS
   prefix token). 0x00 is rare in text but NOT reserved (the chat template reserves 0x01-0x03 and the

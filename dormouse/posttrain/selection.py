@@ -35,7 +35,7 @@ import hashlib
 import math
 from functools import lru_cache
 
-from dormouse.engine import progress
+from dormouse.core import progress
 from dormouse.posttrain import task_eval
 from dormouse.posttrain.decode import DecodeStep
 from dormouse.posttrain.task_eval import paired_sign

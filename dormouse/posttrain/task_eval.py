@@ -10,7 +10,8 @@ from collections.abc import Iterator
 
 import torch
 
-from dormouse.posttrain import chat, tasks
+from dormouse.data import chat
+from dormouse.posttrain import tasks
 from dormouse.posttrain.decode import generate, generate_static
 from dormouse.train.runtime import autocast, evaluate, uses_bf16
 

@@ -8,7 +8,7 @@
 Endpoints: POST /v1/chat/completions and /v1/completions (OpenAI's request and response shapes, `stream: true` as
 server-sent events, `usage` counted in bytes: this is a byte model), GET /v1/models, /health (live streams, the
 decode state's bytes per stream, streams whose prompts are being prefilled, counters) and / (a chat page). Chat turns go through the chat template
-(dormouse/posttrain/chat.py: user and assistant roles); completions continue the raw prompt text. Every live
+(dormouse/data/chat.py: user and assistant roles); completions continue the raw prompt text. Every live
 stream decodes in one batched step (dormouse/serve/batcher.py), rows shared fairly between requests; a new prompt is
 prefilled --prefill-chunk bytes at a time between those steps, so a long one does not stall the others. Bad requests
 get a 400 (413 for a body over --max-body-bytes, counted while it is read, chunked included) with OpenAI's error
@@ -39,7 +39,7 @@ from fastapi.responses import HTMLResponse, JSONResponse, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from dormouse.posttrain import chat
+from dormouse.data import chat
 from dormouse.serve.batcher import PREFILL_CHUNK, Batcher, GraphedBatcher, Stream
 from dormouse.serve.guard import Guard, default_allowed_hosts, error_body, raise_file_limit
 from dormouse.serve.page import PAGE
@@ -505,7 +505,7 @@ def load(args) -> tuple:
     """(model, device, bf16, model id, info) from --preset/--rung or --model."""
     import torch
 
-    from dormouse.engine.store import open_artifact
+    from dormouse.core.store import open_artifact
     from dormouse.train.runtime import device_for, load_model
 
     device = device_for(args.device or ("cuda" if torch.cuda.is_available() else "cpu"), "serve")
@@ -513,7 +513,7 @@ def load(args) -> tuple:
         art = open_artifact(args.model)
         label = f"{art.manifest['stage']}-{art.path.name[:8]}"
     else:
-        from dormouse.engine.plan import plan_from_args
+        from dormouse.planner.plan import plan_from_args
 
         plan = plan_from_args(args)  # with --set/--corpus: the run `snakemake --config set=... corpus=...` made
         if args.preset not in plan.chain:
@@ -528,7 +528,7 @@ def load(args) -> tuple:
         label = f"{args.preset}-{path.name[:8]}"
     model, cfg = load_model(art, device)
     if args.rung:
-        from dormouse.posttrain import quant
+        from dormouse.model import quant
 
         if not args.preset:
             raise SystemExit("dormouse serve: --rung needs --preset (the rungs are the preset's export artifact)")
@@ -549,7 +549,7 @@ def load(args) -> tuple:
 
 
 def arg_parser() -> argparse.ArgumentParser:
-    from dormouse.engine.plan import add_plan_arguments
+    from dormouse.planner.plan import add_plan_arguments
 
     ap = argparse.ArgumentParser(prog="dormouse serve", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)

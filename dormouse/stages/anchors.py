@@ -24,8 +24,8 @@ import numpy as np
 from dormouse.data import ngram
 from dormouse.data import shards as layout
 from dormouse.data.byte_stream import eval_targets
-from dormouse.engine import progress
-from dormouse.engine.stage import input_artifact, parse_job, summary, writer
+from dormouse.core import progress
+from dormouse.planner.job import input_artifact, parse_job, summary, writer
 
 
 def capped(shards, stems: list[str], cap: int | None, c):

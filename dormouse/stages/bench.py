@@ -16,7 +16,7 @@ bench.json also carries the anchor ladder and every upstream stage's final numbe
 wall time; `dormouse view bench` adds the digest chain and the retractions applied.
 
 A chain with a qat key on (train.qat, sft.qat, rl.qat) has a twin, the same preset with every qat key off (planned
-by dormouse/engine/plan.py, input `export_ptq`): its rungs, quantized after training, are scored as `rungs_ptq`
+by dormouse/planner/plan.py, input `export_ptq`): its rungs, quantized after training, are scored as `rungs_ptq`
 beside this chain's `rungs` (each with export's `method`: "qat" for the rung rl trained through), and `qat` holds
 the lineage of stages that trained through a rung.
 """
@@ -31,10 +31,12 @@ import numpy as np
 
 from dormouse.data import shards as layout
 from dormouse.data.byte_stream import eval_window
-from dormouse.engine import progress
+from dormouse.core import progress
 from dormouse.data.raw import expand_raw
-from dormouse.engine.stage import check_raw_input, input_artifact, parse_job, summary, writer
-from dormouse.posttrain import chat, mc, quant, task_eval, tasks
+from dormouse.planner.job import check_raw_input, input_artifact, parse_job, summary, writer
+from dormouse.data import chat
+from dormouse.posttrain import mc, task_eval, tasks
+from dormouse.model import quant
 from dormouse.train.runtime import deterministic_cpu, device_for, evaluate, load_model, model_config_of
 
 BENCH_FORMAT = 5  # the layout of bench.json (documented in docs/posttraining.md); 2: items_correct and paired; 3: paired per

@@ -2,7 +2,7 @@
 
     dormouse export --job "$(dormouse plan --preset tiny --stage export)"
 
-One file per rung, `rungs/<rung>.safetensors` (packed storage and recipe: dormouse/posttrain/quant.py). Each file
+One file per rung, `rungs/<rung>.safetensors` (packed storage and recipe: dormouse/model/quant.py). Each file
 is read back, dequantized into a fresh model (strict keys) and scored on the pretrain eval window; the
 manifest's `final.rungs` gives bytes on disk, BPB and dBPB against the bf16 rung (and the unquantized
 fp32 model, computed in fp32 without autocast, as `reference_bpb`). Embeddings, head, norms and (unless `quantize_tables`) the Engram
@@ -23,9 +23,9 @@ from collections import Counter
 
 from dormouse.data import shards as layout
 from dormouse.data.byte_stream import eval_window
-from dormouse.engine import progress
-from dormouse.engine.stage import input_artifact, parse_job, summary, writer
-from dormouse.posttrain import quant
+from dormouse.core import progress
+from dormouse.planner.job import input_artifact, parse_job, summary, writer
+from dormouse.model import quant
 from dormouse.train.runtime import check_arms_active, deterministic_cpu, device_for, evaluate, load_model
 
 

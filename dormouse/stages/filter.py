@@ -21,9 +21,9 @@ from dormouse.data import quality
 from dormouse.data.filtering import filter_documents, granted_workers
 from dormouse.data.fnv import fnv1a_64
 from dormouse.data.readers import ReaderConfig, iter_records
-from dormouse.engine import progress
-from dormouse.engine.stage import check_raw_input, parse_job, summary, writer
-from dormouse.engine.store import sha256_file
+from dormouse.core import progress
+from dormouse.planner.job import check_raw_input, parse_job, summary, writer
+from dormouse.core.store import sha256_file
 
 
 def train_classifier(job, art, qcfg, reader_cfg, counters) -> tuple[object, dict]:

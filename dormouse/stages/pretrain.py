@@ -49,9 +49,9 @@ from torch.nn.parallel import DistributedDataParallel
 
 from dormouse.data import shards as layout
 from dormouse.data.byte_stream import StreamState, TrainStream, check_epochs, eval_window
-from dormouse.engine import progress
-from dormouse.engine.stage import input_artifact, parse_job, summary, writer
-from dormouse.engine.store import scratch_dir
+from dormouse.core import progress
+from dormouse.planner.job import input_artifact, parse_job, summary, writer
+from dormouse.core.store import scratch_dir
 from dormouse.model.config import ModelConfig
 from dormouse.model.gpt import ByteLM, count_params
 from dormouse.model.kda import fla_op

@@ -52,10 +52,11 @@ import torch
 
 from dormouse.data import shards as layout
 from dormouse.data.byte_stream import eval_window
-from dormouse.engine import progress
-from dormouse.engine.registry import RL_LATER_DEFAULTS, rl_difficulties, rl_skip_cells
-from dormouse.engine.stage import input_artifact, parse_job, summary, writer
-from dormouse.posttrain import chat, task_eval
+from dormouse.core import progress
+from dormouse.planner.registry import RL_LATER_DEFAULTS, rl_difficulties, rl_skip_cells
+from dormouse.planner.job import input_artifact, parse_job, summary, writer
+from dormouse.data import chat
+from dormouse.posttrain import task_eval
 from dormouse.posttrain.decode import DecodeStep, generate_static
 from dormouse.posttrain.grpo import GroupUpdate, GRPOSettings, frozen_copy, prompt_sampler, tally_groups
 from dormouse.posttrain.selection import Selection, selection_line

@@ -2,7 +2,7 @@
 
     dormouse sft --job "$(dormouse plan --preset tiny --stage sft)"
 
-Each example is one exchange in the chat template (dormouse/posttrain/chat.py); the task loss counts only the
+Each example is one exchange in the chat template (dormouse/data/chat.py); the task loss counts only the
 assistant bytes and the END that closes them. Every step also replays `replay_rows` rows of the train
 shards (plain next-byte loss, weight `replay_weight`): without it the tiny preset's corpus BPB went
 from 2.96 to 6.41 in 150 steps. Its own warmup-stable-decay schedule and optimizers.
@@ -23,8 +23,8 @@ import torch
 
 from dormouse.data import shards as layout
 from dormouse.data.byte_stream import TrainStream, eval_window
-from dormouse.engine import progress
-from dormouse.engine.stage import input_artifact, parse_job, summary, writer
+from dormouse.core import progress
+from dormouse.planner.job import input_artifact, parse_job, summary, writer
 from dormouse.posttrain import chat_batches, task_eval
 from dormouse.train import qat
 from dormouse.train.optim import build_optimizers, set_lr, wsd_multiplier

@@ -19,7 +19,7 @@ Layout: dormouse/data/shards.py (train/shard-NNNN.*, eval/tail.*, shards.json); 
 from __future__ import annotations
 
 from dormouse.data.shards import shard_documents
-from dormouse.engine.stage import input_artifact, parse_job, summary, writer
+from dormouse.planner.job import input_artifact, parse_job, summary, writer
 
 
 def main(argv=None) -> int:

@@ -90,7 +90,7 @@ def main(argv=None) -> int:
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
     if not command:
         ap.error("no command given")
-    from dormouse.engine.lifeline import die_with_parent  # the command ends when gpu-run does
+    from dormouse.core.lifeline import die_with_parent  # the command ends when gpu-run does
 
     if args.gpus == 0:  # a CPU run of a GPU-capable stage: hide every device
         return subprocess.call(command, env={**os.environ, "CUDA_VISIBLE_DEVICES": ""}, preexec_fn=die_with_parent)

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import torch
 
-from dormouse.engine import progress
+from dormouse.core import progress
 from dormouse.train import checkpoint, compile_cache, distributed, qat
 from dormouse.train.finish import KEPT
 from dormouse.train.firewall import Firewall

@@ -24,7 +24,7 @@ from contextlib import contextmanager, nullcontext
 import torch
 from torch import nn
 
-from dormouse.posttrain import quant
+from dormouse.model import quant
 
 QAT_RUNGS = tuple(r for r in quant.RUNGS if r != "bf16")  # a bf16 "finish" would be the autocast it already runs
 

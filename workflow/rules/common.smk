@@ -1,13 +1,13 @@
 # The plan: validated config, resolved presets and every job's digest, computed at parse time
-# (dormouse.engine.plan; cheap: config files and file stats only).
+# (dormouse.planner.plan; cheap: config files and file stats only).
 import os
 import sys
 from pathlib import Path
 
 from dormouse.data import demo_corpus, scale_corpus
-from dormouse.engine.config import ConfigError, load_yaml
-from dormouse.engine.plan import build_run_plan
-from dormouse.engine.store import canonical_json
+from dormouse.core.config import ConfigError, load_yaml
+from dormouse.planner.plan import build_run_plan
+from dormouse.core.store import canonical_json
 
 try:
     # What --config changed against config/config.yaml (set=, corpus=, ...): where that changes a preset's chain,
@@ -84,12 +84,12 @@ def slurm(gpu=False):
 
 
 # Under the slurm executor: the status command this cluster answers (sacct, or squeue without
-# accounting) and a guard that fails a job whose status stays unreadable (dormouse/engine/slurm_status.py).
+# accounting) and a guard that fails a job whose status stays unreadable (dormouse/tools/slurm_status.py).
 SLURM_STATUS = {}
 
 
 onstart:
-    from dormouse.engine import slurm_status
+    from dormouse.tools import slurm_status
 
     guard = slurm_status.install(workflow, 60 * PLAN.config["slurm"]["status_timeout_min"])
     if guard is not None:

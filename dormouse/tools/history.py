@@ -52,7 +52,7 @@ import sys
 from datetime import datetime, timezone
 from pathlib import Path
 
-from dormouse.engine.store import ArtifactError, canonical_json, open_artifact
+from dormouse.core.store import ArtifactError, canonical_json, open_artifact
 
 DEFAULT_HISTORY = Path("results/history.jsonl")
 DEFAULT_TOLERANCE = 0.10

@@ -7,9 +7,9 @@ import json
 import sys
 from pathlib import Path
 
-from dormouse.engine import progress
+from dormouse.core import progress
 from dormouse.data.raw import raw_input
-from dormouse.engine.store import Artifact, ArtifactError, ArtifactWriter, open_artifact, published
+from dormouse.core.store import Artifact, ArtifactError, ArtifactWriter, open_artifact, published
 
 
 def parse_job(argv: list[str] | None, stage: str, doc: str) -> dict:

@@ -22,7 +22,7 @@ import statistics
 from dataclasses import dataclass
 from pathlib import Path
 
-from dormouse.engine.config import ConfigError, load_preset, load_yaml, validate
+from dormouse.core.config import ConfigError, load_preset, load_yaml, validate
 from dormouse.train.arms import before_finish, finish_start, inert_arms, inert_qat
 
 EXPERIMENTS_DIR = Path("config/experiments")
@@ -307,7 +307,7 @@ def quantized_vs_bf16(runs: dict[str, dict[str, dict]], arms: dict, acceptance: 
 
 
 def plot_curves(runs: dict[str, dict[str, dict]], path: Path, title: str) -> None:
-    from dormouse.engine.plots import new_figure, save
+    from dormouse.tools.plots import new_figure, save
 
     fig, (ax,) = new_figure(8, 4.5)
     colors = {}
@@ -337,7 +337,7 @@ def plot_curves(runs: dict[str, dict[str, dict]], path: Path, title: str) -> Non
 def main(argv=None) -> int:
     import argparse
 
-    from dormouse.engine.store import open_artifact
+    from dormouse.core.store import open_artifact
 
     ap = argparse.ArgumentParser(prog="dormouse verdict", description="judge an experiment's arms (rule in docs/experiments-and-history.md)")
     ap.add_argument("--experiment", required=True, help="JSON: {name, spec, runs: {arm: {seed: pretrain digest}}}")

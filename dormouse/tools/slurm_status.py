@@ -105,7 +105,7 @@ class StatusGuard:
             existing.timeout_s, existing.logger, existing.clock = self.timeout_s, self.logger, self.clock
             return existing
         if not hasattr(module, "query_job_status"):
-            raise RuntimeError(f"{module.__name__} has no query_job_status: dormouse.engine.slurm_status was written "
+            raise RuntimeError(f"{module.__name__} has no query_job_status: dormouse.tools.slurm_status was written "
                                f"against snakemake-executor-plugin-slurm {PLUGIN_VERSION}; update the guard")
         original_query, original_check = module.query_job_status, executor_cls.check_active_jobs
         guard = self
@@ -159,7 +159,7 @@ class StatusGuard:
                 del self.unread_since[jid]
                 executor.report_job_error(j, msg=(
                     f"SLURM job {jid}: status unreadable for {waited / 60:.1f} min (last: {reason}); failed by "
-                    f"dormouse.engine.slurm_status and cancelled. On a cluster without accounting use squeue "
+                    f"dormouse.tools.slurm_status and cancelled. On a cluster without accounting use squeue "
                     f"(README, 'Running on SLURM')."))
                 try:
                     executor.cancel_jobs([j])

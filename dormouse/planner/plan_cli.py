@@ -12,7 +12,7 @@ import json
 import sys
 from pathlib import Path
 
-from dormouse.engine.plan import add_plan_arguments, describe_overrides, plan_from_args
+from dormouse.planner.plan import add_plan_arguments, describe_overrides, plan_from_args
 
 
 def main(argv=None) -> int:

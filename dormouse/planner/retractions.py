@@ -3,7 +3,7 @@
     dormouse retractions                 # every entry, every preset
     dormouse retractions --preset tiny
 
-An entry's id enters the digest of the jobs of its stage whose params match (dormouse.engine.plan), so the
+An entry's id enters the digest of the jobs of its stage whose params match (dormouse.planner.plan), so the
 artifacts built before the entry existed keep their old digests. This command finds them: an
 artifact on disk is superseded by an entry when the entry matches its params and its manifest does
 not list the id, or when one of its inputs is superseded. Its new digest is recomputed from its own
@@ -16,9 +16,9 @@ import argparse
 import json
 from pathlib import Path
 
-from dormouse.engine.plan import load_plan, matching_retractions
-from dormouse.engine.registry import STAGES
-from dormouse.engine.store import artifact_digest
+from dormouse.planner.plan import load_plan, matching_retractions
+from dormouse.planner.registry import STAGES
+from dormouse.core.store import artifact_digest
 
 
 def load_store(store: Path) -> dict[tuple[str, str], dict]:

@@ -16,11 +16,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from dormouse.engine.config import ConfigError, find_project, flatten, load_preset, load_retractions, load_yaml, validate
-from dormouse.engine.experiments import load_experiments
+from dormouse.core.config import ConfigError, find_project, flatten, load_preset, load_retractions, load_yaml, validate
+from dormouse.planner.experiments import load_experiments
 from dormouse.data.raw import DEMO_BUILT, expand_raw, is_demo, raw_input
-from dormouse.engine.registry import STAGES, ptq_twin, stage_params
-from dormouse.engine.store import artifact_digest, canonical_json
+from dormouse.planner.registry import STAGES, ptq_twin, stage_params
+from dormouse.core.store import artifact_digest, canonical_json
 
 
 @dataclass
@@ -84,7 +84,7 @@ class Plan:
     chain: dict[str, dict[str, str]]  # preset (or experiment run, "ab/<exp>/<arm>/s<seed>"; "<either>/ptq": a QAT
     # chain's twin with every qat key off, up to export, whose rungs its bench scores too) -> stage -> digest
     retractions: list[dict]
-    experiments: dict = field(default_factory=dict)  # name -> dormouse.engine.experiments.Experiment
+    experiments: dict = field(default_factory=dict)  # name -> dormouse.planner.experiments.Experiment
     overrides: dict = field(default_factory=dict)  # run_overrides: this run's --config keys that change results
     own_chain: dict = field(default_factory=dict)  # with overrides: the chains the config file alone plans
 

@@ -47,7 +47,7 @@ from lm_eval.api.model import LM
 from lm_eval.api.registry import register_model
 from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
 
-from dormouse.engine.store import MANIFEST, open_artifact
+from dormouse.core.store import MANIFEST, open_artifact
 from dormouse.posttrain.mc import effective_context, fits, score_continuations
 from dormouse.train.runtime import load_model
 
@@ -76,7 +76,7 @@ def resolve_pretrained(spec: str | Path) -> Path:
     path = Path(spec)
     if path.exists():
         return path
-    from dormouse.engine.plan import load_plan
+    from dormouse.planner.plan import load_plan
 
     preset, _, stage = str(spec).partition("/")
     plan = load_plan(None)
@@ -104,7 +104,7 @@ def load_artifact_model(artifact_dir: str | Path, device="cpu", rung: str | None
     config = json.loads(art.file("config.json").read_text())
     if "export" in config:
         from dormouse.model.config import ModelConfig
-        from dormouse.posttrain import quant
+        from dormouse.model import quant
 
         if rung is None:
             raise ValueError(f"dormouse: {d} is an export artifact: name a rung (model_args rung=bf16|int8|...)")

@@ -50,7 +50,7 @@ def headline(bench: dict, path: str | Path) -> list[str]:
     rungs = bench.get("rungs") or {}
     if rungs:
         lines.append("  export rungs, BPB: " + ", ".join(f"{r} {v['bpb']:.4f}" for r, v in rungs.items()))
-    # serve takes set and corpus as --set/--corpus (dormouse.engine.plan.add_plan_arguments): the same rl model
+    # serve takes set and corpus as --set/--corpus (dormouse.planner.plan.add_plan_arguments): the same rl model
     serve = f"dormouse serve --preset {preset}" + "".join(f" --{k} {shlex.quote(str(v))}" for k, v in overrides.items()
                                                            if k in ("set", "corpus"))
     lines.append(f"  next: {Path(path).parent}/plots/ (curves, rungs, tasks); {serve}; snakemake --report report.html")

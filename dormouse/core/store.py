@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from dormouse.engine.provenance import code_version, environment
+from dormouse.core.provenance import code_version, environment
 
 MANIFEST = "manifest.json"
 # A hard link to manifest.json (same inode, same mtime) that Snakemake does not know about: Snakemake deletes a

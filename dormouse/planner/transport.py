@@ -24,7 +24,7 @@ from pathlib import Path
 
 import zstandard
 
-from dormouse.engine.store import ArtifactError, open_artifact, published, sha256_file
+from dormouse.core.store import ArtifactError, open_artifact, published, sha256_file
 
 PART_MIB = 60
 FORMAT = 1
@@ -134,7 +134,7 @@ def check_parts(listing_path: Path) -> tuple[dict, list[Path]]:
 
 def unpack(listing_path: Path, store: Path) -> Path:
     """Verify the parts, rebuild the artifact under `store` and verify it; returns its directory."""
-    from dormouse.engine.registry import STAGES
+    from dormouse.planner.registry import STAGES
 
     listing, paths = check_parts(listing_path)
     stage, digest = listing["stage"], listing["digest"]
@@ -184,7 +184,7 @@ def pack_main(argv=None) -> int:
     args = ap.parse_args(argv)
     artifact = args.artifact
     if args.preset:
-        from dormouse.engine.plan import load_plan
+        from dormouse.planner.plan import load_plan
 
         plan = load_plan(args.config)
         if args.preset not in plan.chain:

@@ -52,7 +52,7 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 RUNGS = ("bf16", "int8", "fp8", "mxfp4", "nvfp4", "ternary")
-RECIPE_KEY = "dormouse.posttrain.quant.recipe"  # safetensors metadata key holding the recipe JSON
+RECIPE_KEY = "dormouse.model.quant.recipe"  # safetensors metadata key holding the recipe JSON
 RECIPE_FORMAT = 1
 SEP = "::"  # "<param>::<part>" in a rung file; no module path contains it
 

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from dormouse.data.shards import SHARD_DEFAULTS_NOT_DIGESTED
-from dormouse.engine.config import ConfigError
+from dormouse.core.config import ConfigError
 
 
 @dataclass(frozen=True)
@@ -168,7 +168,7 @@ def _export(preset: dict) -> dict:
     return {"export": dict(preset["export"]), **_run(preset)}
 
 
-def _bench(preset: dict) -> dict:  # a QAT chain's bench also reads its ptq_twin's export (dormouse/engine/plan.py)
+def _bench(preset: dict) -> dict:  # a QAT chain's bench also reads its ptq_twin's export (dormouse/planner/plan.py)
     return {"tasks": dict(preset["tasks"]), "bench": dict(preset["bench"]), **_run(preset)}
 
 

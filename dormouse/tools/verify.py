@@ -19,7 +19,7 @@ import json
 import shlex
 from pathlib import Path
 
-from dormouse.engine.store import MANIFEST, MANIFEST_KEEP, artifact_digest, file_problem
+from dormouse.core.store import MANIFEST, MANIFEST_KEEP, artifact_digest, file_problem
 
 
 def artifact_problems(path: Path) -> list[str]:
@@ -76,7 +76,7 @@ def main(argv=None) -> int:
     store = Path(args.store) if args.store else None
     digests = None
     if args.preset or store is None:
-        from dormouse.engine.plan import load_plan
+        from dormouse.planner.plan import load_plan
 
         plan = load_plan(args.config, **({"store": args.store} if store else {}))
         store = Path(plan.store)

@@ -1,6 +1,6 @@
 """Per-preset result files (`results/<view>/anchors.json`): a stage's result plus its digest chain.
 
-The view folder is the preset's name, or `<preset>@<tag>` for a run with overrides (dormouse.engine.plan,
+The view folder is the preset's name, or `<preset>@<tag>` for a run with overrides (dormouse.planner.plan,
 Plan.view_name); each file records the overrides it was made with, so a one-off run says what it was.
 """
 
@@ -10,9 +10,9 @@ import argparse
 import json
 from pathlib import Path
 
-from dormouse.engine import history
-from dormouse.engine.config import ConfigError
-from dormouse.engine.store import open_artifact
+from dormouse.tools import history
+from dormouse.core.config import ConfigError
+from dormouse.core.store import open_artifact
 
 
 def digest_chain(artifact_dir: Path, store: Path) -> list[dict]:

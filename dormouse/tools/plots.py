@@ -1,6 +1,6 @@
 """Plots of one preset's bench: training curves against the anchor ladder, export rungs, task scores.
 
-    python -m dormouse.engine.plots --bench results/tiny/bench.json --store results/store --out-dir results/tiny/plots
+    python -m dormouse.tools.plots --bench results/tiny/bench.json --store results/store --out-dir results/tiny/plots
 
 Writes exactly three PNGs into --out-dir (matplotlib's Agg canvas, no pyplot, no display):
 - curves.png: pretrain train BPB per logged step and eval BPB, sft's and rl's eval BPB on the same window,
@@ -27,7 +27,7 @@ from pathlib import Path
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
-from dormouse.engine.store import ArtifactError, open_artifact
+from dormouse.core.store import ArtifactError, open_artifact
 
 CURVE_STAGES = ("pretrain", "sft", "rl")
 RUNG_ORDER = ("bf16", "int8", "fp8", "mxfp4", "nvfp4", "ternary")  # widest first, as export writes them
@@ -292,7 +292,7 @@ def plot_tasks(bench: dict, path: Path, bench_params: dict | None = None) -> Non
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m dormouse.engine.plots", description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="python -m dormouse.tools.plots", description=__doc__.splitlines()[0])
     ap.add_argument("--bench", required=True, help="results/<preset>/bench.json")
     ap.add_argument("--store", default="results/store", help="the artifact store bench ran against")
     ap.add_argument("--out-dir", required=True, help="gets curves.png, rungs.png, tasks.png")

@@ -1,0 +1,66 @@
+"""The package's floors (README's layout): a module imports only from its own floor or a lower one, so the core never
+reaches the planner and no library reaches a stage. Every import is read, those inside functions too."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+FLOORS = {"core": 1, "model": 2, "data": 2, "train": 3, "posttrain": 4, "planner": 5, "tools": 5, "stages": 6,
+          "serve": 6, "cli": 7}
+
+
+def floor_of(module: str) -> int | None:
+    parts = module.split(".")
+    return FLOORS.get(parts[1]) if parts[0] == "dormouse" and len(parts) > 1 else None
+
+
+def imports_of(path: Path) -> list[tuple[int, str]]:
+    """(line, module) of every dormouse import in `path` (`from dormouse.x import y` names dormouse.x.y when y is a
+    module: `from dormouse import stages` is an import of the stages floor)."""
+    out = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            out += [(node.lineno, a.name) for a in node.names if a.name.startswith("dormouse.")]
+        elif isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("dormouse"):
+            out += [(node.lineno, f"{node.module}.{a.name}" if node.module == "dormouse" else node.module)
+                    for a in node.names]
+    return out
+
+
+def crossings(root: Path) -> list[str]:
+    bad = []
+    for path in sorted((root / "dormouse").rglob("*.py")):
+        module = ".".join(path.relative_to(root).with_suffix("").parts)
+        own = floor_of(module)
+        for line, target in imports_of(path):
+            to = floor_of(target)
+            if own is not None and to is not None and to > own:
+                bad.append(f"{path.relative_to(root)}:{line} imports {target} (floor {to} above its own {own})")
+    return bad
+
+
+def test_every_package_has_a_floor():
+    packages = {p.name for p in (ROOT / "dormouse").iterdir() if (p / "__init__.py").exists()} | {"cli"}
+    assert packages == set(FLOORS), f"packages without a floor or floors without a package: {packages ^ set(FLOORS)}"
+
+
+def test_no_import_reaches_a_higher_floor():
+    assert crossings(ROOT) == []
+
+
+def test_the_check_fails_on_an_upward_import(tmp_path):
+    (tmp_path / "dormouse" / "core").mkdir(parents=True)
+    (tmp_path / "dormouse" / "core" / "x.py").write_text("def f():\n    from dormouse.planner import plan\n")
+    assert crossings(tmp_path) == ["dormouse/core/x.py:2 imports dormouse.planner (floor 5 above its own 1)"]
+
+
+@pytest.mark.parametrize("where", ["tests", "benchmarks"])
+def test_only_the_cli_reaches_the_stages(where):
+    """Tests and benchmarks import the layers; a stage runs through `dormouse <stage>` (the CLI's dispatch)."""
+    hits = [f"{p.relative_to(ROOT)}:{line}" for p in sorted((ROOT / where).rglob("*.py"))
+            for line, target in imports_of(p) if target.startswith("dormouse.stages")]
+    assert hits == []
