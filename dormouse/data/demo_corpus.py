@@ -933,20 +933,38 @@ def build_demo_corpus(
     t_fetched = time.monotonic()
 
     check_unique_ids(docs)
-    examples: dict[str, list[Doc]] = {"positive": [], "negative": []}
-    corpus_docs = []
-    for d in docs:
-        if fnv1a_64(f"quality:{d.id}") % 100 < quality_holdout_percent:
-            examples["negative" if d.domain == "lowq" else "positive"].append(d)
-        else:
-            corpus_docs.append(d)
-    docs = corpus_docs
+    examples, docs = split_quality_examples(docs, quality_holdout_percent)
     docs_by_format: dict[str, list[Doc]] = defaultdict(list)
     for d in docs:
         docs_by_format[d.fmt].append(d)
     if quality_holdout_percent:
         write_quality_examples(out_dir, examples)
+    files = replace_data_dir(out_dir, docs_by_format)
+    summary = build_summary(docs, docs_by_format, examples, stats, selections, files)
+    tmp_marker = out_dir / f".BUILD.json.tmp-{os.getpid()}"
+    tmp_marker.write_text(json.dumps(summary, indent=2, sort_keys=False, ensure_ascii=False) + "\n")
+    os.replace(tmp_marker, marker)
+    t_end = time.monotonic()
+    _log(progress, _report(summary, t_fetched - t0, t_end - t0))
+    return summary
 
+
+def split_quality_examples(docs: list[Doc], holdout_percent: int) -> tuple[dict[str, list[Doc]], list[Doc]]:
+    """({positive, negative} quality-classifier examples, the corpus's documents): `holdout_percent` of the documents
+    by an FNV hash of their id go to the examples (the low-quality domain to the negatives), never to the corpus."""
+    examples: dict[str, list[Doc]] = {"positive": [], "negative": []}
+    corpus_docs = []
+    for d in docs:
+        if fnv1a_64(f"quality:{d.id}") % 100 < holdout_percent:
+            examples["negative" if d.domain == "lowq" else "positive"].append(d)
+        else:
+            corpus_docs.append(d)
+    return examples, corpus_docs
+
+
+def replace_data_dir(out_dir: Path, docs_by_format: dict[str, list[Doc]]) -> dict:
+    """Write the corpus's files into a fresh folder and swap it in for out_dir/data (a reader never sees half a
+    corpus); returns the files' listing."""
     tmp = out_dir / f".data.tmp-{os.getpid()}"
     old = out_dir / f".data.old-{os.getpid()}"
     final = out_dir / "data"
@@ -961,7 +979,11 @@ def build_demo_corpus(
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     shutil.rmtree(old, ignore_errors=True)
+    return files
 
+
+def build_summary(docs: list[Doc], docs_by_format: dict, examples: dict, stats: dict, selections, files: dict) -> dict:
+    """BUILD.json's contents: layout, totals per domain and format, the quality examples, skips, sources, files."""
     skipped_total: Counter = Counter({k: 0 for k in SKIP_REASONS})
     for st in stats.values():
         skipped_total.update(st.skipped)
@@ -1007,11 +1029,6 @@ def build_demo_corpus(
         "selections": selections,
         "files": files,
     }
-    tmp_marker = out_dir / f".BUILD.json.tmp-{os.getpid()}"
-    tmp_marker.write_text(json.dumps(summary, indent=2, sort_keys=False, ensure_ascii=False) + "\n")
-    os.replace(tmp_marker, marker)
-    t_end = time.monotonic()
-    _log(progress, _report(summary, t_fetched - t0, t_end - t0))
     return summary
 
 
