@@ -64,3 +64,13 @@ def test_only_the_cli_reaches_the_stages(where):
     hits = [f"{p.relative_to(ROOT)}:{line}" for p in sorted((ROOT / where).rglob("*.py"))
             for line, target in imports_of(p) if target.startswith("dormouse.stages")]
     assert hits == []
+
+
+def test_stage_files_are_entry_points_and_functions_stay_short():
+    """Each stage file under 200 lines; no function in dormouse/ over 80 (library code lives in the layers)."""
+    long_stages = [f"{p.name}: {n}" for p in sorted((ROOT / "dormouse" / "stages").glob("*.py"))
+                   if (n := len(p.read_text().splitlines())) >= 200]
+    long_functions = [f"{p.relative_to(ROOT)}:{node.name} {node.end_lineno - node.lineno + 1} lines"
+                      for p in sorted((ROOT / "dormouse").rglob("*.py")) for node in ast.walk(ast.parse(p.read_text()))
+                      if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and node.end_lineno - node.lineno >= 80]
+    assert long_stages == [] and long_functions == []

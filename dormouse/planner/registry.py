@@ -46,8 +46,6 @@ def omit_defaults(section: dict, defaults: dict) -> dict:
     return {k: v for k, v in section.items() if not (k in defaults and v == defaults[k])}
 
 
-
-
 def _shard(preset: dict) -> dict:
     return omit_defaults(preset["data"]["shard"], SHARD_DEFAULTS_NOT_DIGESTED)
 
