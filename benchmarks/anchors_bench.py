@@ -5,7 +5,7 @@ ones decompressed, plus the Python standard library sources), shuffled with a fi
 split into an eval set and a training set of the requested sizes. Single-threaded on purpose:
 the project target is "10 MB eval, max_order 5, all rungs, <= 10 s on one core".
 
-    .venv/bin/python benchmarks/anchors_bench.py [--eval-mb 10] [--train-mb 20] [--order 5]
+    .venv/bin/python -m benchmarks.anchors_bench [--eval-mb 10] [--train-mb 20] [--order 5]
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ import time
 
 import numpy as np
 
+from benchmarks.bench_env import cpu_model
 from dormouse.data import ngram
 
 SOURCES = ("/usr/share/doc/**/*", "/usr/lib/python3*/**/*.py")
@@ -53,17 +54,6 @@ def real_text_docs(limit_bytes: int, seed: int = 0) -> list[bytes]:
         docs.append(data)
         total += len(data)
     return docs
-
-
-def cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo") as fh:
-            for line in fh:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def split(docs: list[bytes], eval_bytes: int) -> tuple[list[bytes], list[bytes]]:

@@ -12,14 +12,14 @@ python3 -c "import torch, triton, fla; print('versions torch', torch.__version__
 # 1. cold: no Triton cache, no inductor cache (a fresh machine)
 export TRITON_CACHE_DIR=/tmp/tc_cold TORCHINDUCTOR_CACHE_DIR=/tmp/ind_cold
 mkdir -p $TRITON_CACHE_DIR
-TORCH_LOGS=recompiles timeout ${COLD_S:-330} python3 benchmarks/first_steps.py --preset b1 --steps 4 --stack-every 0 \
+TORCH_LOGS=recompiles timeout ${COLD_S:-330} python3 -m benchmarks.first_steps --preset b1 --steps 4 --stack-every 0 \
   --out "$OUT/first_cold.jsonl" 2>&1 | grep -v "Warning\|warn(" | tee -a "$log"
 (cd $TRITON_CACHE_DIR && find . -name "*.autotune.json" | tar -czf "$OUT/autotune_b1.tgz" -T -)
 # 2. warm: a fresh machine with the committed autotune results only (this run's, unpacked into an empty cache)
 export TRITON_CACHE_DIR=/tmp/tc_warm TORCHINDUCTOR_CACHE_DIR=/tmp/ind_warm
 mkdir -p $TRITON_CACHE_DIR && tar -xzf "$OUT/autotune_b1.tgz" -C $TRITON_CACHE_DIR
-timeout ${WARM_S:-150} python3 benchmarks/first_steps.py --preset b1 --steps 4 --stack-every 0 \
+timeout ${WARM_S:-150} python3 -m benchmarks.first_steps --preset b1 --steps 4 --stack-every 0 \
   --out "$OUT/first_warm.jsonl" 2>&1 | grep -v "Warning\|warn(" | tee -a "$log"
 # 3. the expert paths at b1's layer shape
-timeout ${MOE_S:-100} python3 benchmarks/moe_h200.py --preset b1 --out "$OUT/moe_h200.tsv" 2>&1 | grep -v "Warning\|warn(" | tail -8 | tee -a "$log"
+timeout ${MOE_S:-100} python3 -m benchmarks.moe_h200 --preset b1 --out "$OUT/moe_h200.tsv" 2>&1 | grep -v "Warning\|warn(" | tail -8 | tee -a "$log"
 ls -la "$OUT"

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import json
 import os
 import platform
+import shlex
 import shutil
 import subprocess
+import sys
 import tempfile
 from pathlib import Path
 
@@ -67,8 +70,27 @@ def append_tsv(rows: list[dict]) -> None:
             f.write("\t".join(str(r.get(k, "")).replace("\t", " ").replace("\n", " ") for k in TSV_HEADER) + "\n")
 
 
-def plan_job(stage: str, preset: str) -> str:
-    """`dormouse plan --preset P --stage S` as JSON text."""
+def package_versions(names) -> dict:
+    """{"python": ..., name: installed version or None} from the packages' metadata (nothing imported)."""
+    from importlib import metadata
+
+    out = {"python": platform.python_version()}
+    for n in names:
+        try:
+            out[n] = metadata.version(n)
+        except metadata.PackageNotFoundError:
+            out[n] = None
+    return out
+
+
+def rerun_command(module: str, argv: list[str] | None = None, python: str = "python3") -> str:
+    """The command line that reruns a benchmark from the repository root: `python3 -m benchmarks.<name> ARGS`
+    (ARGS: argv, default this process's)."""
+    return shlex.join([python, "-m", module, *(sys.argv[1:] if argv is None else argv)])
+
+
+def plan_job(stage: str, preset: str) -> dict:
+    """`dormouse plan --preset P --stage S`, the job's JSON parsed."""
     env = dict(os.environ, PATH=f"{ROOT / '.venv' / 'bin'}:{os.environ.get('PATH', '')}")
-    return subprocess.run(["dormouse", "plan", "--preset", preset, "--stage", stage], cwd=ROOT, env=env,
-                          capture_output=True, text=True, check=True).stdout
+    return json.loads(subprocess.run(["dormouse", "plan", "--preset", preset, "--stage", stage], cwd=ROOT, env=env,
+                                     capture_output=True, text=True, check=True).stdout)

@@ -1,12 +1,12 @@
 """Data-parallel pretrain throughput: the stage's step at 1 and N GPUs (issue #8 item 4).
 
     # on a lent nvidia-h200-x2 (after `source benchmarks/gpu_env.sh`):
-    python3 benchmarks/ddp_h200.py --presets small medium --gpus 1 2 --out $OUT/ddp_h200.tsv
+    python3 -m benchmarks.ddp_h200 --presets small medium --gpus 1 2 --out $OUT/ddp_h200.tsv
     # here, on CPU (gloo, tiny shapes; what tests/test_ddp_bench.py runs):
-    .venv/bin/python benchmarks/ddp_h200.py --dry-run-cpu --gpus 1 2
+    .venv/bin/python -m benchmarks.ddp_h200 --dry-run-cpu --gpus 1 2
 
 The driver launches, for each preset and each GPU count W, `torchrun --standalone --nproc-per-node W` on
-this file in worker mode; each worker runs the pretrain stage's step (benchmarks/pretrain_h200.py's
+this module in worker mode; each worker runs the pretrain stage's step (benchmarks/pretrain_step.py's
 `ours_step`: set_lr, bf16 autocast, the stage's Firewall deciding on the device, both optimizer steps) on
 the model as the stage builds it (ByteLM, build_optimizers, compile_for's regions, then
 DistributedDataParallel when W > 1), on random bytes. As in the stage, the global batch stays the
@@ -21,7 +21,7 @@ Systems per W:
 efficiency = tokens/s at W / (W x tokens/s of `compiled` at 1): 1.0 is perfect scaling. vs_graphed =
 tokens/s at W / tokens/s of `graphed` at 1: what a second GPU buys over the stage's one-GPU default.
 tokens/s counts the global batch (every rank's rows) over rank 0's wall time: DDP's all-reduce keeps the
-ranks in step. Timing as pretrain_h200.py's `measure` (warm-up, then timed steps between synchronises);
+ranks in step. Timing as benchmarks/timing.py's `measure` (warm-up, then timed steps between synchronises);
 peak memory is rank 0's. NVLink multicast stays off (the device tool's rule): NCCL_NVLS_ENABLE=0,
 TORCH_SYMM_MEM_DISABLE_MULTICAST=1, NVSHMEM_DISABLE_NVLS=1 in every worker's environment.
 """
@@ -40,20 +40,20 @@ from collections import Counter
 from datetime import datetime, timezone
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-for p in (ROOT, ROOT / "benchmarks"):
-    if str(p) not in sys.path:
-        sys.path.insert(0, str(p))
+import torch
+from torch.nn.parallel import DistributedDataParallel
 
-import pretrain_h200 as ph  # noqa: E402  (benchmarks/: the step, the timer, the preset setup)
-import torch  # noqa: E402
-from torch.nn.parallel import DistributedDataParallel  # noqa: E402
-
+from benchmarks.bench_env import rerun_command
+from benchmarks.flops import kda_flops_per_token
+from benchmarks.pretrain_step import ours_step, preset_setup, random_batches
+from benchmarks.report import TsvWriter, device_name, versions
+from benchmarks.timing import matmul_rate, measure
 from dormouse.model.gpt import ByteLM, count_params  # noqa: E402
 from dormouse.train import distributed  # noqa: E402
 from dormouse.train.optim import build_optimizers  # noqa: E402
 from dormouse.train.runtime import compile_for, deterministic_cpu  # noqa: E402
 
+ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_OUT = ROOT / "benchmarks" / "ddp_h200.tsv"
 NO_MULTICAST = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
 COLUMNS = ["date", "device", "versions", "command", "preset", "gpus", "system", "status", "global_batch",
@@ -71,7 +71,7 @@ def log(msg: str) -> None:
 def worker(args) -> int:
     world = distributed.world_from_env()
     dry = args.dry_run_cpu
-    cfg, train, batch, seq_len = ph.preset_setup(args.presets[0], args, dry)
+    cfg, train, batch, seq_len = preset_setup(args.presets[0], dry)
     global_batch = args.global_batch or batch
     if global_batch % world.size:
         raise SystemExit(f"ddp_h200: global batch {global_batch} is not a multiple of the world size {world.size}")
@@ -80,10 +80,10 @@ def worker(args) -> int:
     rows = world.rows(global_batch)
     # every rank draws the same global batches and keeps its rows: the data does not depend on W
     batches = [(x[rows.start:rows.stop], y[rows.start:rows.stop])
-               for x, y in ph.random_batches(global_batch, seq_len, device, args.seed)]
-    rate, _ = ph.matmul_rate(device) if world.is_main else (0.0, "")
+               for x, y in random_batches(global_batch, seq_len, device, args.seed)]
+    rate, _ = matmul_rate(device) if world.is_main else (0.0, "")
     cp = count_params(cfg)
-    flops_per_token = 6 * cp["flop_params"] + ph.kda_flops_per_token(cfg.depth, cfg.n_heads, cfg.head_dim)
+    flops_per_token = 6 * cp["flop_params"] + kda_flops_per_token(cfg.depth, cfg.n_heads, cfg.head_dim)
     systems = ["compiled"] + (["graphed"] if world.size == 1 and device.type == "cuda" else [])
     results = []
     t_start = time.perf_counter()
@@ -95,9 +95,9 @@ def worker(args) -> int:
         net = model if world.size == 1 else DistributedDataParallel(
             model, device_ids=[device.index] if device.type == "cuda" else None)
         counters = Counter()
-        step = ph.ours_step(model, opts, cfg, train, device, batches, counters, graphed=system == "graphed", net=net,
+        step = ours_step(model, opts, cfg, train, device, batches, counters, graphed=system == "graphed", net=net,
                             world=world)
-        r = ph.measure(step, args.steps, args.warmup, device)
+        r = measure(step, args.steps, args.warmup, device)
         tps = global_batch * seq_len / (r["ms_step"] / 1e3)
         results.append({
             "system": system, "status": "ok", "global_batch": global_batch, "rows_per_rank": len(rows),
@@ -125,8 +125,8 @@ def worker(args) -> int:
 # -------------------------------------------------------------------------------------------------
 def launch(args, preset: str, gpus: int, result: Path) -> int:
     """One torchrun of the worker; its output goes straight to ours."""
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={gpus}", __file__,
-           "--worker", "--result", str(result), "--presets", preset, "--steps", str(args.steps),
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={gpus}",
+           "--module", "benchmarks.ddp_h200", "--worker", "--result", str(result), "--presets", preset, "--steps", str(args.steps),
            "--warmup", str(args.warmup), "--seed", str(args.seed)]
     cmd += ["--global-batch", str(args.global_batch)] if args.global_batch else []
     cmd += ["--dry-run-cpu"] if args.dry_run_cpu else []
@@ -171,15 +171,15 @@ def table(rows: list[dict]) -> str:
 
 
 def driver(args) -> int:
-    command = shlex.join(["python3", os.path.relpath(__file__, ROOT), *sys.argv[1:]])
+    command = rerun_command("benchmarks.ddp_h200")
     device = torch.device("cpu") if args.dry_run_cpu else torch.device("cuda")
     if device.type == "cuda":
         have = torch.cuda.device_count()
         if max(args.gpus) > have:
             raise SystemExit(f"ddp_h200: --gpus {max(args.gpus)} asked, {have} visible")
-    base = {"date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "device": ph.device_name(device),
-            "versions": ph.versions(), "command": command}
-    writer = ph.TsvWriter(args.out, COLUMNS)
+    base = {"date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "device": device_name(device),
+            "versions": versions(), "command": command}
+    writer = TsvWriter(args.out, COLUMNS)
     rows: list[dict] = []
     with tempfile.TemporaryDirectory() as tmp:
         for preset in args.presets:
@@ -218,8 +218,6 @@ def parse_args(argv=None):
     dry = args.dry_run_cpu
     args.steps = args.steps or (2 if dry else 30)
     args.warmup = args.warmup if args.warmup is not None else (1 if dry else 10)
-    # preset_setup reads these (pretrain_h200's overrides)
-    args.batch_size, args.seq_len, args.micro_batch_size = None, None, None
     if args.out is None:
         args.out = Path(tempfile.gettempdir()) / "ddp_h200.dry.tsv" if dry else DEFAULT_OUT
     return args

@@ -1,6 +1,6 @@
 """Filter throughput per core: dormouse's filter loop vs datatrove's equivalent pipeline, same input.
 
-    taskset -c 1 .venv/bin/python benchmarks/filter_bench.py [--reps 3] [--dt-python /tmp/dtvenv/bin/python]
+    taskset -c 1 .venv/bin/python -m benchmarks.filter_bench [--reps 3] [--dt-python /tmp/dtvenv/bin/python]
 
 Input: the demo corpus's jsonl.zst files (corpus/demo/data/jsonl/*.jsonl.zst), read as they are by
 both sides (datatrove's JsonlReader opens .zst through fsspec's "infer" compression, no decompressing
@@ -56,7 +56,6 @@ import glob
 import io
 import json
 import platform
-import shlex
 import statistics
 import subprocess
 import sys
@@ -65,33 +64,10 @@ import time
 from pathlib import Path
 
 T_START = time.perf_counter()
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "benchmarks"))
-from bench_env import TSV, append_tsv, cpu_model, git_rev, mem_gib  # noqa: E402
+from benchmarks.bench_env import (ROOT, TSV, append_tsv, cpu_model, git_rev, mem_gib, package_versions, plan_job,
+                                  rerun_command)
 
 MB = 1_000_000
-
-
-# ---------------------------------------------------------------------------------------------- env
-
-
-
-
-
-def pkg_versions(names) -> dict:
-    from importlib import metadata
-
-    out = {"python": platform.python_version()}
-    for n in names:
-        try:
-            out[n] = metadata.version(n)
-        except metadata.PackageNotFoundError:
-            out[n] = None
-    return out
-
-
-
-
 
 
 # ------------------------------------------------------------------------------------------ workers
@@ -136,7 +112,7 @@ def worker_ours(cfg: dict) -> dict:
         "side": "ours", "import_s": t_import, "model_load_s": t_model, "loop_s": t_loop,
         "docs_read": c["docs_read"], "text_bytes_read": c["bytes_read"],
         "docs_kept": kept_docs, "text_bytes_kept": kept_bytes, "drops": drops,
-        "versions": pkg_versions(["numpy", "pyarrow", "fasttext", "zstandard", "dormouse"]),
+        "versions": package_versions(["numpy", "pyarrow", "fasttext", "zstandard", "dormouse"]),
     }
 
 
@@ -279,7 +255,7 @@ def worker_datatrove(cfg: dict) -> dict:
     return {
         "side": "datatrove", "import_s": t_import, "model_load_s": t_model + t_spacy, "loop_s": t_loop,
         "docs_read": docs_read, "docs_kept": kept_docs, "text_bytes_kept": kept_bytes, "drops": drops,
-        "versions": pkg_versions(["datatrove", "numpy", "fasttext-numpy2-wheel", "spacy", "orjson", "zstandard", "fsspec"]),
+        "versions": package_versions(["datatrove", "numpy", "fasttext-numpy2-wheel", "spacy", "orjson", "zstandard", "fsspec"]),
     }
 
 
@@ -305,7 +281,8 @@ def input_stats(files: list[Path]) -> dict:
 
 
 def run_worker(side: str, python: str, cfg_path: Path, cpu: str) -> tuple[dict, float]:
-    cmd = ["taskset", "-c", cpu, python, str(Path(__file__).resolve()), "--worker", side, "--cfg", str(cfg_path)]
+    # cwd=ROOT: `-m benchmarks.filter_bench` finds the package there, also under the datatrove venv's python
+    cmd = ["taskset", "-c", cpu, python, "-m", "benchmarks.filter_bench", "--worker", side, "--cfg", str(cfg_path)]
     env = dict(os.environ)
     if side == "datatrove":
         env.setdefault("HF_HOME", str(Path(tempfile.gettempdir()) / "filter-bench-hf"))  # where datatrove caches the model
@@ -316,13 +293,6 @@ def run_worker(side: str, python: str, cfg_path: Path, cpu: str) -> tuple[dict, 
     if p.returncode != 0:
         raise RuntimeError(f"{side} worker failed ({p.returncode}):\n{p.stderr[-4000:]}")
     return json.loads(p.stdout.strip().splitlines()[-1]), wall
-
-
-def plan_job(stage: str, preset: str) -> dict:
-    env = dict(os.environ, PATH=f"{ROOT / '.venv' / 'bin'}:{os.environ.get('PATH', '')}")
-    out = subprocess.run(["dormouse", "plan", "--preset", preset, "--stage", stage], cwd=ROOT, env=env,
-                         capture_output=True, text=True, check=True).stdout
-    return json.loads(out)
 
 
 def main() -> None:
@@ -349,11 +319,9 @@ def main() -> None:
         print(json.dumps(res))
         return
 
-    command = " ".join(shlex.quote(a) for a in sys.argv)
+    command = rerun_command("benchmarks.filter_bench", python=sys.executable)
     if os.sched_getaffinity(0) != set(range(os.cpu_count() or 1)):
-        command = f"taskset -c {','.join(map(str, sorted(os.sched_getaffinity(0))))} {sys.executable} {command}"
-    else:
-        command = f"{sys.executable} {command}"
+        command = f"taskset -c {','.join(map(str, sorted(os.sched_getaffinity(0))))} {command}"
     date = datetime.datetime.now().astimezone().isoformat(timespec="seconds")
     machine = f"{cpu_model()}; {os.cpu_count()} cores; {mem_gib():.0f} GiB; worker cores {args.cpu}"
     job = plan_job("filter", args.preset)

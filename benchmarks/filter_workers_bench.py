@@ -1,6 +1,6 @@
 """The filter stage on one core against N worker processes, same job, same run (issue #29 item 2).
 
-    .venv/bin/python benchmarks/filter_workers_bench.py --corpus corpus/scale/data --files 3 --workers 2
+    .venv/bin/python -m benchmarks.filter_workers_bench --corpus corpus/scale/data --files 3 --workers 2
 
 Runs `dormouse filter --job` (the preset's job with `corpus` set to the chosen files, planned as Snakemake
 plans it) twice in a scratch store: OMP_NUM_THREADS=1 (one process), then OMP_NUM_THREADS=N (the grant the
@@ -23,8 +23,7 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from benchmarks.bench_env import ROOT, append_tsv, cpu_model, git_rev, mem_gib  # noqa: E402
+from benchmarks.bench_env import ROOT, append_tsv, cpu_model, git_rev, mem_gib, rerun_command
 from dormouse.core.config import load_yaml  # noqa: E402
 from dormouse.planner.plan import build_plan  # noqa: E402
 
@@ -83,7 +82,7 @@ def main(argv=None) -> int:
     ratio = rows[0]["wall_s"] / rows[1]["wall_s"]
     print(f"[filter_workers] {args.workers} workers / one: {ratio:.2f}x throughput; documents identical: {same}")
     if not args.no_tsv:
-        cmd = "benchmarks/filter_workers_bench.py " + " ".join(argv or sys.argv[1:])
+        cmd = rerun_command("benchmarks.filter_workers_bench", argv, python="python")
         import fasttext
         import numpy
 

@@ -2,9 +2,9 @@
 pieces, phase by phase, at the preset's shape.
 
     # on the H200 (after `source benchmarks/gpu_env.sh`; TRITON_CACHE_DIR empty = a cold Triton cache):
-    TORCH_LOGS=recompiles python3 benchmarks/first_steps.py --preset b1 --steps 8 --budget-s 420
+    TORCH_LOGS=recompiles python3 -m benchmarks.first_steps --preset b1 --steps 8 --budget-s 420
     # here, on CPU (what tests/test_first_steps_bench.py runs):
-    .venv/bin/python benchmarks/first_steps.py --preset tiny --steps 3 --device cpu
+    .venv/bin/python -m benchmarks.first_steps --preset tiny --steps 3 --device cpu
 
 Phases, each closed by a device synchronize so its time is its own: model build, optimizers, region
 compile set-up, then per step the forward (autocast, loss, the MoE balancing term: what the stage runs;
@@ -32,7 +32,7 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from benchmarks.timing import sync
 from dormouse.core.config import load_preset  # noqa: E402
 from dormouse.model.config import ModelConfig  # noqa: E402
 from dormouse.model.gpt import ByteLM, count_params  # noqa: E402
@@ -40,11 +40,6 @@ from dormouse.train import compile_cache  # noqa: E402
 from dormouse.train.optim import build_optimizers, set_lr, wsd_multiplier  # noqa: E402
 from dormouse.train.runtime import compile_for  # noqa: E402
 from dormouse.train.trainer import PretrainStep  # noqa: E402
-
-
-def sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 class Phases:

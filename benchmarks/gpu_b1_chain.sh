@@ -2,7 +2,7 @@
 # Issue #41 item 1: b1's whole chain (filter .. bench) through Snakemake itself on one GPU machine, reading the
 # scale corpus's slice, in calls of at most 10 minutes on one warm machine: the same command again continues
 # (Snakemake skips what is built; a cut pretrain resumes from its last checkpoint, train.ckpt_every). After
-#   .venv/bin/python benchmarks/prepare_b1_chain.py        (here: wheels, fasttext's sdist; the slice from make scale-slice)
+#   .venv/bin/python -m benchmarks.prepare_b1_chain        (here: wheels, fasttext's sdist; the slice from make scale-slice)
 # a device call, carry [".b1chain", "corpus/scale_slice"]:
 #   CALL_S=540 bash benchmarks/gpu_b1_chain.sh
 # SET: the run's budget, the user's own `--config set=...` (default below: ~25 GPU minutes on one H100/H200).

@@ -5,7 +5,7 @@
 # then `GPU CHECK PASS` or `GPU CHECK FAIL` and its wall time.
 #
 # Beside the checkout it needs .gpucheck/, made here (the dev VM, after `make env`) by
-#     .venv/bin/python benchmarks/prepare_gpu_check.py
+#     .venv/bin/python -m benchmarks.prepare_gpu_check
 # (~55 MiB: the wheels of what the image lacks, for cp312; the tiny preset's data stages, so the GPU never runs the
 # CPU-only filter). Device call: carry [".gpucheck"], command `bash benchmarks/gpu_check.sh`.
 #
@@ -65,7 +65,7 @@ main() {
     ".git HEAD $(git rev-parse --short HEAD 2>/dev/null || echo '?'), $(date -u +%FT%TZ)"
   # ---- setup
   if [ ! -d "$G/whl" ] || [ ! -f "$G/data.tgz" ]; then
-    record setup "setup: FAIL no $G/whl or $G/data.tgz: run benchmarks/prepare_gpu_check.py here and carry .gpucheck"
+    record setup "setup: FAIL no $G/whl or $G/data.tgz: run .venv/bin/python -m benchmarks.prepare_gpu_check here and carry .gpucheck"
     return
   fi
   WHL=$G/whl source benchmarks/gpu_env.sh || { record setup "setup: FAIL the wheels did not install (pip above)"; return; }
@@ -122,30 +122,30 @@ PY
   # ---- chain: built afresh (a warm machine or a rerun keeps results/: the digests do not cover code, so Snakemake
   # would find the last run's artifacts up to date and the parts below would test them)
   for s in pretrain sft rl export bench; do
-    d=$(python3 benchmarks/gpu_check.py path --set "$SET" --stage $s)
+    d=$(python3 -m benchmarks.gpu_check path --set "$SET" --stage $s)
     rm -rf "$d" "results/scratch/$s/$(basename "$d")"
   done
   runpart chain 430 bash -c '
     python3 -m snakemake --nolock --cores 16 --resources gpu=1 --config "set=$1" -- \
-      "$(python3 benchmarks/gpu_check.py view --set "$1")/bench.json" > "$2/chain.log" 2>&1
+      "$(python3 -m benchmarks.gpu_check view --set "$1")/bench.json" > "$2/chain.log" 2>&1
     rc=$?
     if [ $rc -ne 0 ]; then
       for f in $(ls -t results/logs/*/*.log 2>/dev/null | head -1); do echo "== $f"; tail -40 "$f"; done >> "$2/chain.log"
       tail -20 "$2/chain.log"; echo "chain: FAIL snakemake exit $rc (chain.log)"; exit 1
     fi
-    python3 benchmarks/gpu_check.py chain --set "$1"' _ "$SET" "$OUT"
+    python3 -m benchmarks.gpu_check chain --set "$1"' _ "$SET" "$OUT"
   local rl exp
-  rl=$(python3 benchmarks/gpu_check.py path --set "$SET" --stage rl)
-  exp=$(python3 benchmarks/gpu_check.py path --set "$SET" --stage export)
+  rl=$(python3 -m benchmarks.gpu_check path --set "$SET" --stage rl)
+  exp=$(python3 -m benchmarks.gpu_check path --set "$SET" --stage export)
   for s in pretrain sft rl export bench; do
-    d=$(python3 benchmarks/gpu_check.py path --set "$SET" --stage $s)
+    d=$(python3 -m benchmarks.gpu_check path --set "$SET" --stage $s)
     [ -f "$d/manifest.json" ] && tar -rf "$OUT/artifacts.tar" -C "$d/.." \
       $(cd "$d" && ls manifest.json metrics.jsonl bench.json 2>/dev/null | sed "s|^|$(basename "$d")/|")
   done
 
   # ---- decode, serve, lm-eval on the chain's CUDA artifacts
   if [ -f "$rl/manifest.json" ]; then
-    runpart decode 150 python3 benchmarks/gpu_check.py decode --model "$rl"
+    runpart decode 150 python3 -m benchmarks.gpu_check decode --model "$rl"
     dormouse serve --model "$rl" --device cuda --port 8765 > "$OUT/serve.log" 2>&1 &
     local serve_pid=$!
     runpart serve 150 bash -c '
@@ -154,7 +154,7 @@ PY
         kill -0 $1 2>/dev/null || { tail -5 "$2/serve.log"; echo "serve: FAIL the server exited (serve.log)"; exit 1; }
         sleep 1
       done
-      python3 benchmarks/gpu_check.py serve --port 8765 --device cuda' _ "$serve_pid" "$OUT"
+      python3 -m benchmarks.gpu_check serve --port 8765 --device cuda' _ "$serve_pid" "$OUT"
     kill "$serve_pid" 2>/dev/null; wait "$serve_pid" 2>/dev/null
   else
     record decode "decode: FAIL no rl model (the chain did not build it)"
@@ -162,13 +162,13 @@ PY
   fi
   if [ -f "$exp/manifest.json" ]; then
     runpart lm-eval 180 bash -c '
-      tasks=$(dirname "$(python3 benchmarks/gpu_check.py lm-eval-task /tmp/gpu_check_lmeval)")
+      tasks=$(dirname "$(python3 -m benchmarks.gpu_check lm-eval-task /tmp/gpu_check_lmeval)")
       rm -rf /tmp/gpu_check_lmeval_out
       dormouse lm-eval --model dormouse --model_args "pretrained=$1,rung=int8" --tasks dormouse_tiny \
         --include_path "$tasks" --device cuda --output_path /tmp/gpu_check_lmeval_out > "$2/lm_eval.log" 2>&1
       rc=$?
       [ $rc -eq 0 ] || { tail -15 "$2/lm_eval.log"; echo "lm-eval: FAIL exit $rc (lm_eval.log)"; exit 1; }
-      python3 benchmarks/gpu_check.py lm-eval-result /tmp/gpu_check_lmeval_out --log "$2/lm_eval.log"' _ "$exp" "$OUT"
+      python3 -m benchmarks.gpu_check lm-eval-result /tmp/gpu_check_lmeval_out --log "$2/lm_eval.log"' _ "$exp" "$OUT"
   else
     record lm-eval "lm-eval: FAIL no export artifact (the chain did not build it)"
   fi

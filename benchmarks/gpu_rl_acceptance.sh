@@ -26,6 +26,8 @@ deadline=${DEADLINE:-$(( $(date +%s) + ${CALL_S:-570} ))}  # DEADLINE: epoch sec
 if [ "$PY" = python3 ]; then
   source "$(dirname "$0")/gpu_env.sh"  # its last test may return non-zero: not chained
 fi
+# the benchmarks run as modules of this checkout (`$PY -m benchmarks.<name>`) from any working directory
+BENCH_PATH=$(cd "$(dirname "$0")/.." && pwd)${PYTHONPATH:+:$PYTHONPATH}
 out_of() { $PY -c "import json, sys; print(json.load(open(sys.argv[1]))['out'])" "$1"; }
 # the least time a stage is started with, all arms side by side (H200, small: rl ~160 s alone, bench ~240 s)
 min_s() { case $1 in rl) echo "${MIN_RL_S:-420}";; export) echo "${MIN_EXPORT_S:-60}";; *) echo "${MIN_BENCH_S:-330}";; esac; }
@@ -75,7 +77,7 @@ for stage in rl export bench; do
   if [ "$stage" = rl ] && [ "${DIAG:-1}" = 1 ] && [ ! -f "$LOGS/rl_diagnosis.json" ]; then
     # #23 item 1 beside the arms: the sft model's per-prompt pass rates per cell, on the GPU's spare share
     sft=$($PY -c "import json, sys; print(json.load(open(sys.argv[1]))['inputs']['sft']['digest'])" "$JOBS/${todo[0]}/${PRESET}_rl.json")
-    timeout "$left" $PY "$(dirname "$0")/rl_diagnosis.py" --artifact "results/store/sft/$sft" --group-size "${DIAG_G:-8}" \
+    PYTHONPATH=$BENCH_PATH timeout "$left" $PY -m benchmarks.rl_diagnosis --artifact "results/store/sft/$sft" --group-size "${DIAG_G:-8}" \
       --prompts-per-cell "${DIAG_PROMPTS:-64}" --out "$LOGS/rl_diagnosis.tsv" --json "$LOGS/rl_diagnosis.json" \
       > "$LOGS/rl_diagnosis.log" 2>&1 &
     diag=$!
@@ -111,7 +113,7 @@ done
 for r in "${recipes[@]}"; do
   benches=()
   for a in $ARMS; do [ "${a%_s*}" = "$r" ] && benches+=("$LOGS/bench_$a.json"); done
-  $PY "$(dirname "$0")/rl_acceptance.py" --bench "${benches[@]}" "${nulls[@]}" --out "$LOGS/rl_acceptance_$r.json" \
+  PYTHONPATH=$BENCH_PATH $PY -m benchmarks.rl_acceptance --bench "${benches[@]}" "${nulls[@]}" --out "$LOGS/rl_acceptance_$r.json" \
     --plot "$LOGS/rl_dev_curves_$r.png"
   echo "$r: rl_acceptance exit $? (0 accepted, 1 not)"
 done

@@ -27,6 +27,8 @@ if [ "$PY" = python3 ]; then
   [ -d /tmp/site/zstandard ] || { echo "no /tmp/site/zstandard: source benchmarks/gpu_env.sh (WHL=.whl_chain) first"; exit 2; }
   mkdir -p "$TRITON_CACHE_DIR" && tar -xzf "$(dirname "$0")/triton_autotune_h200.tgz" -C "$TRITON_CACHE_DIR"
 fi
+# the benchmark runs as a module of this checkout (`$PY -m benchmarks.quality_h200`) from any working directory
+BENCH_PATH=$(cd "$(dirname "$0")/.." && pwd)${PYTHONPATH:+:$PYTHONPATH}
 shard=$($PY -c "import json, sys; print(json.load(open(sys.argv[1]))['inputs']['shard']['digest'])" "$JOB") || exit 2
 if [ ! -f "results/store/shard/$shard/manifest.json" ]; then
   [ -n "${PARTS-/tmp/parts}" ] || { echo "no shard $shard in results/store and no PARTS to unpack"; exit 2; }
@@ -42,7 +44,7 @@ for run in $RUNS; do
   left=$(( deadline - $(date +%s) - margin ))
   if [ "$left" -lt "${MIN_S:-60}" ]; then echo "$run: not enough time left in this call; call again"; exit 0; fi
   echo "$run: training for at most ${left}s of this call"
-  $PY "$(dirname "$0")/quality_h200.py" --job "$JOB" --systems "$system" --model-preset "$preset" --budget-s "$BUDGET" \
+  PYTHONPATH=$BENCH_PATH $PY -m benchmarks.quality_h200 --job "$JOB" --systems "$system" --model-preset "$preset" --budget-s "$BUDGET" \
     --pause-after-s "$left" --state "$STATE/q_$preset" --out "$OUT/q_${preset}_${system}.tsv" 2>&1 \
     | grep -v -i "warn\|run_backward" | tee "$OUT/q_${preset}_${system}.log" | tail -4
   [ "${PIPESTATUS[0]}" -eq 0 ] || { echo "$run: failed (q_${preset}_${system}.log)"; exit 1; }

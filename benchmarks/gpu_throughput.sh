@@ -30,24 +30,24 @@ if [ -n "${TESTS:-}" ]; then
     tests/test_decode.py tests/test_quality_bench.py tests/test_conv_triton.py tests/test_optim.py tests/test_kda.py > "$OUT/gpu_tests.log" 2>&1; echo "gpu tests rc $?"; tail -3 "$OUT/gpu_tests.log"
 fi
 if [ "${EQUIV:-1}" != 0 ]; then
-  timeout "$(limit 200)" python3 benchmarks/pretrain_h200.py --presets small --check-equivalence --compile-backend inductor \
+  timeout "$(limit 200)" python3 -m benchmarks.pretrain_h200 --presets small --check-equivalence --compile-backend inductor \
     > "$OUT/equiv.log" 2>&1; echo "equivalence rc $?"; grep equivalence "$OUT/equiv.log" | tail -1
 fi
 t=$(limit "${TABLE_S:-330}")
 if [ "$t" -gt 30 ]; then
-  timeout "$t" python3 benchmarks/pretrain_h200.py --presets small --budget-s $(( t - 15 )) \
+  timeout "$t" python3 -m benchmarks.pretrain_h200 --presets small --budget-s $(( t - 15 )) \
     --systems ${SYSTEMS:-kda_kernel kda_layer_ours ours sdpa ours_graphed kda_kernel_graphed kda_layer_graphed kda_layer_torch_gates_graphed} \
     --out "$OUT/pretrain_h200.tsv" > "$OUT/table.log" 2>&1; echo "table rc $?"; tail -12 "$OUT/table.log"
 else echo "table: no time left"; fi
 if [ -n "${MEDIUM_SYSTEMS:-}" ]; then
   t=$(limit "${MEDIUM_S:-240}")
   if [ "$t" -gt 30 ]; then
-    timeout "$t" python3 benchmarks/pretrain_h200.py --presets medium --budget-s $(( t - 10 )) \
+    timeout "$t" python3 -m benchmarks.pretrain_h200 --presets medium --budget-s $(( t - 10 )) \
       --systems $MEDIUM_SYSTEMS --out "$OUT/medium.tsv" > "$OUT/medium.log" 2>&1; echo "medium rc $?"; tail -8 "$OUT/medium.log"
   else echo "medium: no time left"; fi
 fi
 if [ -n "${PROFILE:-}" ]; then
-  timeout "$(limit 150)" python3 benchmarks/pretrain_h200.py --presets "$PROFILE" --profile --warmup 3 \
+  timeout "$(limit 150)" python3 -m benchmarks.pretrain_h200 --presets "$PROFILE" --profile --warmup 3 \
     > "$OUT/profile.log" 2>&1; echo "profile rc $?"
 fi
 exit 0

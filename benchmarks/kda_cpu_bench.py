@@ -1,6 +1,6 @@
 """CPU speed of the pure-torch chunked KDA core (dormouse.model.kda.chunk_kda_torch), forward + backward.
 
-    .venv/bin/python benchmarks/kda_cpu_bench.py [--B 4] [--T 512] [--H 4] [--K 32] [--V 32] [--chunks 16,32,64]
+    .venv/bin/python -m benchmarks.kda_cpu_bench [--B 4] [--T 512] [--H 4] [--K 32] [--V 32] [--chunks 16,32,64]
                                                  [--threads 1]
 
 Prints tokens/s (B*T per fwd+bwd step; best and median of --reps after --warmup) for the chunked core, and for

@@ -21,8 +21,8 @@ reported as ms and as a ratio to the raw kernel measured in the same run:
 
 then a torch.profiler table of `ours` (compiled, not graphed) by kernel, device time first.
 
-    python3 benchmarks/kda_layer_h200.py --preset medium [--variants ours torch_conv ...] [--reps 20]
-    .venv/bin/python benchmarks/kda_layer_h200.py --dry-run-cpu   # the wiring on CPU, tiny shapes: FLA's rows
+    python3 -m benchmarks.kda_layer_h200 --preset medium [--variants ours torch_conv ...] [--reps 20]
+    .venv/bin/python -m benchmarks.kda_layer_h200 --dry-run-cpu   # the wiring on CPU, tiny shapes: FLA's rows
         skipped, the torch core standing in for the kernel, regions traced with aot_eager, no graphs
 
 Times on CPU mean nothing; the dry run exists so a lease is not spent on a variant that cannot build.
@@ -34,15 +34,12 @@ import argparse
 import contextlib
 import sys
 import traceback
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "benchmarks"))
-sys.path.insert(0, str(ROOT))
+import torch
 
-import torch  # noqa: E402
-from pretrain_h200 import TorchGatesMixer, as_graph, fla_layer, kernel_fn, measure, preset_setup, sync  # noqa: E402
-
+from benchmarks.kda_calls import TorchGatesMixer, fla_layer, kernel_fn
+from benchmarks.pretrain_step import preset_setup
+from benchmarks.timing import as_graph, measure, sync
 from dormouse.model import kda as kda_module  # noqa: E402
 from dormouse.model.kda import KDAMixer  # noqa: E402
 from dormouse.model.regions import compile_regions  # noqa: E402
@@ -150,7 +147,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     dry = args.dry_run_cpu
     device = torch.device("cpu" if dry else "cuda")
-    cfg, train, batch, seq_len = preset_setup(args.preset, argparse.Namespace(batch_size=None, seq_len=None, micro_batch_size=None), dry)
+    cfg, train, batch, seq_len = preset_setup(args.preset, dry)
     backend = "aot_eager" if dry else "inductor"  # aot_eager traces the same fullgraph regions, without a C++ build
     graph = (lambda fn, device: fn) if dry else as_graph
     print(f"[kda_layer] {args.preset}: B {batch} T {seq_len} D {cfg.d_model} H {cfg.n_heads} K {cfg.head_dim} "
@@ -167,9 +164,7 @@ def main(argv=None) -> int:
         torch._dynamo.reset()  # the variants share region code objects: their graphs would add up to the recompile limit
         try:
             if name == "kernel":
-                ctx = argparse.Namespace(batch=batch, seq_len=seq_len, cfg=cfg, device=device,
-                                         args=argparse.Namespace(seed=args.seed))
-                fn, note = kernel_fn(ctx, torch_standin=dry)[0], ""
+                fn, note = kernel_fn(cfg, batch, seq_len, device, args.seed, torch_standin=dry)[0], ""
             else:
                 note, a = "", None
                 if name in ("fla_conv", "torch_gates", "separate_proj", "torch_conv", "fla_norm"):

@@ -1,9 +1,9 @@
 """The MoE FFN's expert paths side by side at a preset's shape (issue #31 item 2): fwd+bwd of one MoE layer.
 
     # on the H200 (after `source benchmarks/gpu_env.sh`):
-    python3 benchmarks/moe_h200.py --preset b1 --out $OUT/moe_h200.tsv
+    python3 -m benchmarks.moe_h200 --preset b1 --out $OUT/moe_h200.tsv
     # here, on CPU (tests/test_moe_bench.py): tiny shapes
-    .venv/bin/python benchmarks/moe_h200.py --dry-run-cpu
+    .venv/bin/python -m benchmarks.moe_h200 --dry-run-cpu
 
 Rows: `dormouse.model.ffn.MoE` with `path` = loop (the implementation before the banks: split sizes read on
 the host, a Python loop over experts), grouped_mm (F.grouped_mm over the tokens sorted by expert) and
@@ -27,8 +27,7 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from benchmarks.bench_env import git_rev  # noqa: E402
+from benchmarks.bench_env import git_rev
 from dormouse.core.config import load_preset  # noqa: E402
 from dormouse.model.ffn import PATHS, MoE, SwiGLU  # noqa: E402
 

@@ -2,8 +2,8 @@
 hidden matrices, in the same run. On the H200 this is the lever the pretrain step needs (Muon ranked
 first in the CPU profile of our step); on CPU it shows the host-side share.
 
-    .venv/bin/python benchmarks/muon_bench.py --preset small            # CPU
-    python3 benchmarks/muon_bench.py --preset small --device cuda       # device tool
+    .venv/bin/python -m benchmarks.muon_bench --preset small            # CPU
+    python3 -m benchmarks.muon_bench --preset small --device cuda       # device tool
 
 "StackedMuon, eager" runs its elementwise work (`_momentum`, `_apply`) eagerly, as before run 7; the other
 StackedMuon rows take its inductor graphs on CUDA, which the first warm-up step compiles for the ok and the no-ok
@@ -23,11 +23,8 @@ import json
 import statistics
 import sys
 import time
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-import torch  # noqa: E402
+import torch
 
 from dormouse.core.config import load_preset  # noqa: E402
 from dormouse.model.config import ModelConfig  # noqa: E402

@@ -7,7 +7,7 @@
                        setuptools, about a minute)
   corpus/scale_slice/  200 MB of the scale corpus's text (`make scale-slice`, after `make scale`)
 
-    .venv/bin/python benchmarks/prepare_b1_chain.py          # then the device calls of benchmarks/gpu_b1_chain.sh
+    .venv/bin/python -m benchmarks.prepare_b1_chain          # then the device calls of benchmarks/gpu_b1_chain.sh
 
 It prints the carry list and what travels against the call's 64 MiB.
 """
@@ -20,10 +20,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import prepare_gpu_check as gpu  # noqa: E402  (the wheel resolver: one definition)
+from benchmarks.wheels import CARRY_LIMIT_MIB, ROOT, exclude_in_git, wheels
 
-ROOT = gpu.ROOT
 REQUIREMENTS = ["fla-core==0.6.0", "einops==0.8.2", "jsonschema==4.26.0", "zstandard==0.25.0", "snakemake==9.27.1",
                 "safetensors==0.8.0", "ml_dtypes==0.5.4"]
 LEAVE_OUT = {"pulp"}
@@ -46,8 +44,8 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", type=Path, default=ROOT / ".b1chain")
     args = ap.parse_args(argv)
-    gpu.exclude_in_git("/.b1chain/")
-    gpu.wheels(args.out / "whl", REQUIREMENTS, LEAVE_OUT)
+    exclude_in_git("/.b1chain/")
+    wheels(args.out / "whl", REQUIREMENTS, LEAVE_OUT)
     sdists(args.out / "sdist")
     built = ROOT / SLICE / "BUILD.json"
     if not built.exists():
@@ -60,8 +58,8 @@ def main(argv=None) -> int:
     total = (sum(size.values()) + tree) / 2**20
     print(f"slice: {s['text_bytes'] / 1e6:.1f} MB of text in {size[SLICE] / 2**20:.1f} MiB; wheels and sdists "
           f"{size[args.out] / 2**20:.1f} MiB; tracked tree {tree / 2**20:.1f} MiB: {total:.1f} of "
-          f"{gpu.CARRY_LIMIT_MIB} MiB")
-    if total > gpu.CARRY_LIMIT_MIB:
+          f"{CARRY_LIMIT_MIB} MiB")
+    if total > CARRY_LIMIT_MIB:
         raise SystemExit("prepare_b1_chain: over the device call's limit: a smaller slice (--text-mb)")
     print(f"carry: [\"{args.out.relative_to(ROOT)}\", \"{SLICE}\"]")
     return 0

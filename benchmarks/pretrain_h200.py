@@ -3,9 +3,9 @@
     # on the H200 (device tool, carry .whl: fla-core, flash-linear-attention and the other wheels):
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
     export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 TRITON_CACHE_DIR=$PWD/.triton
-    timeout 580 python3 benchmarks/pretrain_h200.py --presets small medium --budget-s 540 --out $OUT/pretrain_h200.tsv
+    timeout 580 python3 -m benchmarks.pretrain_h200 --presets small medium --budget-s 540 --out $OUT/pretrain_h200.tsv
     # here, on CPU: tiny shapes, FLA skipped (what tests/test_pretrain_h200_bench.py runs)
-    .venv/bin/python benchmarks/pretrain_h200.py --dry-run-cpu
+    .venv/bin/python -m benchmarks.pretrain_h200 --dry-run-cpu
 
 For every preset (config/presets/<name>.yaml: model section -> ModelConfig, batch_size and seq_len from
 its train section unless --batch-size / --seq-len) it measures, one after the other, on random bytes
@@ -117,44 +117,35 @@ from __future__ import annotations
 import argparse
 import copy
 import gc
-import json
 import math
-import os
-import platform
-import shlex
 import signal
-import statistics
 import sys
 import tempfile
 import time
 import traceback
 from collections import Counter
-from dataclasses import replace
 from datetime import datetime, timezone
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+import torch
+from torch import nn
 
-import torch  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
-from torch import nn  # noqa: E402
-
-from dormouse.core.config import load_preset  # noqa: E402
+from benchmarks.bench_env import rerun_command
+from benchmarks.flops import attention_flops_per_token, kda_flops_per_token, linear_weight_params
+from benchmarks.kda_calls import TorchGatesMixer, fla_layer, kernel_fn
+from benchmarks.peers import attach_param_groups, build_fla, build_sdpa, sdpa_layout
+from benchmarks.pretrain_step import muon_of, ours_step, peer_step, preset_setup, random_batches
+from benchmarks.report import TsvWriter, device_name, versions
+from benchmarks.timing import as_graph, matmul_rate, measure, sync
 from dormouse.model.config import ModelConfig  # noqa: E402
-from dormouse.model.ffn import SwiGLU  # noqa: E402
 from dormouse.model.gpt import ByteLM, count_params  # noqa: E402
-from dormouse.model.kda import KDAMixer, chunk_kda_torch, l2norm  # noqa: E402
+from dormouse.model.kda import KDAMixer
 from dormouse.model.regions import compile_regions  # noqa: E402
-from dormouse.train import distributed  # noqa: E402
-from dormouse.train.optim import StackedMuon, build_optimizers, set_lr, wsd_multiplier  # noqa: E402
+from dormouse.train.optim import build_optimizers
 from dormouse.train.runtime import autocast  # noqa: E402
-from dormouse.train.trainer import PretrainStep  # noqa: E402
 
+ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_OUT = ROOT / "benchmarks" / "pretrain_h200.tsv"
-ONE_PROCESS = distributed.World()  # the benchmark is one process on one GPU (the loop's world size 1)
-FLA_CHUNK = 64  # FLA's chunk length (BT) in chunk_kda
 # the graphed kernel and layer rows last: a fault inside a capture can leave the CUDA context unusable
 ORDER = ["kda_kernel", "kda_layer_ours", "kda_layer_eager", "fla_kda", "kda_layer_fla", "ours", "ours_eager", "sdpa",
          "ours_nosync", "ours_graphed", "kda_kernel_graphed", "kda_layer_graphed", "kda_layer_torch_gates_graphed"]
@@ -169,8 +160,6 @@ COLUMNS = ["date", "device", "versions", "command", "preset", "system", "status"
 TABLE = [("preset", "preset"), ("system", "system"), ("status", "status"), ("tok/s", "tokens_per_s"),
          ("ms/step", "ms_step"), ("peak GiB", "peak_gib"), ("TFLOP/s", "tflops"), ("MFU %", "mfu_pct"),
          ("ratio", "ratio"), ("ratio of", "ratio_of")]
-DRY_MODEL = {"d_model": 64, "n_heads": 2, "head_dim": 32, "ffn_hidden": 128, "n_prelude": 0, "n_core": 2,
-             "n_loop": 1, "n_coda": 0, "kda_chunk_size": 32}
 
 
 class BudgetExceeded(Exception):
@@ -201,225 +190,12 @@ def armed(fn, *a, **kw):
         _SIGNALS["armed"] = False
 
 
-def _bench_env():
-    """benchmarks/bench_env.py (on sys.path when this runs as a script; added when imported)."""
-    try:
-        import bench_env
-    except ImportError:
-        sys.path.insert(0, str(ROOT / "benchmarks"))
-        import bench_env
-    return bench_env
-
-
 def log(msg: str) -> None:
     print(f"[pretrain_h200] {msg}", flush=True)
 
 
 # -------------------------------------------------------------------------------------------------
-# FLOP formulas
-# -------------------------------------------------------------------------------------------------
-def kda_state_macs_per_token(head_dim: int, chunk: int = FLA_CHUNK) -> float:
-    """Forward multiply-adds per token and head of the chunked KDA core (K = V = head_dim); see the docstring."""
-    k = v = head_dim
-    c = chunk
-    return 3 * k * v + 3 * c * k + 2 * c * v + c * c / 3
-
-
-def kda_flops_per_token(n_layers: int, n_heads: int, head_dim: int, chunk: int = FLA_CHUNK) -> float:
-    """fwd+bwd FLOPs per token of the KDA cores of n_layers layers: 6 * layers * H * MACs."""
-    return 6 * n_layers * n_heads * kda_state_macs_per_token(head_dim, chunk)
-
-
-def attention_flops_per_token(n_layers: int, seq_len: int, d_attn: int) -> float:
-    """fwd+bwd FLOPs per token of softmax attention, 12 * L * T * d (full T x T, the usual estimate)."""
-    return 12 * n_layers * seq_len * d_attn
-
-
-def linear_weight_params(model: nn.Module) -> int:
-    """numel of every nn.Linear weight (what a token multiplies; embeddings are lookups)."""
-    seen, n = set(), 0
-    for m in model.modules():
-        if isinstance(m, nn.Linear) and id(m.weight) not in seen:
-            seen.add(id(m.weight))
-            n += m.weight.numel()
-    return n
-
-
-# -------------------------------------------------------------------------------------------------
-# (c) the plain SDPA byte Transformer
-# -------------------------------------------------------------------------------------------------
-def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotary positions on x [B, T, H, hd] (half-split form), cos/sin [T, hd/2]."""
-    h = x.shape[-1] // 2
-    x1, x2 = x[..., :h], x[..., h:]
-    c, s = cos[None, :, None, :].to(x.dtype), sin[None, :, None, :].to(x.dtype)
-    return torch.cat([x1 * c - x2 * s, x2 * c + x1 * s], -1)
-
-
-class SDPABlock(nn.Module):
-    def __init__(self, d: int, n_heads: int, head_dim: int, ffn_hidden: int, eps: float):
-        super().__init__()
-        self.n_heads, self.head_dim = n_heads, head_dim
-        self.attn_norm = nn.RMSNorm(d, eps=eps)
-        self.qkv = nn.Linear(d, 3 * n_heads * head_dim, bias=False)
-        self.o_proj = nn.Linear(n_heads * head_dim, d, bias=False)
-        self.ffn_norm = nn.RMSNorm(d, eps=eps)
-        self.ffn = SwiGLU(d, ffn_hidden)
-
-    def forward(self, x, cos, sin):
-        B, T, _ = x.shape
-        q, k, v = self.qkv(self.attn_norm(x)).view(B, T, 3, self.n_heads, self.head_dim).unbind(2)
-        q, k = rope(q, cos, sin), rope(k, cos, sin)
-        y = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True)
-        x = x + self.o_proj(y.transpose(1, 2).reshape(B, T, self.n_heads * self.head_dim))
-        return x + self.ffn(self.ffn_norm(x))
-
-
-class SDPATransformer(nn.Module):
-    """byte embedding -> n_layers x (RMSNorm, causal SDPA + RoPE, RMSNorm, SwiGLU) -> RMSNorm -> fp32 head."""
-
-    def __init__(self, vocab: int, d: int, n_layers: int, n_heads: int, head_dim: int, ffn_hidden: int,
-                 eps: float = 1e-6, init_std: float = 0.02, rope_base: float = 10000.0):
-        super().__init__()
-        self.head_dim, self.rope_base = head_dim, rope_base
-        self.embed = nn.Embedding(vocab, d)
-        self.blocks = nn.ModuleList(SDPABlock(d, n_heads, head_dim, ffn_hidden, eps) for _ in range(n_layers))
-        self.norm = nn.RMSNorm(d, eps=eps)
-        self.head = nn.Linear(d, vocab, bias=False)
-        with torch.no_grad():
-            for m in self.modules():
-                if isinstance(m, (nn.Linear, nn.Embedding)) and m.weight.device.type != "meta":
-                    nn.init.normal_(m.weight, std=init_std)
-            for b in self.blocks:
-                if b.o_proj.weight.device.type != "meta":
-                    nn.init.zeros_(b.o_proj.weight)
-                    nn.init.zeros_(b.ffn.w_down.weight)
-
-    def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None):
-        T = idx.shape[1]
-        inv = 1.0 / self.rope_base ** (torch.arange(0, self.head_dim, 2, device=idx.device, dtype=torch.float32)
-                                       / self.head_dim)
-        ang = torch.arange(T, device=idx.device, dtype=torch.float32)[:, None] * inv[None, :]
-        cos, sin = ang.cos(), ang.sin()
-        x = self.embed(idx)
-        for b in self.blocks:
-            x = b(x, cos, sin)
-        x = self.norm(x)
-        with torch.autocast(device_type=x.device.type, enabled=False):
-            logits = F.linear(x.float(), self.head.weight.float())
-        loss = None if targets is None else F.cross_entropy(logits.flatten(0, 1), targets.reshape(-1))
-        return logits, loss
-
-
-def sdpa_layout(cfg: ModelConfig) -> dict:
-    """(c)'s shape: ours' width, applied depth and head layout; the SwiGLU width (a multiple of 64) that brings
-    its non-embedding parameters closest to count_params(cfg)['non_embedding']."""
-    d, L, hk = cfg.d_model, cfg.depth, cfg.n_heads * cfg.head_dim
-    target = count_params(cfg)["non_embedding"]
-    fixed = 4 * d * hk + 2 * d  # qkv + o, two norms
-    ideal = ((target - d) / L - fixed) / (3 * d)
-    ffn = max(64, int(round(ideal / 64)) * 64)
-    return {"d": d, "n_layers": L, "n_heads": cfg.n_heads, "head_dim": cfg.head_dim, "ffn_hidden": ffn,
-            "non_embedding": L * (fixed + 3 * d * ffn) + d, "target": target}
-
-
-def build_sdpa(cfg: ModelConfig) -> SDPATransformer:
-    lay = sdpa_layout(cfg)
-    return SDPATransformer(cfg.vocab_size, lay["d"], lay["n_layers"], lay["n_heads"], lay["head_dim"],
-                           lay["ffn_hidden"], eps=cfg.norm_eps, init_std=cfg.init_std)
-
-
-# -------------------------------------------------------------------------------------------------
-# The optimizer split for peer models: build_optimizers itself, through a param_groups()
-# -------------------------------------------------------------------------------------------------
-def attach_param_groups(model: nn.Module, block_lists: list[nn.ModuleList]) -> None:
-    """model.param_groups() -> (hidden, other) as ByteLM's: hidden = the 2-D weights of the nn.Linear
-    layers inside the blocks (Muon); other = everything else (embeddings, head, norms, biases, convs, A_log,
-    dt_bias: AdamW)."""
-    hidden_ids = set()
-    for blocks in block_lists:
-        for m in blocks.modules():
-            if isinstance(m, nn.Linear) and m.weight.dim() == 2:
-                hidden_ids.add(id(m.weight))
-    params = list(model.parameters())
-    hidden = [p for p in params if id(p) in hidden_ids]
-    other = [p for p in params if id(p) not in hidden_ids]
-    object.__setattr__(model, "param_groups", lambda: (hidden, other))
-
-
-# -------------------------------------------------------------------------------------------------
-# Measuring
-# -------------------------------------------------------------------------------------------------
-def sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-def measure(fn, steps: int, warmup: int, device: torch.device) -> dict:
-    """Warm-up calls (autotune/compile happen here), then `steps` timed calls. fn returns a tensor (a loss) or None."""
-    t0 = time.perf_counter()
-    first_s = None
-    out = None
-    for i in range(warmup):
-        out = fn()
-        if i == 0:
-            sync(device)
-            first_s = time.perf_counter() - t0
-    sync(device)
-    warm_s = time.perf_counter() - t0
-    if device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats(device)
-        events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(steps)]
-    per = []
-    t1 = time.perf_counter()
-    for i in range(steps):
-        if device.type == "cuda":
-            events[i][0].record()
-            out = fn()
-            events[i][1].record()
-        else:
-            s = time.perf_counter()
-            out = fn()
-            per.append((time.perf_counter() - s) * 1e3)
-    sync(device)
-    wall = time.perf_counter() - t1
-    if device.type == "cuda":
-        per = [a.elapsed_time(b) for a, b in events]
-        peak = torch.cuda.max_memory_allocated(device) / 2**30
-    else:
-        peak = None
-    last = round(float(out.detach().float().item()), 5) if isinstance(out, torch.Tensor) and out.numel() == 1 else None
-    return {"wall_s": wall, "ms_step": wall / steps * 1e3, "ms_step_median": statistics.median(per),
-            "warmup_s": warm_s, "first_s": first_s, "peak_gib": peak, "last_loss": last}
-
-
-def matmul_rate(device: torch.device, n: int | None = None) -> tuple[float, str]:
-    """Measured dense matmul rate in FLOP/s (bf16 on CUDA, fp32 on CPU), median of 20 after 3 warm-ups."""
-    if device.type == "cuda":
-        n = n or 8192
-        dtype = torch.bfloat16
-    else:
-        n = n or 256
-        dtype = torch.float32
-    g = torch.Generator(device=device).manual_seed(1)
-    a = torch.randn(n, n, device=device, dtype=dtype, generator=g)
-    b = torch.randn(n, n, device=device, dtype=dtype, generator=g)
-    r = measure(lambda: torch.matmul(a, b), 20, 3, device)  # a, b are freed when this returns
-    return 2 * n**3 / (r["ms_step_median"] / 1e3), f"{n}^3 {str(dtype).replace('torch.', '')} torch.matmul"
-
-
-def random_batches(batch: int, seq_len: int, device: torch.device, seed: int, n: int = 4):
-    """n batches of random bytes (x, y = next byte), made on the CPU with a fixed seed, kept on the device."""
-    g = torch.Generator().manual_seed(seed)
-    out = []
-    for _ in range(n):
-        t = torch.randint(0, 256, (batch, seq_len + 1), generator=g, dtype=torch.long)
-        out.append((t[:, :-1].contiguous().to(device), t[:, 1:].contiguous().to(device)))
-    return out
-
-
-# -------------------------------------------------------------------------------------------------
-# Steps
+# Compiling, as the stage compiles
 # -------------------------------------------------------------------------------------------------
 def compiled(args, module: nn.Module, device: torch.device) -> list[str]:
     """The module's regions compiled as the pretrain stage compiles them (on CUDA, train.compile: cuda),
@@ -427,64 +203,6 @@ def compiled(args, module: nn.Module, device: torch.device) -> list[str]:
     if device.type != "cuda" or args.compile_backend == "none":
         return []
     return compile_regions(module, backend=args.compile_backend, mode=args.compile_mode)
-
-
-def ours_step(model, opts, cfg: ModelConfig, train: dict, device, batches, counters: Counter,
-              firewall: bool = True, firewall_on_device: bool | None = None, graphed: bool = False,
-              net: nn.Module | None = None, world: distributed.World = ONE_PROCESS):
-    """One step of the pretrain stage's loop: dormouse.train.trainer.PretrainStep, the stage's own (its firewall,
-    deciding on the device on CUDA as the stage does; graphed: the forward and backward replayed from CUDA graphs,
-    captured here off the clock, as the stage runs them under train.cuda_graphs: cuda; net: DDP's wrapper under
-    torchrun, with its world). firewall=False is this benchmark's control: the same forward, then a plain
-    backward, clip and optimizer steps. Returns the step's loss."""
-    ps = PretrainStep(model, opts, cfg, train, device, world, net, graphs="graphed" if graphed else "eager",
-                      firewall_on_device=firewall_on_device)
-    if graphed:
-        ps.capture(*batches[0])
-    params = list(model.parameters())
-    state = {"i": 0}
-
-    def step():
-        i = state["i"]
-        state["i"] += 1
-        torch.compiler.cudagraph_mark_step_begin()  # --compile-mode reduce-overhead: a new step's graphs
-        set_lr(opts, wsd_multiplier(i, train["steps"], train["warmup_steps"], train["decay_frac"], train["min_lr_frac"]))
-        x, y = batches[i % len(batches)]
-        if firewall:
-            return ps(x, y, counters, f"step {i}")
-        loss, total = ps.forward(x, y, counters)
-        total.backward()
-        torch.nn.utils.clip_grad_norm_(params, train["grad_clip"])
-        for opt in opts:
-            opt.step()
-        for opt in opts:
-            opt.zero_grad(set_to_none=True)
-        return loss
-
-    return step
-
-
-def peer_step(loss_fn, model, opts, train: dict, device, batches):
-    """The same step for a peer model: set_lr, autocast forward, backward, clip, optimizer steps, zero_grad."""
-    params = list(model.parameters())
-    state = {"i": 0}
-
-    def step():
-        i = state["i"]
-        state["i"] += 1
-        set_lr(opts, wsd_multiplier(i, train["steps"], train["warmup_steps"], train["decay_frac"], train["min_lr_frac"]))
-        x, y = batches[i % len(batches)]
-        with autocast(device, train["dtype"]):
-            loss = loss_fn(x, y)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(params, train["grad_clip"])
-        for opt in opts:
-            opt.step()
-        for opt in opts:
-            opt.zero_grad(set_to_none=True)
-        return loss
-
-    return step
 
 
 # -------------------------------------------------------------------------------------------------
@@ -515,11 +233,6 @@ def _train_row(ctx: Ctx, r: dict, params: int, nonemb: int, flop_params: int, ex
         "note": f"first step {first} s; loss at end {r['last_loss']}; 6N={6 * flop_params:.4g} "
                 f"mixer={extra_flops:.4g} FLOP/token" + (f"; {note}" if note else ""),
     }
-
-
-def muon_of(name: str):
-    """--muon's class: the stages' StackedMuon or torch.optim.Muon (the same math, one matrix at a time)."""
-    return StackedMuon if name == "stacked" else torch.optim.Muon
 
 
 def run_ours(ctx: Ctx, firewall: bool = True, eager: bool = False) -> dict:
@@ -636,24 +349,6 @@ def run_sdpa(ctx: Ctx) -> dict:
                       f"{'torch.compile(model)' if whole else 'eager'}")
 
 
-def fla_config(cfg: ModelConfig):
-    from fla.models import KDAConfig
-
-    return KDAConfig(hidden_size=cfg.d_model, num_hidden_layers=cfg.depth, num_heads=cfg.n_heads,
-                     head_dim=cfg.head_dim, expand_v=1.0, intermediate_size=cfg.ffn_hidden,
-                     vocab_size=cfg.vocab_size, conv_size=cfg.kda_conv_size or 4,
-                     use_short_conv=cfg.kda_conv_size > 0, norm_eps=cfg.norm_eps,
-                     initializer_range=cfg.init_std, tie_word_embeddings=False, use_cache=False)
-
-
-def build_fla(cfg: ModelConfig):
-    from fla.models import KDAForCausalLM
-
-    model = KDAForCausalLM(fla_config(cfg))
-    attach_param_groups(model, [model.model.layers])
-    return model
-
-
 def run_fla(ctx: Ctx) -> dict:
     cfg, train, dev = ctx.cfg, ctx.train, ctx.device
     torch.manual_seed(ctx.args.seed)
@@ -688,53 +383,8 @@ def _kernel_row(ctx: Ctx, r: dict, reps: int, warmup: int, note: str) -> dict:
                     f"MFU = KDA state FLOPs only; {note}"}
 
 
-def kda_inputs(ctx: Ctx, dtype):
-    """Normalised q/k, v, log-space g <= 0 and beta in (0, 1) as our mixer hands them to the kernel."""
-    B, T, H, K = ctx.batch, ctx.seq_len, ctx.cfg.n_heads, ctx.cfg.head_dim
-    dev = ctx.device
-    g0 = torch.Generator(device="cpu").manual_seed(ctx.args.seed)
-
-    def rnd(*shape):
-        return torch.randn(*shape, generator=g0).to(dev)
-
-    q = l2norm(rnd(B, T, H, K)).to(dtype).requires_grad_()
-    k = l2norm(rnd(B, T, H, K)).to(dtype).requires_grad_()
-    v = rnd(B, T, H, K).to(dtype).requires_grad_()
-    a = torch.empty(H).uniform_(1, 16, generator=g0).to(dev)  # exp(A_log), as FLA's init
-    g = (-a[:, None] * F.softplus(rnd(B, T, H, K) * 0.5)).float().requires_grad_()
-    beta = torch.sigmoid(rnd(B, T, H)).to(dtype).requires_grad_()
-    do = rnd(B, T, H, K).to(dtype)
-    return q, k, v, g, beta, do
-
-
-def kernel_fn(ctx, torch_standin: bool):
-    """(one KDA core fwd+bwd on fresh inputs at ctx's shape, its name): FLA's chunk_kda, or on CPU the torch core
-    standing in for it."""
-    if torch_standin:
-        op, dtype, name = chunk_kda_torch, torch.float32, "dormouse chunk_kda_torch (stand-in: no FLA on CPU)"
-    else:
-        from fla.ops.kda import chunk_kda as op  # noqa: N813
-
-        dtype, name = torch.bfloat16, ("fla.ops.kda.chunk_kda(use_qk_l2norm_in_kernel=False, use_gate_in_kernel=False, "
-                                       "disable_recompute=True)")  # the raw kernel, saving for backward as training does
-    q, k, v, g, beta, do = kda_inputs(ctx, dtype)
-    leaves = (q, k, v, g, beta)
-
-    def fn():
-        for t in leaves:
-            t.grad = None
-        if torch_standin:
-            o, _ = op(q, k, v, g, beta, output_final_state=True, chunk_size=ctx.cfg.kda_chunk_size)
-        else:
-            o, _ = op(q, k, v, g, beta, initial_state=None, output_final_state=True,
-                      use_qk_l2norm_in_kernel=False, use_gate_in_kernel=False, disable_recompute=True)
-        o.backward(do)
-
-    return fn, name
-
-
 def run_kda_kernel(ctx: Ctx, torch_standin: bool, graphed: bool = False) -> dict:
-    fn, name = kernel_fn(ctx, torch_standin)
+    fn, name = kernel_fn(ctx.cfg, ctx.batch, ctx.seq_len, ctx.device, ctx.args.seed, torch_standin)
     if graphed:
         r, name = graphed_measure(fn, ctx), f"{name}, replayed from one CUDA graph"
     else:
@@ -789,29 +439,6 @@ def graphed_measure(fn, ctx: Ctx) -> dict:
     return {**r, "peak_gib": None}
 
 
-def as_graph(fn, device: torch.device):
-    """fn captured as one CUDA graph after three eager calls on a side stream (Triton autotunes and torch.compile
-    compiles there, outside the capture). Returns the replay."""
-    side = torch.cuda.Stream(device)
-    side.wait_stream(torch.cuda.current_stream(device))
-    with torch.cuda.stream(side):
-        for _ in range(3):
-            fn()
-    torch.cuda.current_stream(device).wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
-    return graph.replay
-
-
-class TorchGatesMixer(KDAMixer):
-    """Our layer with the activations before the core in our compiled `gates` region on CUDA too (the stage's
-    layer until run 6), not inside FLA's chunk_kda."""
-
-    def gates_in_kernel(self, q):
-        return False
-
-
 def run_layer_torch_gates_graphed(ctx: Ctx) -> dict:
     torch.manual_seed(ctx.args.seed)
     ours = KDAMixer(ctx.cfg).to(ctx.device)
@@ -829,15 +456,6 @@ def run_layer_torch_gates_graphed(ctx: Ctx) -> dict:
     how = f"regions {'+'.join(regions)} compiled ({ctx.args.compile_backend})" if regions else "eager"
     return _kernel_row(ctx, r, ctx.args.kernel_reps, ctx.args.kernel_warmup,
                        f"our layer, gate/L2 norms/beta in our gates region ({how}), one CUDA graph; {diff}")
-
-
-def fla_layer(cfg: ModelConfig, device: torch.device) -> nn.Module:
-    """FLA's own KDA layer at our layer's shape."""
-    from fla.layers.kda import KimiDeltaAttention
-
-    return KimiDeltaAttention(hidden_size=cfg.d_model, head_dim=cfg.head_dim, num_heads=cfg.n_heads, mode="chunk",
-                              use_short_conv=cfg.kda_conv_size > 0, conv_size=cfg.kda_conv_size or 4,
-                              norm_eps=cfg.norm_eps, layer_idx=0).to(device)
 
 
 def run_layer_fla(ctx: Ctx) -> dict:
@@ -917,55 +535,6 @@ def check_equivalence(cfg: ModelConfig, train: dict, device: torch.device, batch
 # -------------------------------------------------------------------------------------------------
 # Output
 # -------------------------------------------------------------------------------------------------
-def versions() -> str:
-    parts = [f"py {platform.python_version()}", f"torch {torch.__version__}"]
-    if torch.version.cuda:
-        parts.append(f"cuda {torch.version.cuda}")
-    for mod in ("triton", "fla", "transformers"):
-        try:
-            m = __import__(mod)
-            parts.append(f"{mod} {getattr(m, '__version__', '?')}")
-        except Exception:  # noqa: BLE001 - absent or broken: say so
-            parts.append(f"{mod} -")
-    parts.append(f"dormouse {_bench_env().git_rev() or '?'}")
-    return " ".join(parts)
-
-
-def device_name(device: torch.device) -> str:
-    if device.type == "cuda":
-        p = torch.cuda.get_device_properties(device)
-        return f"{p.name} ({p.multi_processor_count} SMs, {p.total_memory / 2**30:.0f} GiB)"
-    return f"CPU {_bench_env().cpu_model()} ({torch.get_num_threads()} threads)"
-
-
-def fmt(v) -> str:
-    if v is None:
-        return ""
-    if isinstance(v, float):
-        return f"{v:.6g}"
-    return str(v).replace("\t", " ").replace("\n", " ")
-
-
-class TsvWriter:
-    def __init__(self, path: Path, columns: list[str] = COLUMNS):
-        self.columns = columns
-        path.parent.mkdir(parents=True, exist_ok=True)
-        if path.exists() and path.stat().st_size > 0:
-            head = path.read_text(encoding="utf-8").split("\n", 1)[0].split("\t")
-            if head != columns:
-                alt = path.with_name(path.stem + ".v2" + path.suffix)
-                log(f"WARNING: {path} has other columns; writing to {alt}")
-                path = alt
-        self.path = path
-
-    def write(self, row: dict) -> None:
-        new = not self.path.exists() or self.path.stat().st_size == 0
-        with open(self.path, "a", encoding="utf-8") as f:
-            if new:
-                f.write("\t".join(self.columns) + "\n")
-            f.write("\t".join(fmt(row.get(c)) for c in self.columns) + "\n")
-
-
 def table(rows: list[dict]) -> str:
     def cell(r, key):
         v = r.get(key)
@@ -995,27 +564,15 @@ def table(rows: list[dict]) -> str:
 # -------------------------------------------------------------------------------------------------
 # Driver
 # -------------------------------------------------------------------------------------------------
-def preset_setup(name: str, args, dry: bool):
-    """A preset's model and shape; `name:{json}` overrides model fields (a control: 'b1:{"moe": false}')."""
-    base, _, override = name.partition(":")
-    p = load_preset(base, root=ROOT)
-    cfg = ModelConfig.from_dict({**p["model"], **json.loads(override or "{}")})
-    train = dict(p["train"])
-    batch, seq_len = train["batch_size"], train["seq_len"]
-    if dry:
-        cfg = replace(cfg, **DRY_MODEL, engram_rows=min(cfg.engram_rows, 1024), engram_dim=min(cfg.engram_dim, 16),
-                      engram_layers=(0,))
-        batch, seq_len = 2, 64
-        train["device"] = "cpu"
-    batch = args.batch_size or batch
-    seq_len = args.seq_len or seq_len
+def setup(name: str, args, dry: bool):
+    """A preset's (cfg, train, batch, seq_len) with this run's --batch-size, --seq-len and --micro-batch-size
+    (benchmarks.pretrain_step.preset_setup)."""
     if args.micro_batch_size:  # the stage's gradient accumulation (dormouse.train.trainer.PretrainStep)
         others = set(args.systems or DEFAULT_SYSTEMS) - MICRO_SYSTEMS
         if others:  # they call the forward on the whole batch, or are another system: rows that would not compare
             raise SystemExit(f"pretrain_h200: --micro-batch-size runs only with --systems among {sorted(MICRO_SYSTEMS)}; "
                              f"not {sorted(others)}")
-        train["micro_batch_size"] = args.micro_batch_size
-    return cfg, train, batch, seq_len
+    return preset_setup(name, dry, args.batch_size, args.seq_len, args.micro_batch_size)
 
 
 def parse_args(argv=None):
@@ -1072,13 +629,12 @@ def main(argv=None) -> int:
     else:
         log("no CUDA device visible: use --dry-run-cpu to exercise the script on CPU")
         return 2
-    command = shlex.join(["python3", os.path.relpath(__file__, ROOT) if __file__.startswith(str(ROOT)) else __file__,
-                          *(argv if argv is not None else sys.argv[1:])])
+    command = rerun_command("benchmarks.pretrain_h200", argv)
 
     if args.check_equivalence:
         bad = 0
         for name in args.presets:
-            cfg, train, batch, seq_len = preset_setup(name, args, dry)
+            cfg, train, batch, seq_len = setup(name, args, dry)
             res = check_equivalence(cfg, train, device, batch, seq_len, args.equiv_steps, args.compile_backend,
                                     args.seed, args.equiv_tol, args.muon)
             graphed = (f"graphed {res['graphed']} (rel to fast {res['graphed_rel']:.3g}, tol {res['graphed_tol']:.3g})"
@@ -1093,12 +649,12 @@ def main(argv=None) -> int:
 
     if args.profile:
         for name in args.presets:
-            cfg, train, batch, seq_len = preset_setup(name, args, dry)
+            cfg, train, batch, seq_len = setup(name, args, dry)
             print(profile_ours(Ctx(args, name, cfg, train, device, batch, seq_len, 0.0, dry)), flush=True)
         return 0
 
-    setups = {name: preset_setup(name, args, dry) for name in args.presets}  # a bad preset fails here, first
-    writer = TsvWriter(args.out)
+    setups = {name: setup(name, args, dry) for name in args.presets}  # a bad preset fails here, first
+    writer = TsvWriter(args.out, COLUMNS)
     base = {"date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "device": device_name(device),
             "versions": versions(), "command": command}
     log(f"device {base['device']}; {base['versions']}; out {writer.path}")

@@ -1,7 +1,7 @@
 """The fastText quality classifier measured (issue #29 item 3): precision and recall of its keep/drop decision
 on held-out labelled examples, against the majority-class baseline, and its size on disk, per configuration.
 
-    .venv/bin/python benchmarks/quality_filter_bench.py [--preset tiny] [--folds 5]
+    .venv/bin/python -m benchmarks.quality_filter_bench [--preset tiny] [--folds 5]
 
 Examples: the preset's `data.filter.quality.positive` / `negative` sets (the demo's by default), read as the
 filter reads them and cut into pieces as it trains (`quality.example_pieces`). The filter holds out 10 % by
@@ -24,8 +24,7 @@ import time
 from collections import Counter
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from benchmarks.bench_env import ROOT, append_tsv, cpu_model, git_rev, mem_gib  # noqa: E402
+from benchmarks.bench_env import ROOT, append_tsv, cpu_model, git_rev, mem_gib, rerun_command
 from dormouse.data import quality  # noqa: E402
 from dormouse.data.fnv import fnv1a_64  # noqa: E402
 from dormouse.data.readers import ReaderConfig  # noqa: E402
@@ -108,7 +107,7 @@ def main(argv=None) -> int:
     majority = (len(data) - n_neg) / len(data)
     print(f"[quality_bench] majority class (keep all): keep P {majority:.3f}, drop recall 0, accuracy {majority:.3f}")
     if not args.no_tsv:
-        cmd = "benchmarks/quality_filter_bench.py " + " ".join(argv if argv is not None else sys.argv[1:])
+        cmd = rerun_command("benchmarks.quality_filter_bench", argv, python="python")
         base = {"date": time.strftime("%Y-%m-%d"), "machine": f"{cpu_model()}; {os.cpu_count()} cores; {mem_gib():.0f} GiB",
                 "versions": f"python {sys.version.split()[0]}, fasttext 0.9.3", "command": cmd}
         append_tsv([{**base, "metric": f"quality classifier {r['config']}: accuracy ({len(data)} pieces, {n_neg} negative, "

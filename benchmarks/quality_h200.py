@@ -2,13 +2,13 @@
 non-embedding parameters (issue: H200 throughput, item 3). One system per call, so each fits a device
 call of 10 minutes:
 
-    python3 benchmarks/quality_h200.py --job .job/small_pretrain.json --systems ours --budget-s 480 --out $OUT/q_ours.tsv
-    python3 benchmarks/quality_h200.py --job .job/small_pretrain.json --systems sdpa --budget-s 480 --out $OUT/q_sdpa.tsv
+    python3 -m benchmarks.quality_h200 --job .job/small_pretrain.json --systems ours --budget-s 480 --out $OUT/q_ours.tsv
+    python3 -m benchmarks.quality_h200 --job .job/small_pretrain.json --systems sdpa --budget-s 480 --out $OUT/q_sdpa.tsv
     # the issue's 600 s over two calls on a warm machine (/tmp persists between them; the same command twice):
-    python3 benchmarks/quality_h200.py --job ... --systems ours --budget-s 600 --pause-after-s 300 --state /tmp/q \
+    python3 -m benchmarks.quality_h200 --job ... --systems ours --budget-s 600 --pause-after-s 300 --state /tmp/q \
       --out $OUT/q_ours.tsv
-    .venv/bin/python benchmarks/quality_h200.py --job <a tiny pretrain job> --budget-s 5 --eval-every-s 2   # CPU
-    .venv/bin/python benchmarks/quality_h200.py --from-tsv benchmarks/records/2026-12-04-throughput-h200-run9-quality-600s/quality_h200.tsv \
+    .venv/bin/python -m benchmarks.quality_h200 --job <a tiny pretrain job> --budget-s 5 --eval-every-s 2   # CPU
+    .venv/bin/python -m benchmarks.quality_h200 --from-tsv benchmarks/records/2026-12-04-throughput-h200-run9-quality-600s/quality_h200.tsv \
         --anchors results/small/anchors.json --plot benchmarks/records/2026-12-04-throughput-h200-run9-quality-600s/quality_h200.png   # the curves of a past run
 
 Both systems read the pretrain job's data the same way (TrainStream over the shard artifact's train
@@ -23,7 +23,7 @@ where ours is refused (an MoE preset) neither is graphed.
 The schedule runs on the clock: its progress is training seconds / budget, so both systems decay to
 the end of their budget whatever their step rate. Warm-up (Triton autotune, first-call compiles) runs on
 a throwaway model before the clock starts; evaluation pauses the clock. The SDPA model is
-pretrain_h200.py's (c), with its parameter matching.
+pretrain_h200.py's (c), with its parameter matching (benchmarks/peers.py).
 
 Rows (one per eval): system, train_s, step, bytes, passes (bytes over the train shards' size: past 1 the curve measures
 memorising as well as learning), eval_bpb; the table (final and best BPB per system) prints last.
@@ -40,13 +40,10 @@ import time
 from collections import Counter
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+import torch
 
-import torch  # noqa: E402
-from pretrain_h200 import attach_param_groups, build_sdpa, sdpa_layout, versions  # noqa: E402
-
+from benchmarks.peers import attach_param_groups, build_sdpa, sdpa_layout
+from benchmarks.report import versions
 from dormouse.data import shards as layout  # noqa: E402
 from dormouse.data.byte_stream import StreamState, TrainStream, eval_window  # noqa: E402
 from dormouse.core.config import load_preset  # noqa: E402
@@ -57,6 +54,8 @@ from dormouse.train import checkpoint, cuda_graphs  # noqa: E402
 from dormouse.train.optim import build_optimizers, set_lr, wsd_multiplier  # noqa: E402
 from dormouse.train.runtime import compile_for, evaluate  # noqa: E402
 from dormouse.train.trainer import PretrainStep, resume  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
 
 SYSTEMS = ("ours", "sdpa")
 PROGRESS_STEPS = 10_000  # the clock's progress in these units drives wsd_multiplier

@@ -1,20 +1,17 @@
 """Fake quantization of one MoE expert bank (QAT's forward, dormouse/model/quant.py): the whole bank in one call
 against one matrix at a time (the baseline, timed in the same run), per rung, on the given device.
 
-    python3 benchmarks/quant_bank_bench.py --device cuda          # b1's shape: 64 experts of 576 x 512
-    .venv/bin/python benchmarks/quant_bank_bench.py --device cpu
+    python3 -m benchmarks.quant_bank_bench --device cuda          # b1's shape: 64 experts of 576 x 512
+    .venv/bin/python -m benchmarks.quant_bank_bench --device cpu
 """
 
 from __future__ import annotations
 
 import argparse
-import sys
 import time
-from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from dormouse.model import quant as Q  # noqa: E402
 
 

@@ -1,7 +1,7 @@
 """RL's acceptance (issues #23, #40) read from bench.json files: rl against sft, per seed, and a null arm.
 
     # one chain per rl seed from the same sft model (jobs: dormouse plan --preset small --stage rl --set rl.seed=1 ...)
-    .venv/bin/python benchmarks/rl_acceptance.py --bench s0/bench.json s1/bench.json s2/bench.json \
+    .venv/bin/python -m benchmarks.rl_acceptance --bench s0/bench.json s1/bench.json s2/bench.json \
         --null null/bench.json --out rl_acceptance.json
 
 A seed passes when its shipped rl model answers the held-out items better than sft by the paired sign test
@@ -25,7 +25,6 @@ import re
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from dormouse.posttrain.task_eval import sign_z  # noqa: E402
 
 

@@ -5,9 +5,9 @@ A group of G samples of one prompt teaches only if its rewards differ: with the 
 with probability 1 - p^G - (1 - p)^G. A cell whose mean pass rate is 0.3 can still be useless when its prompts are
 each ~0 or ~1; this script measures the per-prompt rates instead of assuming them.
 
-    python3 benchmarks/rl_diagnosis.py --artifact results/store/sft/<digest> --group-size 8 --prompts-per-cell 64 \
+    python3 -m benchmarks.rl_diagnosis --artifact results/store/sft/<digest> --group-size 8 --prompts-per-cell 64 \
         --out $OUT/rl_diagnosis.tsv --json $OUT/rl_diagnosis.json
-    .venv/bin/python benchmarks/rl_diagnosis.py --artifact <a tiny sft artifact> --prompts-per-cell 4   # CPU
+    .venv/bin/python -m benchmarks.rl_diagnosis --artifact <a tiny sft artifact> --prompts-per-cell 4   # CPU
 
 Rows (one per cell, then "all"): prompts (items drawn as rl draws them), distinct_prompts (a small cell repeats), G, pass1 (mean of k/G), passG (share with k >= 1: pass@G), informative
 (share with 0 < k < G: groups rl trains on), informative_if_uniform (1 - p^G - (1 - p)^G at the cell's mean p:
@@ -26,13 +26,11 @@ import time
 from collections import Counter
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-import torch  # noqa: E402
+import torch
 
 from dormouse.core.store import open_artifact  # noqa: E402
-from dormouse.posttrain import chat, task_eval, tasks  # noqa: E402
+from dormouse.data import chat
+from dormouse.posttrain import task_eval, tasks  # noqa: E402
 from dormouse.posttrain.decode import generate  # noqa: E402
 from dormouse.train.runtime import autocast, deterministic_cpu, load_model, uses_bf16  # noqa: E402
 

@@ -1,8 +1,8 @@
 """rl's checkpoint selection by simulation: how often the old rule and the new one ship a checkpoint, with no real
 gain (the false-ship rate) and with one (the power). CPU, about a minute at the defaults.
 
-    .venv/bin/python benchmarks/rl_selection_sim.py                  # 2000 arms per row, 384 and 800 dev items
-    .venv/bin/python benchmarks/rl_selection_sim.py --arms 500 --items 298
+    .venv/bin/python -m benchmarks.rl_selection_sim                  # 2000 arms per row, 384 and 800 dev items
+    .venv/bin/python -m benchmarks.rl_selection_sim --arms 500 --items 298
 
 An arm: N distinct dev items, step 0 (the SFT model) right on each with probability --base (0.18), and 10
 checkpoints. Each checkpoint differs from step 0 on an item independently, with a discordance of --discord (0.13,
@@ -42,7 +42,6 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from dormouse.posttrain import selection  # noqa: E402
 from dormouse.posttrain.task_eval import paired_sign  # noqa: E402
 

@@ -1,6 +1,6 @@
 """What the filter kept and dropped per domain of the scale corpus (issue #29 item 3).
 
-    .venv/bin/python benchmarks/scale_domains.py --filter results/store/filter/<digest> [--corpus corpus/scale/data]
+    .venv/bin/python -m benchmarks.scale_domains --filter results/store/filter/<digest> [--corpus corpus/scale/data]
 
 Joins the filter artifact's kept documents (their ids, from its docs-*.jsonl.zst) with the domain every raw
 document carries (`metadata.domain`: docs, code, lowq; corpus/scale/README.md), and prints bytes and documents

@@ -12,7 +12,7 @@ same run. Per preset and concurrency, each arm serves the same requests (`--requ
   hf_dynamic  the same peer with generate's default dynamic cache (eager)
 
 The peer has ours' width, applied depth and head layout and the SwiGLU width that brings its non-embedding
-parameters closest to ours (`pretrain_h200.sdpa_layout`, the pretrain benchmark's SDPA row); vocabulary 256 bytes
+parameters closest to ours (`benchmarks.peers.sdpa_layout`, the pretrain benchmark's SDPA row); vocabulary 256 bytes
 + 3 specials; random init; bf16 on CUDA (fp32 on CPU), as ours runs under bf16 autocast. Both sample at
 temperature 1 over the whole vocabulary and ignore END / EOS (`--keep-end` honours END in ours), so every request
 decodes exactly --max-tokens bytes and all arms do the same work.
@@ -32,8 +32,8 @@ head_dim x context x dtype bytes, checked against a DynamicCache after a prefill
 of a peer row are its KV. Ours is measured through its HTTP server and SSE (what a client sees), the peer in-process
 (`generate` has no server): the comparison favours the peer.
 
-    .venv/bin/python benchmarks/serve_bench.py --concurrency 32 --requests 64 --max-tokens 128            # tiny, CPU
-    python3 benchmarks/serve_bench.py --presets small --device cuda --concurrency 64 --requests 128 \
+    .venv/bin/python -m benchmarks.serve_bench --concurrency 32 --requests 64 --max-tokens 128            # tiny, CPU
+    python3 -m benchmarks.serve_bench --presets small --device cuda --concurrency 64 --requests 128 \
         --max-tokens 256 --arms graphed,batched,unbatched,hf_static,hf_dynamic \
         --arm-timeout-s 35,unbatched=25,hf_static=90 --budget-s 240 --out $OUT/serve_bench.tsv              # GPU
 
@@ -58,15 +58,12 @@ import time
 from contextlib import nullcontext
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+import httpx
+import torch
+import uvicorn
 
-import httpx  # noqa: E402
-import torch  # noqa: E402
-import uvicorn  # noqa: E402
-
-from bench_env import git_rev  # noqa: E402
+from benchmarks.bench_env import git_rev
+from benchmarks.peers import sdpa_layout
 from dormouse.core.config import load_preset  # noqa: E402
 from dormouse.core.store import open_artifact  # noqa: E402
 from dormouse.model.config import ModelConfig  # noqa: E402
@@ -76,6 +73,7 @@ from dormouse.serve import batcher as batcher_mod  # noqa: E402
 from dormouse.serve.app import MAX_NEW_BYTES, create_app  # noqa: E402
 from dormouse.train.runtime import load_model  # noqa: E402
 
+ROOT = Path(__file__).resolve().parents[1]
 ARMS = {"batched": batcher_mod.Batcher, "graphed": batcher_mod.GraphedBatcher, "unbatched": batcher_mod.Batcher}
 PEER_ARMS = ("hf_static", "hf_dynamic")
 ALL_ARMS = (*ARMS, *PEER_ARMS)
@@ -254,9 +252,8 @@ def ours_state_by_context(model, device, contexts: list[int]) -> dict[int, int]:
 # the peer: Hugging Face generate at equal parameters
 # -------------------------------------------------------------------------------------------------
 def build_peer(cfg: ModelConfig, device: torch.device, max_positions: int):
-    """A LlamaForCausalLM of pretrain_h200.sdpa_layout(cfg)'s shape, random init (seed 0), SDPA attention,
+    """A LlamaForCausalLM of sdpa_layout(cfg)'s shape, random init (seed 0), SDPA attention,
     bf16 on CUDA. Returns (model, layout)."""
-    from pretrain_h200 import sdpa_layout
     from transformers import LlamaConfig, LlamaForCausalLM
 
     lay = sdpa_layout(cfg)

@@ -1,6 +1,6 @@
 """Shard throughput vs reading the same bytes (`cat`, `zstd -dc`, python decompress), on one core.
 
-    taskset -c 1 .venv/bin/python benchmarks/shard_bench.py [--reps 3] [--profile auto|always|never]
+    taskset -c 1 .venv/bin/python -m benchmarks.shard_bench [--reps 3] [--profile auto|always|never]
 
 Input: the shard stage's real input, the part files (docs-*.jsonl.zst) of the tiny preset's filter
 artifact (digest from `dormouse plan --preset tiny --stage shard`). "Same bytes" is stated for each
@@ -41,7 +41,6 @@ import io
 import json
 import platform
 import pstats
-import shlex
 import shutil
 import statistics
 import subprocess
@@ -53,11 +52,8 @@ from pathlib import Path
 
 import zstandard
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "benchmarks"))
-from bench_env import TSV, append_tsv, cpu_model, git_rev, mem_gib  # noqa: E402
-
-sys.path.insert(0, str(ROOT))
+from benchmarks.bench_env import (ROOT, TSV, append_tsv, cpu_model, git_rev, mem_gib, package_versions, plan_job,
+                                  rerun_command)
 from dormouse.data.docs_io import read_parts  # noqa: E402
 from dormouse.data.fnv import fnv1a_64  # noqa: E402
 from dormouse.data.shards import shard_documents  # noqa: E402
@@ -65,24 +61,8 @@ from dormouse.data.shards import shard_documents  # noqa: E402
 MB = 1_000_000
 
 
-
-
-
-
 def versions() -> dict:
-    from importlib import metadata
-
-    out = {"python": platform.python_version()}
-    for n in ("numpy", "pyarrow", "fasttext", "zstandard"):
-        try:
-            out[n] = metadata.version(n)
-        except metadata.PackageNotFoundError:
-            out[n] = None
-    return out
-
-
-
-
+    return package_versions(("numpy", "pyarrow", "fasttext", "zstandard"))
 
 
 def zstd_cli_version() -> str | None:
@@ -92,13 +72,6 @@ def zstd_cli_version() -> str | None:
         return None
     m = re.search(r"v(\d+\.\d+\.\d+)", subprocess.run(["zstd", "--version"], capture_output=True, text=True).stdout)
     return m.group(1) if m else "?"
-
-
-def plan_job(stage: str, preset: str) -> dict:
-    env = dict(os.environ, PATH=f"{ROOT / '.venv' / 'bin'}:{os.environ.get('PATH', '')}")
-    out = subprocess.run(["dormouse", "plan", "--preset", preset, "--stage", stage], cwd=ROOT, env=env,
-                         capture_output=True, text=True, check=True).stdout
-    return json.loads(out)
 
 
 # ------------------------------------------------------------------------------------- the shard work
@@ -260,9 +233,9 @@ def main() -> None:
     ap.add_argument("--no-tsv", action="store_true")
     args = ap.parse_args()
 
-    command = " ".join(shlex.quote(a) for a in sys.argv)
     aff = sorted(os.sched_getaffinity(0))
-    command = (f"taskset -c {','.join(map(str, aff))} " if len(aff) < (os.cpu_count() or 1) else "") + f"{sys.executable} {command}"
+    command = ((f"taskset -c {','.join(map(str, aff))} " if len(aff) < (os.cpu_count() or 1) else "")
+               + rerun_command("benchmarks.shard_bench", python=sys.executable))
     date = datetime.datetime.now().astimezone().isoformat(timespec="seconds")
     machine = f"{cpu_model()}; {os.cpu_count()} cores; {mem_gib():.0f} GiB; affinity {','.join(map(str, aff))}"
     v = versions()

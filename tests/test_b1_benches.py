@@ -17,7 +17,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 def test_first_steps_times_each_phase_of_an_moe_step(tmp_path):
     out = tmp_path / "phases.jsonl"
-    r = subprocess.run([sys.executable, str(ROOT / "benchmarks/first_steps.py"), "--preset", "tiny", "--steps", "3",
+    r = subprocess.run([sys.executable, "-m", "benchmarks.first_steps", "--preset", "tiny", "--steps", "3",
                         "--device", "cpu", "--stack-every", "0", "--model", '{"moe": true, "n_experts": 4}',
                         "--out", str(out)], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
@@ -29,7 +29,7 @@ def test_first_steps_times_each_phase_of_an_moe_step(tmp_path):
 
 def test_moe_bench_rows_match_the_loop(tmp_path):
     out = tmp_path / "moe.tsv"
-    r = subprocess.run([sys.executable, str(ROOT / "benchmarks/moe_h200.py"), "--preset", "tiny", "--dry-run-cpu",
+    r = subprocess.run([sys.executable, "-m", "benchmarks.moe_h200", "--preset", "tiny", "--dry-run-cpu",
                         "--reps", "2", "--warmup", "1", "--out", str(out)], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
     header, *rows = [line.split("\t") for line in out.read_text().splitlines()]

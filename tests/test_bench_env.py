@@ -1,12 +1,8 @@
 """benchmarks/bench_env.git_rev: a changed tree is named by its git tree, which matches the commit of the same files."""
 
 import subprocess
-import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-
-from bench_env import git_rev  # noqa: E402
+from benchmarks.bench_env import git_rev
 
 
 def git(root, *args):

@@ -4,19 +4,15 @@ whole driver over gloo with 1 and 2 worker processes. Timings are never asserted
 from __future__ import annotations
 
 import csv
-import importlib.util
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+import benchmarks.ddp_h200 as bench
+
 REPO = Path(__file__).resolve().parent.parent
-SCRIPT = REPO / "benchmarks" / "ddp_h200.py"
-sys.path.insert(0, str(REPO / "benchmarks"))
-_spec = importlib.util.spec_from_file_location("ddp_h200", SCRIPT)
-bench = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(bench)
 
 
 def test_scaling_columns_compare_with_the_same_presets_one_gpu_rows():
@@ -40,7 +36,7 @@ def test_scaling_columns_compare_with_the_same_presets_one_gpu_rows():
 @pytest.mark.slow  # ~20 s: two torchruns
 def test_dry_run_over_gloo_writes_a_row_per_world_size(tmp_path):
     out = tmp_path / "ddp.tsv"
-    run = subprocess.run([sys.executable, str(SCRIPT), "--dry-run-cpu", "--presets", "small", "--gpus", "1", "2",
+    run = subprocess.run([sys.executable, "-m", "benchmarks.ddp_h200", "--dry-run-cpu", "--presets", "small", "--gpus", "1", "2",
                           "--out", str(out)], capture_output=True, text=True, timeout=300, cwd=REPO)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     with open(out, encoding="utf-8") as f:

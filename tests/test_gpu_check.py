@@ -1,20 +1,14 @@
 """benchmarks/gpu_check.py's checks on the CPU (the torch paths): the decode part passes on a sound model and fails
 when the step-by-step decode loses its state; the lm-eval part reads the harness's results file."""
 
-import importlib.util
 import json
-from pathlib import Path
 
 import pytest
 from model_util import live_model
 
+import benchmarks.gpu_check as gpu_check
 from dormouse.model.config import ModelConfig
 from dormouse.data import chat
-
-ROOT = Path(__file__).resolve().parents[1]
-spec = importlib.util.spec_from_file_location("gpu_check", ROOT / "benchmarks/gpu_check.py")
-gpu_check = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(gpu_check)
 
 CFG = {"d_model": 32, "n_heads": 2, "head_dim": 16, "ffn_hidden": 64, "n_core": 2, "kda_chunk_size": 8}
 PROMPTS = [chat.prompt_bytes(q) for q in ("12+30=", "sort: 3 1 2", "reverse: abc", "count a in banana")]

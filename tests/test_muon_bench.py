@@ -1,15 +1,9 @@
 """benchmarks/muon_bench.py on CPU (tiny preset): every row prints, and the firewall's two paths run."""
 
-import importlib.util
-from pathlib import Path
-
-REPO = Path(__file__).resolve().parents[1]
+import benchmarks.muon_bench as bench
 
 
 def test_muon_bench_prints_every_row(capsys):
-    spec = importlib.util.spec_from_file_location("muon_bench", REPO / "benchmarks" / "muon_bench.py")
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
     assert bench.main(["--preset", "tiny", "--steps", "1", "--warmup", "1"]) == 0
     lines = capsys.readouterr().out.splitlines()[1:]
     rows = {line[:22].strip(): line for line in lines if not line.startswith("  stack ")}
@@ -25,9 +19,6 @@ def test_muon_bench_prints_every_row(capsys):
 def test_muon_bench_with_an_moe_times_the_old_bank_layout_as_its_baseline(capsys):
     """torch's Muon refuses expert banks: with an MoE the first row is StackedMuon with tall banks transposed into the
     wide stack (the layout before session 17), and the Newton-Schulz stacks count a bank's matrices."""
-    spec = importlib.util.spec_from_file_location("muon_bench", REPO / "benchmarks" / "muon_bench.py")
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
     assert bench.main(["--preset", "tiny", "--steps", "1", "--warmup", "1", "--model", '{"moe": true, "n_experts": 4}']) == 0
     lines = capsys.readouterr().out.splitlines()[1:]
     rows = [line[:22].strip() for line in lines if not line.startswith("  stack ")]

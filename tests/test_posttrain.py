@@ -464,11 +464,8 @@ def test_rl_diagnosis_runs_on_an_sft_artifact(chain, tmp_path):
 
 
 def _rl_diagnosis():
-    import importlib.util
+    import benchmarks.rl_diagnosis as mod
 
-    spec = importlib.util.spec_from_file_location("rl_diagnosis", Path(__file__).resolve().parents[1] / "benchmarks" / "rl_diagnosis.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
     return mod
 
 

@@ -7,7 +7,6 @@ itself on CPU takes ~30 s per model). Timings are never asserted."""
 from __future__ import annotations
 
 import csv
-import importlib.util
 import signal
 import subprocess
 import sys
@@ -17,15 +16,14 @@ from pathlib import Path
 import pytest
 import torch
 
+import benchmarks.pretrain_h200 as bench
+from benchmarks import flops, peers, pretrain_step
 from dormouse.core.config import load_preset
 from dormouse.model.config import ModelConfig
 from dormouse.model.gpt import count_params, engram_params
 
 REPO = Path(__file__).resolve().parent.parent
-SCRIPT = REPO / "benchmarks" / "pretrain_h200.py"
-_spec = importlib.util.spec_from_file_location("pretrain_h200", SCRIPT)
-bench = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(bench)
+SCRIPT = [sys.executable, "-m", "benchmarks.pretrain_h200"]  # from the repository root (cwd=REPO)
 
 DRY_SYSTEMS = ["kda_kernel_torch", "kda_layer_ours", "kda_layer_eager", "fla_kda", "kda_layer_fla", "ours", "ours_eager",
                "sdpa", "ours_nosync", "ours_graphed", "kda_kernel_graphed", "kda_layer_graphed",
@@ -59,7 +57,7 @@ def check_table(stdout: str, rows: list[dict]) -> None:
 
 def test_dry_run_cpu_tsv_and_table(tmp_path):
     out = tmp_path / "bench.tsv"
-    p = subprocess.run([sys.executable, str(SCRIPT), "--dry-run-cpu", "--systems", *bench.ORDER, "--out", str(out)], cwd=REPO,
+    p = subprocess.run([*SCRIPT, "--dry-run-cpu", "--systems", *bench.ORDER, "--out", str(out)], cwd=REPO,
                        capture_output=True, text=True, timeout=600)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     header, rows = read_tsv(out)
@@ -70,7 +68,7 @@ def test_dry_run_cpu_tsv_and_table(tmp_path):
     assert [(r["preset"], r["system"]) for r in rows] == [("-", "matmul")] + [
         (p_, s) for p_ in ("small", "medium") for s in DRY_SYSTEMS]
     for r in rows:
-        assert r["command"].startswith("python3 benchmarks/pretrain_h200.py --dry-run-cpu"), r["command"]
+        assert r["command"].startswith("python3 -m benchmarks.pretrain_h200 --dry-run-cpu"), r["command"]
         assert "torch " in r["versions"] and r["device"].startswith("CPU") and r["date"]
         assert float(r["matmul_tflops"]) > 0
         if r["system"] in ("fla_kda", "kda_layer_fla", "kda_layer_torch_gates_graphed"):
@@ -102,16 +100,16 @@ def test_dry_run_cpu_tsv_and_table(tmp_path):
 @pytest.mark.parametrize("preset", ["small", "medium"])
 def test_sdpa_params_match_ours_at_preset_shapes(preset):
     cfg = ModelConfig.from_dict(load_preset(preset, root=REPO)["model"])
-    lay = bench.sdpa_layout(cfg)
+    lay = peers.sdpa_layout(cfg)
     target = count_params(cfg)["non_embedding"]
     assert lay["target"] == target and lay["n_layers"] == cfg.depth and lay["d"] == cfg.d_model
     assert abs(lay["non_embedding"] / target - 1) < 0.10
     with torch.device("meta"):
-        model = bench.build_sdpa(cfg)
+        model = peers.build_sdpa(cfg)
     total = sum(p.numel() for p in model.parameters())
     assert total - 2 * cfg.vocab_size * cfg.d_model == lay["non_embedding"]
     norms = (2 * cfg.depth + 1) * cfg.d_model
-    assert bench.linear_weight_params(model) == total - cfg.vocab_size * cfg.d_model - norms
+    assert flops.linear_weight_params(model) == total - cfg.vocab_size * cfg.d_model - norms
 
 
 def test_fla_model_matches_ours_without_engram():
@@ -122,10 +120,10 @@ def test_fla_model_matches_ours_without_engram():
 
     preset = load_preset("small", root=REPO)
     cfg = ModelConfig.from_dict(preset["model"])
-    model = bench.build_fla(cfg)
+    model = peers.build_fla(cfg)
     cp = count_params(cfg)
     assert sum(p.numel() for p in model.parameters()) == cp["total"] - cp["engram_per_layer"] * len(cfg.engram_layers)
-    assert bench.linear_weight_params(model) == cp["flop_params"] - len(cfg.engram_layers) * engram_params(cfg)["proj"]
+    assert flops.linear_weight_params(model) == cp["flop_params"] - len(cfg.engram_layers) * engram_params(cfg)["proj"]
     muon, adamw = build_optimizers(model, preset["train"])
     assert type(muon).__name__ == "Muon" and all(p.dim() == 2 for g in muon.param_groups for p in g["params"])
     adamw_ids = {id(p) for g in adamw.param_groups for p in g["params"]}
@@ -134,10 +132,10 @@ def test_fla_model_matches_ours_without_engram():
 
 def test_flop_formulas():
     k = c = 64
-    assert bench.kda_state_macs_per_token(64, 64) == 3 * k * k + 3 * c * k + 2 * c * k + c * c / 3
-    assert bench.kda_flops_per_token(8, 4, 64) == 6 * 8 * 4 * bench.kda_state_macs_per_token(64)
-    assert round(bench.kda_flops_per_token(1, 1, 64)) == 204800  # one head; x4 heads per small layer
-    assert bench.attention_flops_per_token(9, 2048, 1024) == 12 * 9 * 2048 * 1024
+    assert flops.kda_state_macs_per_token(64, 64) == 3 * k * k + 3 * c * k + 2 * c * k + c * c / 3
+    assert flops.kda_flops_per_token(8, 4, 64) == 6 * 8 * 4 * flops.kda_state_macs_per_token(64)
+    assert round(flops.kda_flops_per_token(1, 1, 64)) == 204800  # one head; x4 heads per small layer
+    assert flops.attention_flops_per_token(9, 2048, 1024) == 12 * 9 * 2048 * 1024
 
 
 def test_systems_run_in_order():
@@ -171,7 +169,7 @@ def test_one_system_failing_does_not_stop_the_others(tmp_path, monkeypatch, caps
 
 def test_sigterm_still_writes_rows_and_prints_the_table(tmp_path):
     out = tmp_path / "term.tsv"
-    proc = subprocess.Popen([sys.executable, str(SCRIPT), "--dry-run-cpu", "--presets", "small", "medium",
+    proc = subprocess.Popen([*SCRIPT, "--dry-run-cpu", "--presets", "small", "medium",
                              "--systems", "kda_layer_ours", "ours", "sdpa", "--steps", "40", "--out", str(out)],
                             cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
     seen = []
@@ -193,7 +191,7 @@ def test_sigterm_still_writes_rows_and_prints_the_table(tmp_path):
 
 def test_compiled_step_gives_the_plain_losses():
     preset = load_preset("small", root=REPO)
-    cfg = replace(ModelConfig.from_dict(preset["model"]), **{**bench.DRY_MODEL, "n_core": 1, "kda_chunk_size": 16},
+    cfg = replace(ModelConfig.from_dict(preset["model"]), **{**pretrain_step.DRY_MODEL, "n_core": 1, "kda_chunk_size": 16},
                   engram_rows=1024, engram_dim=16)
     train = {**preset["train"], "device": "cpu"}
     try:
@@ -211,7 +209,7 @@ def test_compiled_step_gives_the_plain_losses():
 def test_profile_dry_run_names_the_optimizer_and_the_mixer(one_thread):
     """--profile: torch.profiler tables of our warm step, device time first, then host time."""
     args = bench.parse_args(["--dry-run-cpu", "--profile", "--presets", "tiny"])
-    cfg, train, batch, seq_len = bench.preset_setup("tiny", args, True)
+    cfg, train, batch, seq_len = bench.setup("tiny", args, True)
     text = bench.profile_ours(bench.Ctx(args, "tiny", cfg, train, torch.device("cpu"), batch, seq_len, 0.0, True),
                               steps=2)
     first, second = text.split("== tiny: by self_cpu_time_total")
@@ -228,8 +226,7 @@ def test_the_layer_ablation_builds_every_cpu_variant():
     """benchmarks/kda_layer_h200.py --dry-run-cpu: every variant that needs no FLA builds, traces its regions and
     runs forward+backward; the older layouts (torch_conv, separate_proj) give ours' output; FLA's rows say why
     they are skipped; the table prints last."""
-    script = REPO / "benchmarks" / "kda_layer_h200.py"
-    r = subprocess.run([sys.executable, str(script), "--dry-run-cpu", "--reps", "1"], capture_output=True, text=True,
+    r = subprocess.run([sys.executable, "-m", "benchmarks.kda_layer_h200", "--dry-run-cpu", "--reps", "1"], capture_output=True, text=True,
                        timeout=300, cwd=REPO)
     assert r.returncode == 0, r.stderr[-3000:]
     table = r.stdout[r.stdout.index("variant"):].splitlines()[1:]

@@ -2,7 +2,7 @@
 budget and are scored on its eval window (the H200 run is the device's; this proves the script)."""
 
 import csv
-import importlib.util
+import os
 import subprocess
 import sys
 from collections import Counter
@@ -13,7 +13,10 @@ import torch
 import yaml
 from test_pretrain import TINY_MODEL, TINY_TRAIN, job_json, set_model, shards_fixture  # noqa: F401 -- the shards fixture
 
-SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "quality_h200.py"
+REPO = Path(__file__).resolve().parents[1]
+SCRIPT = [sys.executable, "-m", "benchmarks.quality_h200"]
+# the runs start in the pipeline's work directory: `-m benchmarks...` finds the package through PYTHONPATH
+ENV = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
 
 
 def test_both_systems_get_the_same_clock_and_eval_window(shards, tmp_path):
@@ -22,9 +25,9 @@ def test_both_systems_get_the_same_clock_and_eval_window(shards, tmp_path):
     (tmp_path / "job.json").write_text(job)
     out = tmp_path / "q.tsv"
     png = tmp_path / "q.png"
-    r = subprocess.run([sys.executable, str(SCRIPT), "--job", str(tmp_path / "job.json"), "--budget-s", "1.5",
+    r = subprocess.run([*SCRIPT, "--job", str(tmp_path / "job.json"), "--budget-s", "1.5",
                         "--eval-every-s", "1", "--warmup-steps", "1", "--out", str(out), "--plot", str(png)],
-                       cwd=shards, capture_output=True, text=True, timeout=300)
+                       cwd=shards, env=ENV, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
     rows = list(csv.DictReader(out.open(), delimiter="\t"))
     for system in ("ours", "sdpa"):
@@ -37,8 +40,8 @@ def test_both_systems_get_the_same_clock_and_eval_window(shards, tmp_path):
     assert r.stdout.strip().splitlines()[-1].startswith("sdpa")  # the table prints last
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     again = tmp_path / "again.png"  # the same curves drawn later from the TSV alone
-    r = subprocess.run([sys.executable, str(SCRIPT), "--from-tsv", str(out), "--plot", str(again)],
-                       capture_output=True, text=True, timeout=120)
+    r = subprocess.run([*SCRIPT, "--from-tsv", str(out), "--plot", str(again)],
+                       env=ENV, capture_output=True, text=True, timeout=120)
     assert r.returncode == 0 and again.stat().st_size > 10_000, r.stderr[-2000:]
 
 
@@ -48,15 +51,15 @@ def test_a_paused_run_resumes_where_it_stopped(shards, tmp_path):
     config = set_model(shards, TINY_MODEL, {**TINY_TRAIN, "steps": 20})
     job, _ = job_json(shards, config)
     (tmp_path / "job.json").write_text(job)
-    base = [sys.executable, str(SCRIPT), "--job", str(tmp_path / "job.json"), "--systems", "ours", "--budget-s", "2",
+    base = [*SCRIPT, "--job", str(tmp_path / "job.json"), "--systems", "ours", "--budget-s", "2",
             "--eval-every-s", "0.5", "--warmup-steps", "0", "--state", str(tmp_path / "state"), "--pause-after-s", "1"]
     first = subprocess.run(base + ["--out", str(tmp_path / "a.tsv")], cwd=shards,
-                           capture_output=True, text=True, timeout=300)
+                           env=ENV, capture_output=True, text=True, timeout=300)
     assert first.returncode == 0 and "paused at" in first.stdout and "(paused:" in first.stdout, first.stderr[-3000:]
     part = list(csv.DictReader((tmp_path / "a.tsv").open(), delimiter="\t"))
     assert float(part[-1]["train_s"]) < 2
-    second = subprocess.run(base + ["--out", str(tmp_path / "b.tsv")], cwd=shards, capture_output=True, text=True,
-                            timeout=300)
+    second = subprocess.run(base + ["--out", str(tmp_path / "b.tsv")], cwd=shards, env=ENV, capture_output=True,
+                            text=True, timeout=300)
     assert second.returncode == 0 and "resumed from" in second.stdout and "(paused:" not in second.stdout, \
         second.stderr[-3000:]
     rows = list(csv.DictReader((tmp_path / "b.tsv").open(), delimiter="\t"))
@@ -67,7 +70,8 @@ def test_a_paused_run_resumes_where_it_stopped(shards, tmp_path):
     assert float(rows[-1]["eval_bpb"]) < float(rows[0]["eval_bpb"])
     # it went on from the saved weights: a fresh model would score ~0.4 BPB worse half a second in
     assert float(rows[len(part)]["eval_bpb"]) < float(part[-1]["eval_bpb"]) + 0.1
-    wrong = subprocess.run([a if a != "2" else "3" for a in base], cwd=shards, capture_output=True, text=True, timeout=300)
+    wrong = subprocess.run([a if a != "2" else "3" for a in base], cwd=shards, env=ENV, capture_output=True, text=True,
+                           timeout=300)
     assert wrong.returncode != 0 and "another run" in wrong.stderr  # another budget would change the schedule
 
 
@@ -81,9 +85,10 @@ def test_another_presets_model_on_this_jobs_data_and_window(shards, tmp_path):
     other["model"], other["train"] = {**TINY_MODEL, "d_model": 48, "n_heads": 3}, {**TINY_TRAIN, "lr": 1e-3,
                                                                                    "eval_bytes": 4096, "batch_size": 2}
     (shards / "config" / "presets" / "wider.yaml").write_text(yaml.safe_dump(other, sort_keys=False))
-    r = subprocess.run([sys.executable, str(SCRIPT), "--job", str(tmp_path / "job.json"), "--systems", "ours",
+    r = subprocess.run([*SCRIPT, "--job", str(tmp_path / "job.json"), "--systems", "ours",
                         "--model-preset", "wider", "--budget-s", "1", "--eval-every-s", "0.5", "--warmup-steps", "0",
-                        "--out", str(tmp_path / "m.tsv")], cwd=shards, capture_output=True, text=True, timeout=300)
+                        "--out", str(tmp_path / "m.tsv")], cwd=shards, env=ENV, capture_output=True, text=True,
+                       timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
     rows = list(csv.DictReader((tmp_path / "m.tsv").open(), delimiter="\t"))
     assert {row["system"] for row in rows} == {"ours:wider"} and int(rows[-1]["step"]) > 0
@@ -104,9 +109,8 @@ def test_the_sdpa_baseline_trains_the_same_from_cuda_graphs():
     from dormouse.train import cuda_graphs
     from dormouse.train.runtime import autocast
 
-    spec = importlib.util.spec_from_file_location("quality_h200", SCRIPT)
-    q = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(q)
+    import benchmarks.quality_h200 as q
+
     cfg = ModelConfig.from_dict(TINY_MODEL)
     train = {**TINY_TRAIN, "device": "cuda", "dtype": "bfloat16", "lr": 3e-3, "muon_lr": 0.02, "optimizer": "muon",
              "weight_decay": 0.0}

@@ -2,14 +2,12 @@
 failing once)."""
 
 import copy
-import importlib.util
 import json
 from pathlib import Path
 
+import benchmarks.rl_acceptance as acc
+
 REPO = Path(__file__).resolve().parents[1]
-spec = importlib.util.spec_from_file_location("rl_acceptance", REPO / "benchmarks" / "rl_acceptance.py")
-acc = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(acc)
 
 
 def bench(gained: int, lost: int, sampled_rl: float = 0.25, bpb_rl: float = 1.62, rl: str = "r0") -> dict:
@@ -109,7 +107,7 @@ def test_the_rl_watchdog_stops_the_last_arm_when_the_slowest_eta_ends_past_the_d
             (jobs / arm / f"tiny_{stage}.json").write_text(json.dumps({"out": str(tmp_path / "store" / arm / stage)}))
     fake = tmp_path / "py"
     fake.write_text(f"""#!/bin/sh
-if [ "$1" = -m ]; then  # an rl arm: a progress line a second, then a clean end after 25 s
+if [ "$1 $2" = "-m dormouse.cli" ]; then  # an rl arm: a progress line a second, then a clean end after 25 s
   for i in $(seq 10 34); do echo "[rl] step $i/300  reward 0.2  1.0 step/s  elapsed 0:00:$i  eta 0:10:00"; sleep 1; done
   exit 0
 fi

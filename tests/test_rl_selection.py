@@ -1,18 +1,12 @@
 """rl's checkpoint selection (dormouse/posttrain/selection.py): select on one half of the dev prompts, confirm on
 the other; and benchmarks/rl_selection_sim.py's null false-ship rate for it."""
 
-import importlib.util
 import math
-from pathlib import Path
 
 import pytest
 
+import benchmarks.rl_selection_sim as sim
 from dormouse.posttrain import selection
-
-REPO = Path(__file__).resolve().parents[1]
-spec = importlib.util.spec_from_file_location("rl_selection_sim", REPO / "benchmarks" / "rl_selection_sim.py")
-sim = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(sim)
 
 PROMPTS = [f"prompt {i}" for i in range(40)]
 SEL, CONF = selection.halves(PROMPTS)

@@ -331,12 +331,8 @@ def test_inverse_cdf_sampling_follows_the_distribution():
 def test_the_load_benchmark_runs_both_arms(tmp_path):
     """benchmarks/serve_bench.py at a toy size: both arms serve every byte; the batched one in fewer steps."""
     import csv
-    import importlib.util
-    from pathlib import Path
 
-    spec = importlib.util.spec_from_file_location("serve_bench", Path(__file__).resolve().parents[1] / "benchmarks" / "serve_bench.py")
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+    import benchmarks.serve_bench as bench
     out = tmp_path / "s.tsv"
     assert bench.main(["--concurrency", "4", "--requests", "8", "--max-tokens", "6", "--out", str(out),
                        "--arms", "batched,graphed,unbatched"]) == 0

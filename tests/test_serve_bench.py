@@ -3,6 +3,7 @@ our batched server give rows of the same shape for the same work, state per stre
 KV cache, and an arm that runs out of time is cut and still reported."""
 
 import csv
+import importlib
 import importlib.util
 import time
 from pathlib import Path
@@ -12,15 +13,10 @@ import pytest
 needs_transformers = pytest.mark.skipif(importlib.util.find_spec("transformers") is None,
                                         reason="the serve_bench peer needs transformers: pip install -r requirements-bench.txt")
 
-BENCH = Path(__file__).resolve().parents[1] / "benchmarks" / "serve_bench.py"
-
 
 @pytest.fixture(scope="module")
 def bench():
-    spec = importlib.util.spec_from_file_location("serve_bench", BENCH)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return importlib.import_module("benchmarks.serve_bench")
 
 
 def rows_of(path: Path) -> list[dict]:
