@@ -1,6 +1,7 @@
 """pretrain -> sft -> rl -> export -> bench on the fixture corpus, through the stages' job JSON, and
 the pieces of each stage that a wrong line would break (loss mask, GRPO advantage, curriculum)."""
 
+import copy
 import json
 import math
 import os
@@ -526,12 +527,13 @@ def test_new_rl_keys_at_their_defaults_leave_the_digest_alone():
 
 
 def run_rl_variant(chain, rl_update) -> dict:
-    """The tiny chain's rl job with rl_update(its rl params) -> new rl params, run under its own digest; the manifest."""
+    """The tiny chain's rl job with rl_update(its rl params) -> new rl params, run under its own digest; the manifest,
+    with the artifact's folder (relative to the chain's work dir) under "out"."""
     from dormouse.cli import main as dormouse_main
     from dormouse.core.store import artifact_digest
 
     work, plan = chain
-    spec = plan.job("rl", plan.chain["tiny"]["rl"]).spec(plan.store)
+    spec = copy.deepcopy(plan.job("rl", plan.chain["tiny"]["rl"]).spec(plan.store))  # the plan's own stays as planned
     spec["params"]["rl"] = rl_update(spec["params"]["rl"])
     spec["digest"] = artifact_digest("rl", spec["format_version"], spec["params"],
                                      {k: v["digest"] for k, v in spec["inputs"].items()}, spec["retractions"])
@@ -542,7 +544,31 @@ def run_rl_variant(chain, rl_update) -> dict:
         assert dormouse_main(["rl", "--job", json.dumps(spec)]) == 0
     finally:
         os.chdir(cwd)
-    return json.loads((work / spec["out"] / "manifest.json").read_text())
+    return {**json.loads((work / spec["out"] / "manifest.json").read_text()), "out": spec["out"]}
+
+
+def test_rl_replays_corpus_rows_in_every_update(chain, monkeypatch):
+    """rl.replay_rows: every update adds the next-byte loss of that many train-shard rows (counted, logged as replay_bpb
+    per step), so the weights differ from the same run without it; 0 rows (the default) leaves the run as it was."""
+    from safetensors.torch import load_file
+
+    from dormouse.posttrain import task_eval
+
+    monkeypatch.setattr(task_eval, "grade", lambda item, g: "correct" if g and g[0] % 2 == 0 else "wrong")
+    work, _ = chain
+    runs = {}
+    for rows in (0, 2):
+        m = run_rl_variant(chain, lambda rl, rows=rows: {**rl, "steps": 3, "prompts_per_step": 3, "group_size": 4,
+                                                         "select": {**rl["select"], "every": 0},
+                                                         **({"replay_rows": rows, "replay_seq_len": 32} if rows else {})})
+        c, metrics = m["counters"], (work / m["out"] / "metrics.jsonl").read_text().splitlines()
+        assert c["rl.updates"] > 0 and c.get("rl.replay_bytes", 0) == c["rl.updates"] * rows * 32
+        assert m["final"]["algorithm"]["replay_rows"] == rows
+        trained = [json.loads(line) for line in metrics if json.loads(line)["groups_trained"]]
+        assert trained and all(("replay_bpb" in r) == bool(rows) for r in trained)
+        runs[rows] = load_file(work / m["out"] / "model.safetensors")
+    weights = list(runs.values())
+    assert any(not torch.equal(weights[0][k], weights[1][k]) for k in weights[0])
 
 
 def test_rl_with_pass_rate_prompts_and_dr_grpo_runs(chain):
@@ -552,7 +578,7 @@ def test_rl_with_pass_rate_prompts_and_dr_grpo_runs(chain):
                                           "pass_rate": {"window": 4, "floor": 0.05, "prior": 1.0}, "steps": 4})
     final, c = m["final"], m["counters"]
     assert final["algorithm"] == {"advantage": "mean", "loss_norm": "token", "prompts": "pass_rate", "shuffle_rewards": False,
-                                  "skip_cells": []}
+                                  "skip_cells": [], "replay_rows": 0, "replay_seq_len": 256, "replay_weight": 1.0}
     assert set(final["pass_rate_cells"]) == {"add/1", "add/2", "reverse/1", "reverse/2"}
     groups = {k: v for k, v in c.items() if k.startswith("rl.cell_groups.")}
     assert sum(groups.values()) == c["rl.groups"] == 4 * 2 * 2  # steps x prompts_per_step x oversample

@@ -102,7 +102,7 @@ def _run(preset: dict) -> dict:
 # rl keys added after format 9 whose defaults run format 9's algorithm: at these values they stay out of the params,
 # so adding them rebuilt nothing (the stage reads them with these defaults; the schema holds the same, tested).
 RL_LATER_DEFAULTS = {"advantage": "mean_std", "loss_norm": "reply", "prompts": "curriculum", "shuffle_rewards": False,
-                     "skip_cells": []}
+                     "skip_cells": [], "replay_rows": 0, "replay_seq_len": 256, "replay_weight": 1.0}
 
 
 def rl_skip_cells(rl: dict, task_params: dict) -> set[tuple[str, int]]:

@@ -136,6 +136,7 @@ class GRPOSettings:
     shuffle_rewards: bool
     dtype: str
     moe_aux_coef: float | None
+    replay_weight: float
 
     @classmethod
     def of(cls, rl: dict, later: dict, params: dict) -> GRPOSettings:
@@ -143,7 +144,7 @@ class GRPOSettings:
                    clip_eps=rl["clip_eps"], kl_coef=rl["kl_coef"], grad_clip=rl["grad_clip"],
                    advantage=later["advantage"], loss_norm=later["loss_norm"],
                    shuffle_rewards=later["shuffle_rewards"], dtype=params["dtype"],
-                   moe_aux_coef=params.get("moe_aux_coef"))
+                   moe_aux_coef=params.get("moe_aux_coef"), replay_weight=later["replay_weight"])
 
 
 def prompt_sampler(families: list[str], difficulties: range, rl: dict, prompts: str, skip: frozenset):
@@ -192,11 +193,15 @@ def frozen_copy(model):
 class GroupUpdate:
     """One step's learning from its kept groups: advantages (rewards permuted within each group first in the null
     arm), the sampling policy's and the reference's log-probs, then `ppo_epochs` clipped updates, each through the
-    QAT rung's forward when there is one (entered per update: the weights moved)."""
+    QAT rung's forward when there is one (entered per update: the weights moved). With a `replay` stream (rl.replay_rows)
+    each update also takes the next-byte loss of its next corpus rows, times replay_weight (counted rl.replay_bytes;
+    `replay_loss` the last one, in nats)."""
 
-    def __init__(self, model, ref, fq, opts: list, cfg, s: GRPOSettings, device, null_gen: torch.Generator):
+    def __init__(self, model, ref, fq, opts: list, cfg, s: GRPOSettings, device, null_gen: torch.Generator,
+                 replay=None):
         self.model, self.ref, self.fq, self.opts, self.cfg, self.s, self.device = model, ref, fq, opts, cfg, s, device
-        self.params, self.null_gen = list(model.parameters()), null_gen
+        self.params, self.null_gen, self.replay = list(model.parameters()), null_gen, replay
+        self.replay_loss: float | None = None
 
     def __call__(self, prompts: list[bytes], replies: list[bytes], rewards: torch.Tensor, step: int, c,
                  train_counters) -> torch.Tensor:
@@ -215,6 +220,18 @@ class GroupUpdate:
             with qat.through(self.fq), autocast(self.device, s.dtype):
                 new_lp, _ = reply_logprobs(model, prompts, replies, s.temperature, self.device, train_counters)
             loss = grpo_loss(new_lp, old_lp, ref_lp, adv, mask, s.clip_eps, s.kl_coef, s.loss_norm)
-            update(with_moe_aux(loss, model, self.cfg, s.moe_aux_coef), self.params, self.opts, s.grad_clip, "rl", step)
+            total = with_moe_aux(loss, model, self.cfg, s.moe_aux_coef)  # before the replay's forward moves aux_loss
+            if self.replay is not None:
+                with qat.through(self.fq), autocast(self.device, s.dtype):
+                    total = total + s.replay_weight * self.replay_term(c, train_counters)
+            update(total, self.params, self.opts, s.grad_clip, "rl", step)
             c["rl.updates"] += 1
         return loss
+
+    def replay_term(self, c, train_counters) -> torch.Tensor:
+        """The next corpus rows' next-byte loss (with an MoE's balancing term), as sft's replay."""
+        rx, ry = self.replay.next_batch()
+        _, replay_loss = self.model(rx.to(self.device), ry.to(self.device), counters=train_counters)
+        c["rl.replay_bytes"] += ry.numel()
+        self.replay_loss = replay_loss.item()
+        return with_moe_aux(replay_loss, self.model, self.cfg, self.s.moe_aux_coef)

@@ -2,44 +2,42 @@
 
     dormouse rl --job "$(dormouse plan --preset tiny --stage rl)"
 
-Per step: `prompts_per_step` x `oversample` prompts from the rl seed split, `group_size` samples each
-(temperature, optional top-k); reward 1 for a verified answer, else 0 (malformed replies are counted
-apart from wrong ones); advantage = (r - group mean) / (group std + 1e-4), or r - group mean with
-`advantage: mean` (Dr. GRPO). A group whose rewards are
-all equal carries no learning signal (counted): the step trains on the first `prompts_per_step` groups
-that do (DAPO's dynamic sampling), so most of a batch is signal even when most groups are all-wrong.
-`ppo_epochs` gradient steps on the clipped-ratio objective against the sampling policy, plus
-`kl_coef` x the k3 estimate of KL to the frozen SFT model. Loss is averaged over each reply's bytes
-(the END that stops it included), then over replies. The lr warms up linearly over `warmup_steps`:
-a fresh AdamW's first steps are sign steps of the full lr on every parameter, and on small they moved
-the policy so far that the second PPO epoch's loss was 3.6 instead of ~0.
-`loss_norm: token` weighs every reply byte of the batch alike instead (DAPO).
-Prompts (`prompts`), over difficulties curriculum.start..max (max null: the largest of tasks.difficulties, what the
-dev and held-out sets ask): `curriculum`: each family unlocks `curriculum.start` first, a prompt's difficulty drawn
-uniformly from the unlocked ones, and unlocks the next when the frontier's mean reward over its last `window` groups
-reaches `promote_at`; `pass_rate`: each prompt's (family, difficulty) is drawn in proportion to the measured share
-of that cell's recent groups that teach (PassRateSampler), so the prompts follow the policy's per-prompt pass rates
-instead of a fixed threshold. Counted per cell either way (rl.cell_groups.<family>.<difficulty>,
-rl.cell_groups_teaching.*). Each seed starts at its own place in every cell's prompts (task_eval.cell_stream).
-Model selection (dormouse/posttrain/selection.py): every `select.every` steps (and at step 0, the SFT model)
-greedy exact match on the dev split (task_eval.dev_items: distinct prompts rl never trains on and the held-out set
-never asks). `select.rule` bonferroni (default): the most accurate checkpoint whose paired sign test against step 0
-on all the dev prompts (exact, one-sided) reaches p <= alpha / the planned checkpoints ships, else the SFT weights;
-select_then_confirm: the best on a select half ships if it beats step 0 on the confirm half at z >= min_z; final: the
-model rl ends with ships if it beats step 0 on all the dev prompts at p <= alpha (one planned test). Each
-ships a checkpoint no better than step 0 at most ~alpha of the time (benchmarks/rl_selection_sim.py). rl stops
-early when dev accuracy reaches its plateau (`select.plateau`). `shuffle_rewards`: the null arm (each group's
-rewards permuted before the advantages). `skip_cells`: cells whose groups never teach, left out of rl's prompts
-(the dev and held-out sets still ask them).
-Sampling runs through one `decode.DecodeStep` of every step's rows, kept for the whole stage: on CUDA one graph
-replay per byte (the optimizers update the weights in place, so each replay reads the current policy), eager on the
-CPU and under `rl.qat` (its fake-quantized weights are new tensors at every step, which a graph would not see); each
-row draws from its own seed (from the stage's seeded generator) with `rowrng`. Counted rl.decode_graphed; each step's
-row in metrics.jsonl holds its decode, update and dev-check seconds (decode_s, train_s, dev_s).
-Reports held-out task accuracy and corpus BPB at start and end (of the selected model), as sft does.
-`rl.qat: <rung>`: the policy runs through the rung's export forward everywhere in the stage (sampling, the old and
-new log-probs, the selection's dev checks, the reports; dormouse/train/qat.py), so the checkpoint chosen is the best
-as the rung; the KL reference stays the SFT weights as they are. Counted as pretrain's finish is.
+Per step: `prompts_per_step` x `oversample` prompts from the rl seed split, `group_size` samples each (temperature,
+optional top-k); reward 1 for a verified answer, else 0 (malformed replies are counted apart from wrong ones);
+advantage = (r - group mean) / (group std + 1e-4), or r - group mean with `advantage: mean` (Dr. GRPO). A group whose
+rewards are all equal carries no learning signal (counted): the step trains on the first `prompts_per_step` groups
+that do (DAPO's dynamic sampling), so most of a batch is signal even when most groups are all-wrong. `ppo_epochs`
+gradient steps on the clipped-ratio objective against the sampling policy, plus `kl_coef` x the k3 estimate of KL to
+the frozen SFT model, plus `replay_weight` x the next-byte loss of `replay_rows` corpus rows (as sft's replay, against
+the corpus BPB drifting; 0 rows: none). Loss is averaged over each reply's bytes (the END that stops it included),
+then over replies. The lr warms up linearly over `warmup_steps`: a fresh AdamW's first steps are sign steps of the
+full lr on every parameter, and on small they moved the policy so far that the second PPO epoch's loss was 3.6 instead
+of ~0. `loss_norm: token` weighs every reply byte of the batch alike instead (DAPO). Prompts (`prompts`), over
+difficulties curriculum.start..max (max null: the largest of tasks.difficulties, what the dev and held-out sets ask):
+`curriculum`: each family unlocks `curriculum.start` first, a prompt's difficulty drawn uniformly from the unlocked
+ones, and unlocks the next when the frontier's mean reward over its last `window` groups reaches `promote_at`;
+`pass_rate`: each prompt's (family, difficulty) is drawn in proportion to the measured share of that cell's recent
+groups that teach (PassRateSampler), so the prompts follow the policy's per-prompt pass rates instead of a fixed
+threshold. Counted per cell either way (rl.cell_groups.<family>.<difficulty>, rl.cell_groups_teaching.*). Each seed
+starts at its own place in every cell's prompts (task_eval.cell_stream). Model selection
+(dormouse/posttrain/selection.py): every `select.every` steps (and at step 0, the SFT model) greedy exact match on the
+dev split (task_eval.dev_items: distinct prompts rl never trains on and the held-out set never asks). `select.rule`
+bonferroni (default): the most accurate checkpoint whose paired sign test against step 0 on all the dev prompts
+(exact, one-sided) reaches p <= alpha / the planned checkpoints ships, else the SFT weights; select_then_confirm: the
+best on a select half ships if it beats step 0 on the confirm half at z >= min_z; final: the model rl ends with ships
+if it beats step 0 on all the dev prompts at p <= alpha (one planned test). Each ships a checkpoint no better than
+step 0 at most ~alpha of the time (benchmarks/rl_selection_sim.py). rl stops early when dev accuracy reaches its
+plateau (`select.plateau`). `shuffle_rewards`: the null arm (each group's rewards permuted before the advantages).
+`skip_cells`: cells whose groups never teach, left out of rl's prompts (the dev and held-out sets still ask them).
+Sampling runs through one `decode.DecodeStep` of every step's rows, kept for the whole stage: on CUDA one graph replay
+per byte (the optimizers update the weights in place, so each replay reads the current policy), eager on the CPU and
+under `rl.qat` (its fake-quantized weights are new tensors at every step, which a graph would not see); each row draws
+from its own seed (from the stage's seeded generator) with `rowrng`. Counted rl.decode_graphed; each step's row in
+metrics.jsonl holds its decode, update and dev-check seconds (decode_s, train_s, dev_s). Reports held-out task
+accuracy and corpus BPB at start and end (of the selected model), as sft does. `rl.qat: <rung>`: the policy runs
+through the rung's export forward everywhere in the stage (sampling, the old and new log-probs, the selection's dev
+checks, the reports; dormouse/train/qat.py), so the checkpoint chosen is the best as the rung; the KL reference stays
+the SFT weights as they are. Counted as pretrain's finish is.
 """
 
 from __future__ import annotations
@@ -51,7 +49,7 @@ from collections import Counter
 import torch
 
 from dormouse.data import shards as layout
-from dormouse.data.byte_stream import eval_window
+from dormouse.data.byte_stream import TrainStream, eval_window
 from dormouse.core import progress
 from dormouse.planner.registry import RL_LATER_DEFAULTS, rl_difficulties, rl_skip_cells
 from dormouse.planner.job import input_artifact, parse_job, summary, writer
@@ -62,7 +60,7 @@ from dormouse.posttrain.grpo import GroupUpdate, GRPOSettings, frozen_copy, prom
 from dormouse.posttrain.selection import Selection, selection_line
 from dormouse.train import qat
 from dormouse.train.optim import build_optimizers, set_lr, wsd_multiplier
-from dormouse.train.runtime import checked_counters, deterministic_cpu, device_for, load_model, save_model_artifact, uses_bf16
+from dormouse.train.runtime import LN2, checked_counters, deterministic_cpu, device_for, load_model, save_model_artifact, uses_bf16
 
 
 def held_out(model, fq, heldout, params, device, window, counters) -> dict:
@@ -111,6 +109,8 @@ class Steps:
                "loss": None if loss is None else round(loss.item(), 5), "malformed": tally["malformed"],
                "levels": dict(self.curriculum.level) if self.sampler is None else "pass_rate",
                "decode_s": round(t_decoded - t_step, 3), "train_s": round(time.perf_counter() - t_decoded, 3)}
+        if keep and self.learn.replay is not None:
+            row["replay_bpb"] = round(self.learn.replay_loss / LN2, 5)
         if self.fq is not None:
             train_counters["qat.steps"] += 1
         if self.select.due(step + 1, rl["steps"]):
@@ -141,8 +141,10 @@ def main(argv=None) -> int:
     stream, sampler, curriculum = prompt_sampler(task_params["families"], rl_difficulties(rl["curriculum"], task_params),
                                                  rl, later["prompts"], skip)
     s = GRPOSettings.of(rl, later, params)
+    replay = (TrainStream(layout.train_bins(shards), later["replay_rows"], later["replay_seq_len"], rl["seed"] + 2)
+              if later["replay_rows"] else None)  # corpus rows in every update, against the BPB drifting (as sft's)
     learn = GroupUpdate(model, ref, fq, opts, cfg, s, device,
-                        torch.Generator().manual_seed(rl["seed"] + 1))  # the null arm's permutations, apart from sampling
+                        torch.Generator().manual_seed(rl["seed"] + 1), replay)  # the null arm's permutations apart
     max_new, n_rows = task_params["max_new_bytes"], rl["prompts_per_step"] * rl["oversample"] * s.group_size
     dev = task_eval.dev_items(task_params, rl["select"]["items_per_cell"]) if rl["select"]["every"] else []
     bf16 = uses_bf16(params["dtype"])
