@@ -52,6 +52,7 @@ from dormouse.model.gpt import ByteLM, count_params  # noqa: E402
 from dormouse.train import distributed  # noqa: E402
 from dormouse.train.optim import build_optimizers  # noqa: E402
 from dormouse.train.runtime import compile_for, deterministic_cpu  # noqa: E402
+from dormouse.train.settings import OptimSettings
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_OUT = ROOT / "benchmarks" / "ddp_h200.tsv"
@@ -90,8 +91,8 @@ def worker(args) -> int:
     for system in systems:
         torch.manual_seed(args.seed)
         model = ByteLM(cfg).to(device).train()
-        opts = build_optimizers(model, train)
-        regions = compile_for(model, device, train)
+        opts = build_optimizers(model, OptimSettings.of(train))
+        regions = compile_for(model, device, train["compile"])
         net = model if world.size == 1 else DistributedDataParallel(
             model, device_ids=[device.index] if device.type == "cuda" else None)
         counters = Counter()

@@ -40,6 +40,7 @@ from dormouse.train import compile_cache  # noqa: E402
 from dormouse.train.optim import build_optimizers, set_lr, wsd_multiplier  # noqa: E402
 from dormouse.train.runtime import compile_for  # noqa: E402
 from dormouse.train.trainer import PretrainStep  # noqa: E402
+from dormouse.train.settings import OptimSettings, TrainSettings
 
 
 class Phases:
@@ -112,12 +113,12 @@ def main(argv=None) -> int:
     torch.manual_seed(0)
     model = ph.run("build_model", lambda: ByteLM(cfg).to(device).train())
     model.defer_routing = True  # as the stage: an MoE's routing counts stay on the device until read
-    opts = ph.run("build_optimizers", lambda: build_optimizers(model, train))
-    regions = ph.run("compile_regions_setup", lambda: compile_for(model, device, train))
+    opts = ph.run("build_optimizers", lambda: build_optimizers(model, OptimSettings.of(train)))
+    regions = ph.run("compile_regions_setup", lambda: compile_for(model, device, train["compile"]))
     cache_counts: Counter = Counter()  # DORMOUSE_COMPILE_CACHE, as the stage: load before the first compile
     if regions:
         ph.run("compile_cache_load", lambda: compile_cache.load(device, cache_counts))
-    ps = PretrainStep(model, opts, cfg, train, device)  # the stage's step; decides train.cuda_graphs as the stage does
+    ps = PretrainStep(model, opts, cfg, TrainSettings.of(train), device)  # the stage's step; decides train.cuda_graphs as the stage does
     print(f"[first_steps] cuda_graphs: {ps.graphs}", flush=True)
     g = torch.Generator().manual_seed(1)
     counters: Counter = Counter()

@@ -143,6 +143,7 @@ from dormouse.model.kda import KDAMixer
 from dormouse.model.regions import compile_regions  # noqa: E402
 from dormouse.train.optim import build_optimizers
 from dormouse.train.runtime import autocast  # noqa: E402
+from dormouse.train.settings import OptimSettings
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_OUT = ROOT / "benchmarks" / "pretrain_h200.tsv"
@@ -241,7 +242,7 @@ def run_ours(ctx: Ctx, firewall: bool = True, eager: bool = False) -> dict:
     model = ByteLM(cfg).to(dev)
     model.train()
     model.defer_routing = True  # as the stage: an MoE's routing counts stay on the device
-    opts = build_optimizers(model, train, muon_cls=muon_of(ctx.args.muon))
+    opts = build_optimizers(model, OptimSettings.of(train), muon_cls=muon_of(ctx.args.muon))
     batches = random_batches(ctx.batch, ctx.seq_len, dev, ctx.args.seed)
     counters = Counter()
     note = (f"firewall on the {'device' if dev.type == 'cuda' else 'host'}" if firewall else "no firewall")
@@ -262,7 +263,7 @@ def run_ours_graphed(ctx: Ctx) -> dict:
     cfg, train, dev = ctx.cfg, ctx.train, ctx.device
     torch.manual_seed(ctx.args.seed)
     model = ByteLM(cfg).to(dev).train()
-    opts = build_optimizers(model, train, muon_cls=muon_of(ctx.args.muon))
+    opts = build_optimizers(model, OptimSettings.of(train), muon_cls=muon_of(ctx.args.muon))
     regions = graph_safe_compiled(ctx.args, model, dev)
     batches = random_batches(ctx.batch, ctx.seq_len, dev, ctx.args.seed)
     counters = Counter()
@@ -295,7 +296,7 @@ def profile_ours(ctx: Ctx, steps: int = 5, rows: int = 30) -> str:
     cfg, train, dev = ctx.cfg, ctx.train, ctx.device
     torch.manual_seed(ctx.args.seed)
     model = ByteLM(cfg).to(dev).train()
-    opts = build_optimizers(model, train, muon_cls=muon_of(ctx.args.muon))
+    opts = build_optimizers(model, OptimSettings.of(train), muon_cls=muon_of(ctx.args.muon))
     compiled(ctx.args, model, dev)  # as the stage runs it
     step = ours_step(model, opts, cfg, train, dev, random_batches(ctx.batch, ctx.seq_len, dev, ctx.args.seed), Counter())
     for _ in range(ctx.args.warmup):
@@ -331,7 +332,7 @@ def run_sdpa(ctx: Ctx) -> dict:
     model = build_sdpa(cfg).to(dev)
     model.train()
     attach_param_groups(model, [model.blocks])
-    opts = build_optimizers(model, train, muon_cls=muon_of(ctx.args.muon))
+    opts = build_optimizers(model, OptimSettings.of(train), muon_cls=muon_of(ctx.args.muon))
     whole = dev.type == "cuda" and ctx.args.compile_backend != "none"
     if whole:  # as quality_h200.py: a compiled ours against an eager peer would not be a fair race
         model.compile(backend=ctx.args.compile_backend)
@@ -354,7 +355,7 @@ def run_fla(ctx: Ctx) -> dict:
     torch.manual_seed(ctx.args.seed)
     model = build_fla(cfg).to(dev)
     model.train()
-    opts = build_optimizers(model, train, muon_cls=muon_of(ctx.args.muon))
+    opts = build_optimizers(model, OptimSettings.of(train), muon_cls=muon_of(ctx.args.muon))
 
     def loss_fn(x, y):
         return model(input_ids=x, labels=x, use_cache=False).loss  # FLA shifts the labels itself
@@ -512,7 +513,7 @@ def check_equivalence(cfg: ModelConfig, train: dict, device: torch.device, batch
     for name, model in arms:
         model.train()
         fast = name != "plain"
-        opts = build_optimizers(model, train, muon_cls=muon_of(muon if fast else "torch"))
+        opts = build_optimizers(model, OptimSettings.of(train), muon_cls=muon_of(muon if fast else "torch"))
         if fast and backend != "none":
             compile_regions(model, backend=backend)
         counts[name] = Counter()

@@ -17,6 +17,7 @@ from dormouse.train import distributed
 from dormouse.train.optim import StackedMuon, set_lr, wsd_multiplier
 from dormouse.train.runtime import autocast
 from dormouse.train.trainer import PretrainStep
+from dormouse.train.settings import TrainSettings
 
 ROOT = Path(__file__).resolve().parent.parent
 ONE_PROCESS = distributed.World()  # one process on one GPU (the loop's world size 1)
@@ -67,7 +68,7 @@ def ours_step(model, opts, cfg: ModelConfig, train: dict, device, batches, count
     captured here off the clock, as the stage runs them under train.cuda_graphs: cuda; net: DDP's wrapper under
     torchrun, with its world). firewall=False is the benchmarks' control: the same forward, then a plain
     backward, clip and optimizer steps. Returns the step's loss."""
-    ps = PretrainStep(model, opts, cfg, train, device, world, net, graphs="graphed" if graphed else "eager",
+    ps = PretrainStep(model, opts, cfg, TrainSettings.of(train), device, world, net, graphs="graphed" if graphed else "eager",
                       firewall_on_device=firewall_on_device)
     if graphed:
         ps.capture(*batches[0])

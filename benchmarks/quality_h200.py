@@ -54,6 +54,7 @@ from dormouse.train import checkpoint, cuda_graphs  # noqa: E402
 from dormouse.train.optim import build_optimizers, set_lr, wsd_multiplier  # noqa: E402
 from dormouse.train.runtime import compile_for, evaluate  # noqa: E402
 from dormouse.train.trainer import PretrainStep, resume  # noqa: E402
+from dormouse.train.settings import OptimSettings, TrainSettings
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -79,15 +80,15 @@ def build(system: str, cfg: ModelConfig, train: dict, device: torch.device):
     """(model to train, model to evaluate, optimizers, parameter note)."""
     if system == "ours":
         model = ByteLM(cfg).to(device)
-        regions = compile_for(model, device, train)  # as the stage runs it
-        return (model, model, build_optimizers(model, train),
+        regions = compile_for(model, device, train["compile"])  # as the stage runs it
+        return (model, model, build_optimizers(model, OptimSettings.of(train)),
                 f"{count_params(cfg)['non_embedding']:,} non-embedding; {len(regions)} regions compiled")
     lay = sdpa_layout(cfg)
     model = build_sdpa(cfg).to(device)
     attach_param_groups(model, [model.blocks])
     if device.type == "cuda":  # compiled whole (it has no graph breaks): an equal-clock race against an eager peer is not fair
         model.compile()
-    return model, CounterFree(model), build_optimizers(model, train), (
+    return model, CounterFree(model), build_optimizers(model, OptimSettings.of(train)), (
         f"{lay['non_embedding']:,} non-embedding (target {lay['target']:,}); "
         f"{'torch.compile(model)' if device.type == 'cuda' else 'eager'}")
 
@@ -105,14 +106,14 @@ def train_for(system: str, cfg: ModelConfig, train: dict, shards, device, budget
     counters = Counter()
 
     # both systems graphed or neither: the stage's decision for ours holds for the SDPA peer too
-    graphs = cuda_graphs.decide(train, device.type, cfg, 1)
+    graphs = cuda_graphs.decide(train["cuda_graphs"], device.type, cfg, 1)
     if graphs.startswith("refused"):
         log(f"{name}: train.cuda_graphs: {graphs}; eager steps")
     step_cfg = cfg if system == "ours" else ModelConfig.from_dict({**cfg.to_dict(), "moe": False})  # no MoE term
 
     def stepper(model, scored, opts) -> PretrainStep:
         """The pretrain stage's step (dormouse.train.trainer); the SDPA peer through its counter-free wrapper."""
-        return PretrainStep(model, opts, step_cfg, train, device, net=None if system == "ours" else scored, graphs=graphs)
+        return PretrainStep(model, opts, step_cfg, TrainSettings.of(train), device, net=None if system == "ours" else scored, graphs=graphs)
 
     if warmup_steps:  # autotune and compile on a throwaway model of the same shapes: the timed one starts at its init
         w_model, w_scored, w_opts, _ = build(system, cfg, train, device)

@@ -20,6 +20,7 @@ from dormouse.train.firewall import Firewall
 from dormouse.train.optim import build_optimizers
 from dormouse.train.runtime import autocast, evaluate
 from dormouse.train.trainer import PretrainStep
+from dormouse.train.settings import OptimSettings, TrainSettings
 
 ONE = distributed.World()
 
@@ -33,9 +34,7 @@ ONE = distributed.World()
 ])
 def test_decide(asked, device, moe, world, want):
     cfg = ModelConfig.from_dict({**TINY_MODEL, "moe": moe})
-    assert cuda_graphs.decide({"cuda_graphs": asked}, device, cfg, world) == want
-    with pytest.raises(KeyError):  # no default of its own: the schema's is the one definition
-        cuda_graphs.decide({}, device, cfg, world)
+    assert cuda_graphs.decide(asked, device, cfg, world) == want
 
 
 def test_a_replay_counts_one_forward_of_the_real_model():
@@ -79,7 +78,7 @@ def test_the_gpu_tests_settings_train_a_step_on_the_cpu():
         train = {**train, "device": "cpu", "dtype": "float32", "micro_batch_size": micro}
         torch.manual_seed(0)
         model = ByteLM(cfg).train()
-        step = PretrainStep(model, build_optimizers(model, train), cfg, train, torch.device("cpu"), graphs="eager")
+        step = PretrainStep(model, build_optimizers(model, OptimSettings.of(train)), cfg, TrainSettings.of(train), torch.device("cpu"), graphs="eager")
         b = torch.randint(0, 256, (4, 33), generator=torch.Generator().manual_seed(1))
         loss = step(b[:, :-1], b[:, 1:], Counter(), "test")
         assert math.isfinite(float(loss))
@@ -96,11 +95,11 @@ def test_a_cuda_step_never_waits_for_the_host(graphs):
     cfg, train = gpu_setup()
     model = ByteLM(cfg).cuda().train()
     compile_regions(model)
-    opts = build_optimizers(model, train)
+    opts = build_optimizers(model, OptimSettings.of(train))
     fw = Firewall(opts, model.parameters(), 1.0, 3, ONE, on_device=True)
     x = torch.randint(0, 256, (4, 64), device="cuda")
     counters = Counter()
-    graphed = cuda_graphs.GraphedLoss(model, x, x, train) if graphs else None
+    graphed = cuda_graphs.GraphedLoss(model, x, x, train["dtype"]) if graphs else None
 
     def step():
         if graphed is not None:
@@ -129,9 +128,9 @@ def test_the_graphed_loss_carries_the_moe_balancing_term():
     torch.manual_seed(0)
     cfg = ModelConfig.from_dict({**TINY_MODEL, "moe": True, "n_experts": 4, "moe_top_k": 1})
     model = ByteLM(cfg)
-    train = {**TINY_TRAIN, "moe_aux_coef": 0.5, "cuda_graphs": "cuda", "grad_clip": 1.0, "max_bad_steps": 3,
+    train = {**load_preset("tiny", ROOT)["train"], **TINY_TRAIN, "moe_aux_coef": 0.5, "cuda_graphs": "cuda", "grad_clip": 1.0, "max_bad_steps": 3,
              "dtype": "float32", "lr": 1e-3, "muon_lr": 0.02, "optimizer": "muon", "weight_decay": 0.0}
-    step = PretrainStep(model, build_optimizers(model, train), cfg, train, torch.device("cpu"), graphs="eager")
+    step = PretrainStep(model, build_optimizers(model, OptimSettings.of(train)), cfg, TrainSettings.of(train), torch.device("cpu"), graphs="eager")
     x = torch.randint(0, 256, (2, 32))
     loss, total = step.forward(x, x, Counter())
     out = cuda_graphs._Loss(model, train, Counter(), step.total_of)(x, x)
@@ -161,7 +160,7 @@ def test_graphed_steps_train_and_count_as_eager_steps(moe):
     for name, model in (("eager", eager), ("graphed", twin)):
         compile_regions(model)
         model.defer_routing = True  # as the stage
-        step = PretrainStep(model, build_optimizers(model, train), cfg, train, torch.device("cuda"), graphs=name)
+        step = PretrainStep(model, build_optimizers(model, OptimSettings.of(train)), cfg, TrainSettings.of(train), torch.device("cuda"), graphs=name)
         counts[name], losses[name] = Counter(), []
         for i, b in enumerate([0, 1, 2, 0]):
             step(*batches[b], counts[name], "test")
@@ -214,7 +213,7 @@ def test_graphed_micro_batches_sum_their_gradients_as_eager_ones():
     grads, counts = {}, {}
     for name, model in (("eager", eager), ("graphed", twin)):
         compile_regions(model)
-        step = PretrainStep(model, build_optimizers(model, train), cfg, train, torch.device("cuda"), graphs=name)
+        step = PretrainStep(model, build_optimizers(model, OptimSettings.of(train)), cfg, TrainSettings.of(train), torch.device("cuda"), graphs=name)
         grads[name], counts[name] = [], Counter()
 
         def finish(*args, _finish=step.firewall.finish, _model=model, _grads=grads[name], **kwargs):

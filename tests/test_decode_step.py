@@ -191,6 +191,7 @@ def test_a_reused_graphed_step_decodes_the_weights_an_optimizer_updated(optimize
     """rl samples every step through one DecodeStep captured once: after an optimizer step (fused AdamW, StackedMuon)
     its replays must decode the updated weights, byte for byte what a fresh eager step decodes."""
     from dormouse.train.optim import build_optimizers
+    from dormouse.train.settings import OptimSettings
 
     m = live_model(CONFIGS["all_on_conv4"]).cuda().eval()
     step = DecodeStep(m, 8, buckets=[8])
@@ -199,7 +200,7 @@ def test_a_reused_graphed_step_decodes_the_weights_an_optimizer_updated(optimize
     kw = dict(temperature=1.0, top_k=40, seeds=[7, 8, 9, 10, 11, 12], samples_per_prompt=2, stop_byte=None)
     before = generate_static(m, prompts, 16, step=step, **kw)
     assert before == generate_static(m, prompts, 16, graphed=False, **kw)
-    opts = build_optimizers(m, {"optimizer": optimizer, "lr": 1e-2, "muon_lr": 0.05, "weight_decay": 0.0})
+    opts = build_optimizers(m, OptimSettings(optimizer=optimizer, lr=1e-2, muon_lr=0.05, weight_decay=0.0))
     m.train()
     idx = torch.tensor([list(p) for p in prompts], device="cuda")
     logits = m(idx)[0]

@@ -8,7 +8,12 @@ import yaml
 from pipeline_util import configure
 from test_workflow import job_counts, snakemake
 
+from dormouse.core.config import load_preset
 from dormouse.planner.experiments import judge, verdict
+from dormouse.planner.registry import stage_params
+
+# a pretrain manifest's train params, as the tiny preset's job digests them
+TRAIN_PARAMS = stage_params("pretrain", load_preset("tiny", Path(__file__).resolve().parents[1]))["train"]
 
 
 def run(bpb: float, engram_rows: int = 10, engram: bool = True, window: int = 1000, shard: str = "s" * 20,
@@ -17,7 +22,7 @@ def run(bpb: float, engram_rows: int = 10, engram: bool = True, window: int = 10
                 "eval.loop.iterations": 2, "train.engram.rows_read": engram_rows, "eval.engram.rows_read": engram_rows}
     if qat:
         counters.update({"train.qat.steps": qat_steps, "eval.qat.evals": qat_evals})
-    train = {"steps": 100, **({"qat": qat} if qat else {})}
+    train = {**TRAIN_PARAMS, "steps": 100, **({"qat": qat} if qat else {})}
     return {"digest": f"{int(bpb * 1e4):020d}", "curve": [],
             "manifest": {"params": {"model": {"engram": engram}, "train": train}, "counters": counters,
                          "inputs": {"shard": shard}, "final": {"eval_bpb": bpb, "eval_bytes": window}}}

@@ -16,8 +16,10 @@ from dormouse.model.config import ModelConfig
 from dormouse.model.gpt import ByteLM
 from dormouse.train.optim import build_optimizers
 from dormouse.train.trainer import PretrainStep
+from dormouse.train.settings import OptimSettings, TrainSettings
 
-TRAIN = {**TINY_TRAIN, "dtype": "float32", "lr": 3e-3, "muon_lr": 0.02, "optimizer": "muon", "weight_decay": 0.1,
+TRAIN = {**load_preset("tiny", Path(__file__).resolve().parents[1])["train"], **TINY_TRAIN,
+         "dtype": "float32", "lr": 3e-3, "muon_lr": 0.02, "optimizer": "muon", "weight_decay": 0.1,
          "grad_clip": 1.0, "max_bad_steps": 3, "moe_aux_coef": 0.01, "cuda_graphs": "never"}
 
 
@@ -34,7 +36,8 @@ def train_steps(model, micro, on_device: bool, data, nan_at=frozenset(), cfg=Non
     """Steps over `data`; nan_at holds (step, forward call within the step) pairs whose loss is made NaN. Returns the
     logged losses, the counters, the skipped steps, each step's gradients as the optimizers took them, and the step."""
     train = {**(train or TRAIN), "micro_batch_size": micro}
-    step = PretrainStep(model, build_optimizers(model, train), cfg or ModelConfig.from_dict(TINY_MODEL), train,
+    step = PretrainStep(model, build_optimizers(model, OptimSettings.of(train)), cfg or ModelConfig.from_dict(TINY_MODEL),
+                        TrainSettings.of(train),
                         torch.device("cpu"), graphs="eager", firewall_on_device=on_device)
     forward, where, grads = step.forward, {"step": 0, "call": 0}, []
 
@@ -102,7 +105,7 @@ def test_a_non_finite_micro_batch_skips_the_whole_step(on_device, part):
 
 def test_a_micro_batch_size_that_does_not_divide_is_refused():
     step = PretrainStep(ByteLM(ModelConfig.from_dict(TINY_MODEL)), [], ModelConfig.from_dict(TINY_MODEL),
-                        {**TRAIN, "micro_batch_size": 3}, torch.device("cpu"), graphs="eager", firewall_on_device=False)
+                        TrainSettings.of({**TRAIN, "micro_batch_size": 3}), torch.device("cpu"), graphs="eager", firewall_on_device=False)
     assert step.parts(6) == 2 and step.parts(3) == 1 and step.parts(2) == 1  # not smaller than the rows: one part
     with pytest.raises(ValueError, match="does not divide this rank's 4 rows"):
         step.parts(4)

@@ -22,6 +22,7 @@ from dormouse.cli import main as dormouse_main
 from dormouse.model.gpt import ByteLM
 from dormouse.train import checkpoint, runtime
 from dormouse.train.firewall import BadStepsError
+from dormouse.train.settings import OptimSettings
 
 TINY_MODEL = {"d_model": 32, "n_heads": 2, "head_dim": 16, "ffn_hidden": 64, "n_core": 1, "kda_chunk_size": 16}
 TINY_TRAIN = {"device": "cpu", "steps": 60, "batch_size": 4, "seq_len": 32, "eval_every": 20, "eval_bytes": 2048,
@@ -286,7 +287,7 @@ def test_an_unreadable_newest_checkpoint_falls_back_to_the_one_before(tmp_path):
     train = {"optimizer": "adamw", "lr": 1e-3, "muon_lr": 0.02, "weight_decay": 0.0}
     torch.manual_seed(0)
     model = ByteLM(cfg)
-    opts = build_optimizers(model, train)
+    opts = build_optimizers(model, OptimSettings.of(train))
     root = tmp_path / "ckpt"
     checkpoint.save(root, 4, model, opts, {"mark": 4})
     with torch.no_grad():
@@ -294,8 +295,8 @@ def test_an_unreadable_newest_checkpoint_falls_back_to_the_one_before(tmp_path):
     checkpoint.save(root, 8, model, opts, {"mark": 8})
     (root / "step-00000008" / checkpoint.WEIGHTS).write_bytes(b"")  # the rename survived, the data did not
     fresh, counters = ByteLM(cfg), Counter()
-    path, snap = resume(root, fresh, build_optimizers(fresh, train), counters)
+    path, snap = resume(root, fresh, build_optimizers(fresh, OptimSettings.of(train)), counters)
     assert path.name == "step-00000004" and snap["mark"] == 4 and counters["checkpoints_unreadable"] == 1
     (root / "step-00000004" / checkpoint.WEIGHTS).write_bytes(b"")
     with pytest.raises(checkpoint.CheckpointError, match="no checkpoint could be read"):
-        resume(root, fresh, build_optimizers(fresh, train), counters)
+        resume(root, fresh, build_optimizers(fresh, OptimSettings.of(train)), counters)

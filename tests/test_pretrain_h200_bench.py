@@ -21,6 +21,7 @@ from benchmarks import flops, peers, pretrain_step
 from dormouse.core.config import load_preset
 from dormouse.model.config import ModelConfig
 from dormouse.model.gpt import count_params, engram_params
+from dormouse.train.settings import OptimSettings
 
 REPO = Path(__file__).resolve().parent.parent
 SCRIPT = [sys.executable, "-m", "benchmarks.pretrain_h200"]  # from the repository root (cwd=REPO)
@@ -124,7 +125,7 @@ def test_fla_model_matches_ours_without_engram():
     cp = count_params(cfg)
     assert sum(p.numel() for p in model.parameters()) == cp["total"] - cp["engram_per_layer"] * len(cfg.engram_layers)
     assert flops.linear_weight_params(model) == cp["flop_params"] - len(cfg.engram_layers) * engram_params(cfg)["proj"]
-    muon, adamw = build_optimizers(model, preset["train"])
+    muon, adamw = build_optimizers(model, OptimSettings.of(preset["train"]))
     assert type(muon).__name__ == "Muon" and all(p.dim() == 2 for g in muon.param_groups for p in g["params"])
     adamw_ids = {id(p) for g in adamw.param_groups for p in g["params"]}
     assert id(model.lm_head.weight) in adamw_ids and id(model.model.embeddings.weight) in adamw_ids

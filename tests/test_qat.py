@@ -20,7 +20,8 @@ from dormouse.cli import main as dormouse_main
 from dormouse.data import shards as layout
 from dormouse.data.byte_stream import eval_window
 from dormouse.core.config import ConfigError, load_preset, load_yaml, validate
-from dormouse.planner.registry import POSTTRAIN_LATER_DEFAULTS, TRAIN_LATER_DEFAULTS, stage_params
+from dormouse.planner.registry import POSTTRAIN_LATER_DEFAULTS, stage_params
+from dormouse.train.settings import OptimSettings, TRAIN_LATER_DEFAULTS
 from dormouse.core.store import artifact_digest, open_artifact
 from dormouse.tools.views import main as view_main
 from dormouse.model.config import ModelConfig
@@ -83,7 +84,7 @@ def test_gradients_flow_straight_through_to_the_fp32_masters(one_thread):
         torch.testing.assert_close(p.grad, q.grad, msg=name)
     assert all(model.get_parameter(n).grad.abs().sum() > 0 for n in fq.quantized)
     # Muon and AdamW step the masters, which stay fp32 and off the ternary grid
-    opts = build_optimizers(model, TRAIN)
+    opts = build_optimizers(model, OptimSettings.of(TRAIN))
     for opt in opts:
         opt.step()
     assert all(p.dtype == torch.float32 for p in model.parameters())
@@ -411,7 +412,7 @@ def test_on_cuda_the_quantized_weights_are_the_cpu_rung_file_and_a_finish_step_t
     model = live_model(CFG).cuda().train()
     fq = FakeQuant(model, rung)
     before = {n: model.get_parameter(n).detach().clone() for n in fq.quantized}
-    opts = build_optimizers(model, TRAIN)
+    opts = build_optimizers(model, OptimSettings.of(TRAIN))
     x, y = rand_bytes(2, 64).cuda(), rand_bytes(2, 64, seed=2).cuda()
     with fq.applied(), torch.autocast("cuda", torch.bfloat16):
         _, loss = model(x, y)

@@ -122,7 +122,7 @@ def test_the_sdpa_baseline_trains_the_same_from_cuda_graphs():
     for name in ("eager", "graphed"):
         torch.manual_seed(0)
         model, _, opts, _ = q.build("sdpa", cfg, train, dev)
-        graphed = cuda_graphs.GraphedLoss(q.CounterFree(model), *batches[0], train) if name == "graphed" else None
+        graphed = cuda_graphs.GraphedLoss(q.CounterFree(model), *batches[0], train["dtype"]) if name == "graphed" else None
         losses[name] = []
         for i in (0, 1, 0):
             x, y = batches[i]

@@ -24,6 +24,7 @@ from pathlib import Path
 
 from dormouse.core.config import ConfigError, load_preset, load_yaml, validate
 from dormouse.train.arms import before_finish, finish_start, inert_arms, inert_qat
+from dormouse.train.settings import TrainSettings
 
 EXPERIMENTS_DIR = Path("config/experiments")
 
@@ -62,7 +63,7 @@ class Experiment:
                 merged = deep_merge(deep_merge(base, over), {"train": {"seed": seed, "steps": self.spec["steps"]}})
                 preset = validate(merged, "preset.schema.yaml", f"{self.path} arm {arm}")
                 out[self.run_name(arm, seed)] = (arm, seed, preset)
-        check_qat_runs(self.path, self.spec.get("qat_acceptance"), {a: p["train"] for a, _, p in out.values()})
+        check_qat_runs(self.path, self.spec.get("qat_acceptance"), {a: TrainSettings.of(p["train"]) for a, _, p in out.values()})
         if self.spec["branch"]:
             branch_controls(self.path, out)
         return out
@@ -72,15 +73,20 @@ class Experiment:
         return self.run_name("control", seed) if self.spec["branch"] and arm != "control" else None
 
 
-def rung_of(train: dict) -> str | None:
+def rung_of(train: TrainSettings) -> str | None:
     """The rung a run's final eval BPB is measured through (train.qat's; None: the bf16 weights)."""
-    return (train.get("qat") or {}).get("rung")
+    return train.qat.rung if train.qat else None
 
 
-def rungs_measured(train: dict) -> dict[str, str]:
+def run_rung(manifest: dict) -> str | None:
+    """rung_of a finished run's train params."""
+    return rung_of(TrainSettings.of(manifest["params"]["train"]))
+
+
+def rungs_measured(train: TrainSettings) -> dict[str, str]:
     """rung -> how a run measures it: "final" (its final eval runs through train.qat's rung) or "ptq"
     (train.ptq_rungs: the final weights through that rung, beside the final eval)."""
-    return {**{r: "ptq" for r in train.get("ptq_rungs") or ()}, **({rung_of(train): "final"} if rung_of(train) else {})}
+    return {**{r: "ptq" for r in train.ptq_rungs}, **({rung_of(train): "final"} if rung_of(train) else {})}
 
 
 def qat_limit(acceptance: dict, rung: str) -> float:
@@ -88,12 +94,12 @@ def qat_limit(acceptance: dict, rung: str) -> float:
     return limit[rung] if isinstance(limit, dict) else limit
 
 
-def check_qat_runs(rel: str, acceptance: dict | None, trains: dict[str, dict]) -> None:
+def check_qat_runs(rel: str, acceptance: dict | None, trains: dict[str, TrainSettings]) -> None:
     """An experiment's runs, resolved (arm -> train section), as the verdict will judge them: an arm measured through a
     rung needs a control that measures that rung after training (its PTQ, which the arm is set against). Under a QAT
     acceptance every arm finishes through a rung that has a limit, and the control trains as usual."""
     control = trains["control"]
-    if acceptance and (control.get("qat") or {}).get("fraction"):
+    if acceptance and control.qat and control.qat.fraction:
         raise ConfigError(f"{rel}: the control trains through {rung_of(control)}; a QAT acceptance's control trains as usual")
     for arm, train in trains.items():
         if arm == "control":
@@ -193,7 +199,7 @@ def verdict(spec: dict, runs: dict[str, dict[str, dict]]) -> dict:
             m = r["manifest"]
             for where in ("train.", "eval."):
                 problems += [f"seed {seed} {where[:-1]}: {p}" for p in inert_arms(m["params"]["model"], m["counters"], where)]
-            problems += [f"seed {seed}: {p}" for p in inert_qat(m["params"]["train"], m["counters"])]
+            problems += [f"seed {seed}: {p}" for p in inert_qat(TrainSettings.of(m["params"]["train"]), m["counters"])]
             problems += [f"seed {seed}: {p}" for p in other_build(m, runs["control"].get(seed))]
         bpb = [seeds[s]["manifest"]["final"]["eval_bpb"] for s in sorted(seeds, key=int)]
         arms[arm] = {"mean_bpb": round(statistics.fmean(bpb), 5), "spread_bpb": round(spread(bpb), 5),
@@ -238,8 +244,8 @@ def verdict(spec: dict, runs: dict[str, dict[str, dict]]) -> dict:
 
 def bpb_through(manifest: dict, rung: str | None) -> float | None:
     """A run's final BPB through `rung` (None: its bf16 master weights); None when the run did not measure it."""
-    train, final = manifest["params"]["train"], manifest["final"]
-    if rung == rung_of(train):
+    final = manifest["final"]
+    if rung == run_rung(manifest):
         return final["eval_bpb"]
     if rung is None:
         return final.get("eval_bpb_master")  # a run with train.qat reports its masters' BPB beside the rung's
@@ -249,7 +255,7 @@ def bpb_through(manifest: dict, rung: str | None) -> float | None:
 def control_for(arm_seeds: dict[str, dict], control_seeds: dict[str, dict]) -> tuple[str | None, list[float]]:
     """(the arm's rung, the control's BPB per seed through it): an arm is judged against the control measured the
     same way, so a QAT arm against the control's post-training quantization of its rung."""
-    rungs = {rung_of(r["manifest"]["params"]["train"]) for r in arm_seeds.values()}
+    rungs = {run_rung(r["manifest"]) for r in arm_seeds.values()}
     if len(rungs) != 1:
         raise ValueError(f"an arm's seeds are measured through different rungs: {sorted(map(str, rungs))}")
     rung = rungs.pop()
@@ -278,7 +284,7 @@ def quantized_vs_bf16(runs: dict[str, dict[str, dict]], arms: dict, acceptance: 
     (the experiment's qat_acceptance) each arm is judged against its limit by the spread rule: PASS when
     delta_bpb_vs_control_bf16 is below max_delta_bpb_vs_bf16 by more than the larger of the control's bf16 spread and
     the arm's rung spread, FAIL when above it by more, else WITHIN_SPREAD."""
-    if not any(rung_of(r["manifest"]["params"]["train"]) for seeds in runs.values() for r in seeds.values()):
+    if not any(run_rung(r["manifest"]) for seeds in runs.values() for r in seeds.values()):
         if acceptance:
             raise ValueError("qat_acceptance: no run trained or evaluated through a rung (train.qat)")
         return

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 from dormouse.data.shards import SHARD_DEFAULTS_NOT_DIGESTED
 from dormouse.core.config import ConfigError
+from dormouse.train.settings import TRAIN_LATER_DEFAULTS
 
 
 @dataclass(frozen=True)
@@ -56,10 +57,7 @@ def _anchors(preset: dict) -> dict:  # the ladder scores the model's eval window
 
 # Keys added to a section after digests were pinned, with the default that runs the code as it was: at that value
 # they stay out of the params, so adding them rebuilt nothing (the stage reads them with these defaults; the schema
-# holds the same, tested).
-TRAIN_LATER_DEFAULTS = {"qat": None, "micro_batch_size": None,  # quantization-aware finish (issue #28); accumulation
-                        "ptq_rungs": [],  # the final weights' BPB through other rungs (a QAT experiment's control)
-                        "keep_checkpoints": []}  # steps whose checkpoints the artifact keeps (a finish branches there)
+# holds the same, tested). train's: dormouse/train/settings.py.
 POSTTRAIN_LATER_DEFAULTS = {"qat": None}  # sft and rl
 QAT_SECTIONS = ("train", "sft", "rl")
 

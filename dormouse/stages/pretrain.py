@@ -61,6 +61,7 @@ from dormouse.train.loop import PretrainLoop
 from dormouse.train.optim import build_optimizers
 from dormouse.train.runtime import (check_arms_active, compile_for, deterministic_cpu, device_facts, device_for,
                                     save_model_artifact)
+from dormouse.train.settings import TrainSettings
 from dormouse.train.trainer import PretrainStep, resume
 
 
@@ -68,20 +69,20 @@ def main(argv=None) -> int:
     t_main = time.time()  # time to first step counts from here (imports before it: a few seconds)
     job = parse_job(argv, "pretrain", __doc__)
     cfg = ModelConfig.from_dict(job["params"]["model"])
-    train = job["params"]["train"]
+    train = TrainSettings.of(job["params"]["train"])
     world = distributed.world_from_env()
-    if train["batch_size"] % world.size:
-        raise SystemExit(f"pretrain: train.batch_size {train['batch_size']} is not divisible by the world size {world.size} "
+    if train.batch_size % world.size:
+        raise SystemExit(f"pretrain: train.batch_size {train.batch_size} is not divisible by the world size {world.size} "
                          f"(WORLD_SIZE): every rank trains on an equal slice of the global batch; use a multiple of the GPU count")
-    rows, micro = train["batch_size"] // world.size, train.get("micro_batch_size")
+    rows, micro = train.batch_size // world.size, train.micro_batch_size
     if micro and micro < rows and rows % micro:
         raise SystemExit(f"pretrain: train.micro_batch_size {micro} does not divide each rank's {rows} rows "
-                         f"(train.batch_size {train['batch_size']} over {world.size} processes)")
+                         f"(train.batch_size {train.batch_size} over {world.size} processes)")
     shards = input_artifact(job, "shard")
     who = f"preset {', '.join(job['presets'])}" if job.get("presets") else f"pretrain job {job['digest']}"
-    check_epochs(f"pretrain: {who}", layout.train_bytes(shards.manifest), shards.path, steps=train["steps"],  # no device yet
-                 batch_size=train["batch_size"], seq_len=train["seq_len"], max_epochs=train["max_epochs"])
-    device = distributed.init(world, device_for(train["device"]))
+    check_epochs(f"pretrain: {who}", layout.train_bytes(shards.manifest), shards.path, steps=train.steps,  # no device yet
+                 batch_size=train.batch_size, seq_len=train.seq_len, max_epochs=train.max_epochs)
+    device = distributed.init(world, device_for(train.device))
     try:
         run(job, cfg, train, shards, world, device, t_main)
     finally:
@@ -89,10 +90,10 @@ def main(argv=None) -> int:
     return 0
 
 
-def run(job: dict, cfg: ModelConfig, train: dict, shards, world: distributed.World, device: torch.device,
+def run(job: dict, cfg: ModelConfig, train: TrainSettings, shards, world: distributed.World, device: torch.device,
         t_main: float) -> None:
     say = print if world.is_main else (lambda *args, **kwargs: None)
-    torch.manual_seed(train["seed"])
+    torch.manual_seed(train.seed)
     deterministic_cpu(device)
 
     model = ByteLM(cfg).to(device)  # __init__ runs init_weights()
@@ -101,12 +102,12 @@ def run(job: dict, cfg: ModelConfig, train: dict, shards, world: distributed.Wor
     formula = count_params(cfg)
     assert formula["total"] == n_params, f"param formula {formula} != model {n_params}"
     say(f"[pretrain] params {n_params:,} (formula {formula}) device {device} world_size {world.size}", flush=True)
-    opts = build_optimizers(model, train)
+    opts = build_optimizers(model, train.optim)
     cache_counts = Counter()
-    compiled = compile_for(model, device, train)
+    compiled = compile_for(model, device, train.compile)
     if compiled:
         compile_cache.load(device, cache_counts, say)
-    say(f"[pretrain] torch.compile regions: {len(compiled)} ({train.get('compile', 'cuda')})", flush=True)
+    say(f"[pretrain] torch.compile regions: {len(compiled)} ({train.compile})", flush=True)
     if device.type == "cuda" and fla_op("chunk_kda") is None and world.is_main:  # counted as kda_path.torch too
         progress.note("[pretrain] WARNING: fla-core is not importable, so KDA runs its torch path on the GPU "
                       "(several times slower): pip install '.[cuda]' (fla-core, triton and torch at the tested pins)")
@@ -118,8 +119,8 @@ def run(job: dict, cfg: ModelConfig, train: dict, shards, world: distributed.Wor
         c.update(cache_counts)
         ckpt_root = scratch_dir(Path(job["out"]))  # the same path on every rank; rank 0 writes it
         stream = TrainStream(layout.train_bins(shards),
-                             train["batch_size"], train["seq_len"], train["seed"], rows=world.rows(train["batch_size"]))
-        window = eval_window(layout.eval_bin(shards), train["eval_bytes"], train["seq_len"])
+                             train.batch_size, train.seq_len, train.seed, rows=world.rows(train.batch_size))
+        window = eval_window(layout.eval_bin(shards), train.eval_bytes, train.seq_len)
         last, snap = resume(ckpt_root, model, opts, c)
         if last is not None:
             c["resumed_from_step"] = snap["step"]
@@ -140,15 +141,15 @@ def run(job: dict, cfg: ModelConfig, train: dict, shards, world: distributed.Wor
             say(f"[pretrain] train.cuda_graphs: {step_fn.graphs}; the step runs eagerly", flush=True)
         loop = PretrainLoop(model=model, opts=opts, step_fn=step_fn, stream=stream, train=train, device=device,
                             world=world, window=window, fq=fq, qat_from=qat_from,
-                            keep_steps=set(train.get("keep_checkpoints") or ()), ckpt_root=ckpt_root, c=c,
+                            keep_steps=set(train.keep_checkpoints), ckpt_root=ckpt_root, c=c,
                             compiled=compiled, say=say, snap=snap if last is not None else None,
                             branched=(snap or {}).get("branched_from"))  # which build of the trunk: final.branched_from
         loop.run(snap["step"] if last is not None else 0, t_main, net)
-        finish(loop, art, cfg, formula, compiled)
+        finish(job, loop, art, cfg, formula, compiled)
     distributed.barrier(world)  # the other ranks wait until the artifact is in place
 
 
-def finish(loop: PretrainLoop, art, cfg: ModelConfig, formula: dict, compiled: list) -> None:
+def finish(job: dict, loop: PretrainLoop, art, cfg: ModelConfig, formula: dict, compiled: list) -> None:
     """The final evals (the master weights beside the rung's, train.ptq_rungs), the counters checked and filed, the
     artifact written (rank 0) with its kept checkpoints."""
     model, train, world, fq, c, say = loop.model, loop.train, loop.world, loop.fq, loop.c, loop.say
@@ -163,7 +164,7 @@ def finish(loop: PretrainLoop, art, cfg: ModelConfig, formula: dict, compiled: l
     for prefix, total in (("train", train_total), ("eval", eval_total)):
         for k, v in total.items():
             c[f"{prefix}.{k}"] = v
-    c["train.steps"] = train["steps"]
+    c["train.steps"] = train.steps
     if loop.step_fn.graphed is not None:
         c["cuda_graphs.replays_this_process"] = loop.step_fn.replays
     c["train.bytes_seen"] = loop.stream.bytes_seen()
@@ -182,14 +183,14 @@ def finish(loop: PretrainLoop, art, cfg: ModelConfig, formula: dict, compiled: l
     if fq is not None:
         final["eval_bpb_master"] = round(master_bpb, 5)
         # this process's forwards through the rung (rank 0's): a step's micro-batches each enter it
-        here = (loop.train_counters["qat.steps"] * loop.step_fn.parts(len(world.rows(train["batch_size"])))
+        here = (loop.train_counters["qat.steps"] * loop.step_fn.parts(len(world.rows(train.batch_size)))
                 + loop.eval_counters["qat.evals"])
         final["qat"] = qat_summary(c, fq, train, loop.qat_from, train_total, loop.step_fn, here)
         lineage.append(qat.lineage_entry("pretrain", final["qat"]))
     if compiled:  # the eval's graphs too, when this process compiled them
         compile_cache.save(loop.device, c, say)
     # config.json holds `qat` only when a stage trained through a rung: the lineage sft and rl extend and export reads
-    save_model_artifact(art, model, {"model": cfg.to_dict(), "train": train, "params": formula,
+    save_model_artifact(art, model, {"model": cfg.to_dict(), "train": job["params"]["train"], "params": formula,
                                      **({"qat": lineage} if lineage else {})}, loop.metrics)
     art.extra["final"] = final | device_facts(loop.device)
     keep_checkpoints(art, loop.ckpt_root / KEPT, loop.keep_steps)

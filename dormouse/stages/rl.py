@@ -60,6 +60,7 @@ from dormouse.posttrain.grpo import GroupUpdate, GRPOSettings, frozen_copy, prom
 from dormouse.posttrain.selection import Selection, selection_line
 from dormouse.train import qat
 from dormouse.train.optim import build_optimizers, set_lr, wsd_multiplier
+from dormouse.train.settings import OptimSettings
 from dormouse.train.runtime import LN2, checked_counters, deterministic_cpu, device_for, load_model, save_model_artifact, uses_bf16
 
 
@@ -133,7 +134,7 @@ def main(argv=None) -> int:
     ref = frozen_copy(model) if rl["kl_coef"] > 0 else None
     ex, ey, eval_bytes = eval_window(layout.eval_bin(shards), params["eval"]["eval_bytes"], params["eval"]["seq_len"])
     heldout = task_eval.heldout_items(task_params)
-    opts = build_optimizers(model, rl)
+    opts = build_optimizers(model, OptimSettings.of(rl, "rl"))
     fq = qat.FakeQuant(model, rl["qat"]) if rl.get("qat") else None
     lineage = qat.upstream_lineage(sft_art)
     later = {k: rl.get(k, v) for k, v in RL_LATER_DEFAULTS.items()}  # keys left out of the digest at their defaults

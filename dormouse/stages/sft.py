@@ -28,6 +28,7 @@ from dormouse.planner.job import input_artifact, parse_job, summary, writer
 from dormouse.posttrain import chat_batches, task_eval
 from dormouse.train import qat
 from dormouse.train.optim import build_optimizers, set_lr, wsd_multiplier
+from dormouse.train.settings import OptimSettings
 from dormouse.train.runtime import (
     LN2,
     autocast,
@@ -52,7 +53,7 @@ def main(argv=None) -> int:
     model, cfg = load_model(pre, device)
     ex, ey, eval_bytes = eval_window(layout.eval_bin(shards), params["eval"]["eval_bytes"], params["eval"]["seq_len"])
     heldout = task_eval.heldout_items(task_params)
-    opts = build_optimizers(model, sft)
+    opts = build_optimizers(model, OptimSettings.of(sft, "sft"))
     params_list = list(model.parameters())
     fq = qat.FakeQuant(model, sft["qat"]) if sft.get("qat") else None
     lineage = qat.upstream_lineage(pre)

@@ -3,6 +3,8 @@ params it shares with a branch's trunk (torch-free: the verdict and the plan rea
 
 from __future__ import annotations
 
+from dormouse.train.settings import TrainSettings
+
 
 def finish_start(steps: int, fraction: float) -> int:
     """The first step of a quantization-aware finish over the last `fraction` of `steps` (steps from it on see the
@@ -34,16 +36,16 @@ def inert_arms(model: dict, counters: dict, prefix: str = "") -> list[str]:
     return problems
 
 
-def inert_qat(train: dict, counters: dict) -> list[str]:
+def inert_qat(train: TrainSettings, counters: dict) -> list[str]:
     """Problems of a pretrain whose train.qat (params.train) left no trace in its manifest counters: no step through the
     rung although the finish has some, or no eval through it (the final eval always runs through it)."""
-    qat = train.get("qat")
-    problems = [f"train.ptq_rungs lists {r} but no eval ran through it" for r in train.get("ptq_rungs") or ()
+    qat = train.qat
+    problems = [f"train.ptq_rungs lists {r} but no eval ran through it" for r in train.ptq_rungs
                 if not counters.get(f"eval.ptq.{r}.evals")]
     if not qat:
         return problems
-    if finish_start(train["steps"], qat["fraction"]) < train["steps"] and not counters.get("train.qat.steps"):
-        problems.append(f"train.qat on but no step trained through {qat['rung']}")
+    if finish_start(train.steps, qat.fraction) < train.steps and not counters.get("train.qat.steps"):
+        problems.append(f"train.qat on but no step trained through {qat.rung}")
     if not counters.get("eval.qat.evals"):
-        problems.append(f"train.qat on but no eval ran through {qat['rung']}")
+        problems.append(f"train.qat on but no eval ran through {qat.rung}")
     return problems

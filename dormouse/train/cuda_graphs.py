@@ -32,10 +32,10 @@ def refusal(world_size: int) -> str | None:
     return None
 
 
-def decide(train: dict, device_type: str, cfg: ModelConfig, world_size: int) -> str:
-    """One of "graphed", "eager" (not asked: train.cuda_graphs never, or no GPU) and "refused_<why>" (asked,
-    not possible here). train is a validated preset's (the schema holds the default)."""
-    if train["cuda_graphs"] != "cuda" or device_type != "cuda":
+def decide(mode: str, device_type: str, cfg: ModelConfig, world_size: int) -> str:
+    """One of "graphed", "eager" (not asked: train.cuda_graphs `mode` never, or no GPU) and "refused_<why>" (asked,
+    not possible here)."""
+    if mode != "cuda" or device_type != "cuda":
         return "eager"
     why = refusal(world_size)
     return f"refused_{why}" if why else "graphed"
@@ -55,13 +55,13 @@ class _Loss(nn.Module):
     """The training loss as one module (make_graphed_callables graphs a module's forward and backward): its output
     is [loss, total], total being what the step backpropagates (the loss plus an MoE's balancing term)."""
 
-    def __init__(self, model: nn.Module, train: dict, counters: Counter, total_of):
+    def __init__(self, model: nn.Module, dtype: str, counters: Counter, total_of):
         super().__init__()
-        self.model, self.train_cfg, self.counters, self.total_of = model, train, counters, total_of
+        self.model, self.dtype, self.counters, self.total_of = model, dtype, counters, total_of
 
     def forward(self, x, y):
         # a graph must not keep autocast's cached weight casts: they would go stale after an optimizer step
-        with autocast(x.device, self.train_cfg["dtype"], cache=False):
+        with autocast(x.device, self.dtype, cache=False):
             loss = self.model(x, y, counters=self.counters)[1]
             return torch.stack([loss, self.total_of(loss)])
 
@@ -71,11 +71,11 @@ class GraphedLoss:
     backward. `total_of(loss)` is captured with the forward (dormouse.train.trainer passes the MoE balancing term;
     default: the loss itself)."""
 
-    def __init__(self, model: nn.Module, x: torch.Tensor, y: torch.Tensor, train: dict, total_of=None):
+    def __init__(self, model: nn.Module, x: torch.Tensor, y: torch.Tensor, dtype: str, total_of=None):
         model.defer_routing = True  # a replay cannot read the routing on the host: it stays in the device tally
         capture = Counter()
         # its own input buffers: a later batch is copied into them, never into the caller's tensors
-        self.fn = torch.cuda.make_graphed_callables(_Loss(model, train, capture, total_of or (lambda loss: loss)),
+        self.fn = torch.cuda.make_graphed_callables(_Loss(model, dtype, capture, total_of or (lambda loss: loss)),
                                                     (x.clone(), y.clone()),
                                                     num_warmup_iters=WARMUP_CALLS)
         self.per_call = per_call(capture, WARMUP_CALLS + 1)

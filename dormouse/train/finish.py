@@ -10,29 +10,30 @@ from pathlib import Path
 from dormouse.train import checkpoint, qat
 from dormouse.train.arms import before_finish, finish_start
 from dormouse.train.qat import FakeQuant
+from dormouse.train.settings import TrainSettings
 
 KEPT = "kept"  # the scratch folder of train.keep_checkpoints
 
 
-def qat_finish(model, train: dict, say) -> tuple[FakeQuant | None, int]:
+def qat_finish(model, train: TrainSettings, say) -> tuple[FakeQuant | None, int]:
     """(the finish's FakeQuant or None, its first step; train.steps when off)."""
-    spec = train.get("qat")
+    spec = train.qat
     if spec is None:
-        return None, train["steps"]
-    start = finish_start(train["steps"], spec["fraction"])
-    if spec["fraction"] > 0 and start == train["steps"]:
-        raise SystemExit(f"pretrain: train.qat.fraction {spec['fraction']} of {train['steps']} steps rounds to no step; "
+        return None, train.steps
+    start = finish_start(train.steps, spec.fraction)
+    if spec.fraction > 0 and start == train.steps:
+        raise SystemExit(f"pretrain: train.qat.fraction {spec.fraction} of {train.steps} steps rounds to no step; "
                          "raise it, or set 0 to measure only the final weights' rung")
-    fq = FakeQuant(model, spec["rung"])
-    say(f"[pretrain] qat: steps {start}..{train['steps'] - 1} train through {spec['rung']} "
+    fq = FakeQuant(model, spec.rung)
+    say(f"[pretrain] qat: steps {start}..{train.steps - 1} train through {spec.rung} "
         f"({len(fq.quantized)} tensors; the rest bf16, as export writes them)", flush=True)
     return fq, start
 
 
-def qat_summary(c, fq: FakeQuant, train: dict, start: int, train_total, step_fn, here: int) -> dict:
+def qat_summary(c, fq: FakeQuant, train: TrainSettings, start: int, train_total, step_fn, here: int) -> dict:
     """Counters and the manifest's final.qat; a finish that did not run is a defect, as an inert arm is: every step
     and eval counted through the rung in this process must have entered the rung's forward (fq.applications)."""
-    planned, ran = train["steps"] - start, train_total.get("qat.steps", 0)
+    planned, ran = train.steps - start, train_total.get("qat.steps", 0)
     if ran != planned:
         raise SystemExit(f"pretrain: the quantization-aware finish planned {planned} steps through {fq.rung}, ran {ran}")
     if fq.applications != here:
@@ -41,7 +42,7 @@ def qat_summary(c, fq: FakeQuant, train: dict, start: int, train_total, step_fn,
     summary = qat.file_counters(c, fq, "pretrain", ran)
     if step_fn.graphs == "graphed":
         c["cuda_graphs.eager_steps_qat"] = step_fn.eager_steps_qat
-    return {**summary, "fraction": train["qat"]["fraction"], "from_step": start}
+    return {**summary, "fraction": train.qat.fraction, "from_step": start}
 
 
 def keep_checkpoints(art, kept_root: Path, steps: set[int]) -> None:

@@ -18,6 +18,7 @@ from dormouse.train.firewall import Firewall
 from dormouse.train.optim import set_lr, wsd_multiplier
 from dormouse.train.qat import FakeQuant
 from dormouse.train.runtime import LN2, evaluate
+from dormouse.train.settings import TrainSettings
 
 
 def read_firewall(firewall: Firewall, train_counters: Counter, world: distributed.World, where: str) -> float:
@@ -36,14 +37,14 @@ def totals(resumed: Counter, local: Counter, world: distributed.World) -> Counte
     return out
 
 
-def eval_bpb(model, ex, ey, train: dict, device, counters: Counter, world: distributed.World) -> float:
+def eval_bpb(model, ex, ey, train: TrainSettings, device, counters: Counter, world: distributed.World) -> float:
     """BPB on the fixed eval window. Several ranks split its rows and add up bits and bytes: the same
     BPB as one process up to reduction order."""
     if world.size == 1:
-        return evaluate(model, ex, ey, train["batch_size"], device, train["dtype"], counters)
+        return evaluate(model, ex, ey, train.batch_size, device, train.dtype, counters)
     rows = world.rows(len(ex))
     x, y = ex[rows.start : rows.stop], ey[rows.start : rows.stop]
-    bits = evaluate(model, x, y, train["batch_size"], device, train["dtype"], counters) * y.numel() if len(rows) else 0.0
+    bits = evaluate(model, x, y, train.batch_size, device, train.dtype, counters) * y.numel() if len(rows) else 0.0
     total_bits, n_bytes = distributed.all_sum(torch.tensor([bits, float(y.numel())], dtype=torch.float64, device=device), world)
     return total_bits / n_bytes
 
@@ -53,7 +54,7 @@ class PretrainLoop:
     `train_counters` / `eval_counters` and the resumed run's (`resumed_train` / `resumed_eval`), the time to the first
     step. `window` is the eval window (ex, ey, eval bytes); `fq` the finish's FakeQuant from step `qat_from`."""
 
-    def __init__(self, *, model, opts, step_fn, stream, train: dict, device, world: distributed.World, window,
+    def __init__(self, *, model, opts, step_fn, stream, train: TrainSettings, device, world: distributed.World, window,
                  fq, qat_from: int, keep_steps: set[int], ckpt_root: Path, c: Counter, compiled: list, say,
                  snap: dict | None, branched: dict | None):
         self.model, self.opts, self.step_fn, self.stream, self.train = model, opts, step_fn, stream, train
@@ -72,9 +73,9 @@ class PretrainLoop:
     def run(self, start: int, t_main: float, net) -> None:
         train = self.train
         self.t_last, self.bytes_last = time.time(), 0
-        meter = progress.Meter("pretrain", "step", train["steps"], start)
+        meter = progress.Meter("pretrain", "step", train.steps, start)
         net.train()
-        for step in range(start, train["steps"]):
+        for step in range(start, train.steps):
             self.step(step)
             if step == start:  # one sync: the first step's kernels (compile, autotune, graph capture) have run
                 if self.device.type == "cuda":
@@ -86,7 +87,7 @@ class PretrainLoop:
                 compile_cache.save(self.device, self.c, self.say)
             done = step + 1
             kept = done in self.keep_steps
-            if any(done % train[k] == 0 for k in ("log_every", "eval_every", "ckpt_every")) or done == train["steps"] or kept:
+            if any(done % every == 0 for every in (train.log_every, train.eval_every, train.ckpt_every)) or done == train.steps or kept:
                 self.model.take_routing(self.train_counters)  # one host read, and before eval counts its own
             row = self.row(done)
             if row:
@@ -94,15 +95,15 @@ class PretrainLoop:
                 self.say(f"[pretrain] {json.dumps(row)}", flush=True)
                 meter.update(done, bpb=row.get("bpb"), eval_bpb=row.get("eval_bpb"),
                              **({"bytes/s": progress.rate(row["tokens_per_s"])} if "tokens_per_s" in row else {}))
-            periodic = done % train["ckpt_every"] == 0 and done < train["steps"]
+            periodic = done % train.ckpt_every == 0 and done < train.steps
             if periodic or kept:
                 self.save(done, periodic, kept)
         read_firewall(self.firewall, self.train_counters, self.world, "the end")
 
     def step(self, step: int) -> None:
         train, step_fn = self.train, self.step_fn
-        set_lr(self.opts, wsd_multiplier(step, train["steps"], train["warmup_steps"], train["decay_frac"],
-                                         train["min_lr_frac"]))
+        set_lr(self.opts, wsd_multiplier(step, train.steps, train.warmup_steps, train.decay_frac,
+                                         train.min_lr_frac))
         x, y = self.stream.next_batch()  # this rank's rows of the global batch
         x, y = x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
         step_fn.qat = self.fq if step >= self.qat_from else None
@@ -118,7 +119,7 @@ class PretrainLoop:
         """The metrics row of step `done`: loss and throughput at log steps, eval BPB at eval steps (through the
         finish's rung from its start, and at the end always)."""
         train, row = self.train, None
-        if done % train["log_every"] == 0 or done == train["steps"]:
+        if done % train.log_every == 0 or done == train.steps:
             mean_loss = read_firewall(self.firewall, self.train_counters, self.world, f"step {done}")
             now = time.time()
             row = {"step": done, "loss": round(mean_loss, 5), "bpb": round(mean_loss / LN2, 5),
@@ -126,10 +127,10 @@ class PretrainLoop:
                    "tokens_per_s": round(self.bytes_last / max(now - self.t_last, 1e-9), 1),
                    "epochs": round(self.stream.epochs_seen(), 4)}
             self.t_last, self.bytes_last = now, 0
-        if done % train["eval_every"] == 0 or done == train["steps"]:
+        if done % train.eval_every == 0 or done == train.steps:
             row = row or {"step": done}
             fq = self.fq
-            rung_eval = fq if fq is not None and (done > self.qat_from or done == train["steps"]) else None
+            rung_eval = fq if fq is not None and (done > self.qat_from or done == train.steps) else None
             with qat.through(rung_eval):
                 row["eval_bpb"] = round(self.eval_bpb(), 5)
             row["eval_bytes"] = self.window[2]
@@ -149,7 +150,7 @@ class PretrainLoop:
         through each of train.ptq_rungs' forwards: post-training quantization). Collectives: every rank evaluates."""
         master_bpb = self.eval_bpb() if self.fq is not None else None
         ptq_bpb = {}
-        for rung in self.train.get("ptq_rungs") or ():
+        for rung in self.train.ptq_rungs or ():
             with FakeQuant(self.model, rung).applied():
                 ptq_bpb[rung] = round(self.eval_bpb(), 5)
             if self.world.is_main:

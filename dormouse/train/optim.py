@@ -14,6 +14,8 @@ import types
 
 import torch
 
+from dormouse.train.settings import OptimSettings
+
 
 def wsd_multiplier(step: int, total: int, warmup: int, decay_frac: float, min_lr_frac: float) -> float:
     if step < warmup:
@@ -25,7 +27,7 @@ def wsd_multiplier(step: int, total: int, warmup: int, decay_frac: float, min_lr
     return 1.0 - (1.0 - min_lr_frac) * min(progress, 1.0)
 
 
-def build_optimizers(model, train: dict, muon_cls=None) -> list[torch.optim.Optimizer]:
+def build_optimizers(model, settings: OptimSettings, muon_cls=None) -> list[torch.optim.Optimizer]:
     """muon_cls: StackedMuon unless given (benchmarks/pretrain_h200.py --muon torch passes torch.optim.Muon)."""
     hidden, other = model.param_groups()
     ids = [id(p) for p in hidden + other]
@@ -33,16 +35,16 @@ def build_optimizers(model, train: dict, muon_cls=None) -> list[torch.optim.Opti
     opts = []
     # Fused AdamW on CUDA: one kernel, and it skips a non-finite step from the device (dormouse/train/firewall.py).
     fused = torch.cuda.is_available() and next(model.parameters()).is_cuda
-    if train["optimizer"] == "muon" and not hasattr(torch.optim, "Muon"):
+    if settings.optimizer == "muon" and not hasattr(torch.optim, "Muon"):
         raise SystemExit(f"optimizer: muon requested but torch {torch.__version__} has no torch.optim.Muon (no silent AdamW fallback)")
     if hidden:
-        if train["optimizer"] == "muon":
-            opts.append((muon_cls or StackedMuon)(hidden, lr=train["muon_lr"], momentum=0.95, nesterov=True,
-                                         weight_decay=train["weight_decay"], adjust_lr_fn="match_rms_adamw"))
+        if settings.optimizer == "muon":
+            opts.append((muon_cls or StackedMuon)(hidden, lr=settings.muon_lr, momentum=0.95, nesterov=True,
+                                         weight_decay=settings.weight_decay, adjust_lr_fn="match_rms_adamw"))
         else:  # optimizer: adamw for every parameter; hidden matrices keep the configured decay
-            opts.append(torch.optim.AdamW(hidden, lr=train["lr"], betas=(0.9, 0.95), weight_decay=train["weight_decay"],
+            opts.append(torch.optim.AdamW(hidden, lr=settings.lr, betas=(0.9, 0.95), weight_decay=settings.weight_decay,
                                           fused=fused))
-    opts.append(torch.optim.AdamW(other, lr=train["lr"], betas=(0.9, 0.95), weight_decay=0.0, fused=fused))
+    opts.append(torch.optim.AdamW(other, lr=settings.lr, betas=(0.9, 0.95), weight_decay=0.0, fused=fused))
     for opt in opts:
         for group in opt.param_groups:
             group["initial_lr"] = group["lr"]

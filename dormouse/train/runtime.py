@@ -37,12 +37,11 @@ def autocast(device: torch.device, dtype: str, cache: bool = True):
     return nullcontext()
 
 
-def compile_for(model: torch.nn.Module, device: torch.device, train: dict) -> list[str]:
+def compile_for(model: torch.nn.Module, device: torch.device, mode: str) -> list[str]:
     """train.compile: "cuda" compiles the model's regions (dormouse.model.regions) on a GPU, where the eager
     step is launch-bound; "always" on any device; "never" leaves it eager. Returns the regions compiled."""
     from dormouse.model.regions import compile_regions
 
-    mode = train.get("compile", "cuda")
     if mode == "always" or (mode == "cuda" and device.type == "cuda"):
         return compile_regions(model)
     return []

@@ -26,20 +26,21 @@ from dormouse.model.config import ModelConfig
 from dormouse.train import checkpoint, cuda_graphs, distributed, qat
 from dormouse.train.firewall import Firewall
 from dormouse.train.runtime import autocast, with_moe_aux
+from dormouse.train.settings import TrainSettings
 
 
 ONE_PROCESS = distributed.World()  # the default world: rank 0 of 1 (frozen, so one shared instance)
 
 
 class PretrainStep:
-    def __init__(self, model: torch.nn.Module, opts: list, cfg: ModelConfig, train: dict, device: torch.device,
+    def __init__(self, model: torch.nn.Module, opts: list, cfg: ModelConfig, train: TrainSettings, device: torch.device,
                  world: distributed.World = ONE_PROCESS, net: torch.nn.Module | None = None,
                  graphs: str | None = None, firewall_on_device: bool | None = None):
         self.model, self.cfg, self.train, self.device = model, cfg, train, device
         self.net = model if net is None else net  # what the forward calls (and the graphs capture)
-        self.graphs = cuda_graphs.decide(train, device.type, cfg, world.size) if graphs is None else graphs
+        self.graphs = cuda_graphs.decide(train.cuda_graphs, device.type, cfg, world.size) if graphs is None else graphs
         on_device = device.type == "cuda" if firewall_on_device is None else firewall_on_device
-        self.firewall = Firewall(opts, model.parameters(), train["grad_clip"], train["max_bad_steps"], world,
+        self.firewall = Firewall(opts, model.parameters(), train.grad_clip, train.max_bad_steps, world,
                                  on_device=on_device)
         self.graphed: cuda_graphs.GraphedLoss | None = None
         self.qat: qat.FakeQuant | None = None  # set for the steps of a quantization-aware finish
@@ -50,10 +51,10 @@ class PretrainStep:
         first graphed step does. The balancing term is captured with the forward: a replay trains as eager does. A whole
         batch is captured at its micro-batch's shape (train.micro_batch_size)."""
         n = x.shape[0] // self.parts(x.shape[0])
-        self.graphed = cuda_graphs.GraphedLoss(self.net, x[:n], y[:n], self.train, total_of=self.total_of)
+        self.graphed = cuda_graphs.GraphedLoss(self.net, x[:n], y[:n], self.train.dtype, total_of=self.total_of)
 
     def total_of(self, loss: torch.Tensor) -> torch.Tensor:
-        return with_moe_aux(loss, self.model, self.cfg, self.train["moe_aux_coef"])
+        return with_moe_aux(loss, self.model, self.cfg, self.train.moe_aux_coef)
 
     def forward(self, x: torch.Tensor, y: torch.Tensor, counters: Counter) -> tuple[torch.Tensor, torch.Tensor]:
         """(loss, total): the language-model loss to log and what backward takes (plus an MoE's balancing term)."""
@@ -61,13 +62,13 @@ class PretrainStep:
             if self.graphed is None:
                 self.capture(x, y)
             return self.graphed(x, y, counters)
-        with qat.through(self.qat), autocast(self.device, self.train["dtype"]):
+        with qat.through(self.qat), autocast(self.device, self.train.dtype):
             _, loss = self.net(x, y, counters=counters)
             return loss, self.total_of(loss)
 
     def parts(self, rows: int) -> int:
         """How many micro-batches this rank's `rows` run as (train.micro_batch_size; 1 when null or not smaller)."""
-        micro = self.train.get("micro_batch_size")
+        micro = self.train.micro_batch_size
         if not micro or micro >= rows:
             return 1
         if rows % micro:
