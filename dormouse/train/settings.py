@@ -81,9 +81,9 @@ class TrainSettings:
     ptq_rungs: tuple[str, ...]
 
     @classmethod
-    def of(cls, train: dict) -> TrainSettings:
+    def of(cls, section: dict) -> TrainSettings:
         """From a job's train params (keys at their later default are absent there) or a resolved preset's section."""
-        full = {**TRAIN_LATER_DEFAULTS, **train}
+        full = {**TRAIN_LATER_DEFAULTS, **section}
         unknown = sorted(set(full) - {f.name for f in fields(cls)})
         if unknown:
             raise KeyError(f"train: unknown keys {unknown}")
