@@ -123,13 +123,14 @@ def decode(model_dir: Path, max_new_bytes: int = 32) -> int:
     from dormouse.core.store import open_artifact
     from dormouse.data import chat
     from dormouse.posttrain import task_eval
+    from dormouse.posttrain.settings import TaskSettings
     from dormouse.train.runtime import load_model
 
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     model, _ = load_model(open_artifact(model_dir), device)
     model.eval()
-    task_params = load_plan(None).presets["tiny"]["tasks"]
-    prompts = [chat.prompt_bytes(it.prompt) for it in task_eval.heldout_items(task_params)]
+    task_set = TaskSettings.of(load_plan(None).presets["tiny"]["tasks"])
+    prompts = [chat.prompt_bytes(it.prompt) for it in task_eval.heldout_items(task_set)]
     r = decode_agreement(model, prompts, max_new_bytes)
     c, f = r["counters"], r["forward_counters"]
     problems = []

@@ -20,6 +20,7 @@ from dormouse.posttrain import task_eval, tasks
 from dormouse.posttrain.grpo import Curriculum
 from dormouse.posttrain.selection import selection_line
 from dormouse.posttrain.chat_batches import sft_batch
+from dormouse.posttrain.settings import CurriculumSettings, PassRateSettings, SelectSettings, TaskSettings
 
 TINY = {
     "model": {"d_model": 32, "n_heads": 2, "head_dim": 16, "ffn_hidden": 64, "n_core": 1, "kda_chunk_size": 16,
@@ -75,7 +76,7 @@ def test_sft_loss_counts_only_assistant_bytes():
 def test_curriculum_promotes_on_the_frontier_mean_draws_every_unlocked_level_and_stops_at_max():
     import random
 
-    cur = Curriculum(["add"], {"start": 1, "max": 2, "window": 2, "promote_at": 0.5}, range(1, 3))
+    cur = Curriculum(["add"], CurriculumSettings(start=1, max=2, window=2, promote_at=0.5), range(1, 3))
     rng = random.Random(0)
     assert {cur("add", rng) for _ in range(50)} == {1}
     assert not cur.record("add", 1, 1.0)  # window not full yet
@@ -175,7 +176,7 @@ def test_bench_json_matches_its_schema_and_names_the_chain(chain, bench_view):
     p, sft_gen = view["paired"]["rl_vs_sft"], view["stages"]["sft"]["tasks_gen"]
     assert p["delta_accuracy"] == round((rl_gen["correct"] - sft_gen["correct"]) / rl_gen["n"], 5) and p["n"] == rl_gen["n"]
     task_params = plan.job("bench", plan.chain["tiny"]["bench"]).spec(plan.store)["params"]["tasks"]
-    assert p["units"] == len({it.prompt for it in task_eval.heldout_items(task_params)}) and p["gained"] + p["lost"] <= p["units"]
+    assert p["units"] == len({it.prompt for it in task_eval.heldout_items(TaskSettings.of(task_params))}) and p["gained"] + p["lost"] <= p["units"]
     assert set(view["paired"]["rungs_vs_bf16"]) == {"int8", "mxfp4", "ternary"} and "rungs_vs_twin_bf16" not in view["paired"]
     assert all(r["within_one_se"] == (abs(r["delta_accuracy"]) <= r["se_base"]) for r in view["paired"]["rungs_vs_bf16"].values())
 
@@ -305,10 +306,11 @@ def run_selection(monkeypatch, rows: list[list[bool]], min_z: float, rule: str =
     model = torch.nn.Linear(2, 2)
     weights = {0: model.weight.detach().clone()}
     dev = [tasks.Item("add", 1, i, f"prompt {i}", "0") for i in range(len(rows[0]))]
-    select = {"every": 2, "rule": rule, "alpha": 0.05, "min_z": min_z, "plateau": plateau}
+    select = SelectSettings.of({"every": 2, "items_per_cell": 1, "rule": rule, "alpha": 0.05, "min_z": min_z,
+                                "plateau": plateau})
     ran = 2 * (len(rows) - 1)  # the rows run out here: a run planned to `steps` that ended early
     steps = steps or ran
-    sel = Selection(model, dev, {"max_new_bytes": 4}, "cpu", {"dtype": "float32"}, select, steps)
+    sel = Selection(model, dev, 4, "cpu", "float32", select, steps)
     for step in range(1, ran + 1):
         with torch.no_grad():
             model.weight.add_(1.0)
@@ -349,8 +351,8 @@ def test_each_dev_check_reports_its_accuracy_per_cell_on_distinct_prompts(monkey
            tasks.Item("add", 1, 2, "2+2", "4"), tasks.Item("sort", 2, 3, "ba", "ab"), tasks.Item("sort", 2, 4, "dc", "cd")]
     rows = iter([[True, False, False, False, False], [True, True, True, True, False]])
     monkeypatch.setattr(task_eval, "correct", lambda *a, **k: next(rows))
-    select = {"every": 2, "rule": "bonferroni", "alpha": 0.05, "min_z": 1.7, "plateau": None}
-    sel = Selection(torch.nn.Linear(2, 2), dev, {"max_new_bytes": 4}, "cpu", {"dtype": "float32"}, select, 2)
+    select = SelectSettings(every=2, items_per_cell=1, rule="bonferroni", alpha=0.05, min_z=1.7, plateau=None)
+    sel = Selection(torch.nn.Linear(2, 2), dev, 4, "cpu", "float32", select, 2)
     sel.check(2)
     r = sel.report()
     assert r["cell_curve"] == [{"step": 0, "add.1": 0.5, "sort.2": 0.0}, {"step": 2, "add.1": 1.0, "sort.2": 0.5}]
@@ -433,8 +435,8 @@ def test_rl_stops_when_dev_accuracy_stops_rising(monkeypatch):
 def test_selection_off_reports_no_step(monkeypatch):
     from dormouse.posttrain.selection import Selection
 
-    sel = Selection(torch.nn.Linear(2, 2), [], {"max_new_bytes": 4}, "cpu", {"dtype": "float32"},
-                    {"every": 0, "rule": "bonferroni", "alpha": 0.05, "min_z": 1.7, "plateau": None}, 10)
+    sel = Selection(torch.nn.Linear(2, 2), [], 4, "cpu", "float32",
+                    SelectSettings(every=0, items_per_cell=1, rule="bonferroni", alpha=0.05, min_z=1.7, plateau=None), 10)
     sel.restore()
     assert sel.report()["selected_step"] is None and sel.report()["dev_items"] == 0
 
@@ -496,7 +498,7 @@ def test_pass_rate_sampler_follows_the_cells_that_teach():
 
     from dormouse.posttrain.grpo import PassRateSampler
 
-    s = PassRateSampler(["add", "sort"], range(1, 3), {"window": 4, "floor": 0.05, "prior": 1.0})
+    s = PassRateSampler(["add", "sort"], range(1, 3), PassRateSettings(window=4, floor=0.05, prior=1.0))
     for _ in range(4):
         s.record("add", 1, torch.tensor([1.0, 1.0, 1.0]))  # always right: teaches nothing
         s.record("sort", 2, torch.tensor([0.0, 1.0, 0.0]))  # mixed: teaches

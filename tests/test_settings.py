@@ -66,3 +66,18 @@ def test_the_check_sees_a_misspelt_setting(tmp_path):
     bad = tmp_path / "x.py"
     bad.write_text("def f(train):\n    return train.max_bad_step, f\"{train['steps']}\"\n")
     assert attribute_reads(bad, ("train",)) - {f.name for f in fields(TrainSettings)} == {"max_bad_step", "['steps']"}
+
+
+def test_every_posttrain_setting_read_exists():
+    """The same check for the post-training settings: each name a library file reads them by, and their fields."""
+    from dormouse.posttrain.grpo import GRPOSettings
+    from dormouse.posttrain.settings import CurriculumSettings, PassRateSettings, SelectSettings, TaskSettings
+
+    post = ROOT / "dormouse" / "posttrain"
+    checks = [(post / "task_eval.py", ("task_set",), TaskSettings), (post / "selection.py", ("self.select", "select"),
+              SelectSettings), (post / "grpo.py", ("s", "self.s"), GRPOSettings),
+              (post / "grpo.py", ("cur", "self.cur"), CurriculumSettings), (post / "grpo.py", ("cfg", "self.cfg"),
+                                                                            PassRateSettings)]
+    unknown = [f"{path.name}: {names[0]}.{name}" for path, names, cls in checks
+               for name in attribute_reads(path, names) - {f.name for f in fields(cls)}]
+    assert unknown == []

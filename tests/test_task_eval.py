@@ -11,9 +11,11 @@ from model_util import live_model
 from dormouse.model.config import ModelConfig
 from dormouse.data import chat
 from dormouse.posttrain import task_eval, tasks
+from dormouse.posttrain.settings import SampledEval, TaskSettings
 
 CFG = ModelConfig(d_model=32, n_heads=2, head_dim=16, ffn_hidden=48, n_core=2, kda_chunk_size=16)
-TASKS = {"families": ["count", "reverse"], "difficulties": [1, 2], "heldout_items": 5, "max_new_bytes": 8}
+TASKS = TaskSettings(families=("count", "reverse"), difficulties=(1, 2), heldout_items=5, max_new_bytes=8,
+                     sampled_eval=SampledEval(samples=0, temperature=1.0, seed=0))
 RUN = "float32"
 CPU = torch.device("cpu")
 
@@ -21,8 +23,8 @@ CPU = torch.device("cpu")
 def test_sampled_accuracy_at_vanishing_temperature_is_the_greedy_accuracy(one_thread):
     model = live_model(CFG, scale=0.5)
     items = task_eval.heldout_items(TASKS)
-    greedy = task_eval.accuracy(model, items, TASKS["max_new_bytes"], CPU, RUN)
-    cold = task_eval.sampled_accuracy(model, items, TASKS["max_new_bytes"], CPU, RUN, samples=3,
+    greedy = task_eval.accuracy(model, items, TASKS.max_new_bytes, CPU, RUN)
+    cold = task_eval.sampled_accuracy(model, items, TASKS.max_new_bytes, CPU, RUN, samples=3,
                                       temperature=1e-6, seed=0, batch_items=7)
     assert cold["accuracy"] == greedy["accuracy"] and cold["by_cell"] == greedy["by_cell"]
     assert cold["malformed"] == 3 * greedy["malformed"] > 0
@@ -79,7 +81,7 @@ def test_greedy_and_sampled_replies_decode_in_the_runs_precision(monkeypatch):
 def test_sampled_accuracy_is_seeded(one_thread):
     model = live_model(CFG, scale=0.5)
     items = task_eval.heldout_items(TASKS)
-    draw = lambda seed: task_eval.sampled_accuracy(model, items, TASKS["max_new_bytes"], CPU, RUN, samples=4,
+    draw = lambda seed: task_eval.sampled_accuracy(model, items, TASKS.max_new_bytes, CPU, RUN, samples=4,
                                                    temperature=1.0, seed=seed)
     a = draw(0)
     assert a == draw(0)
@@ -87,11 +89,12 @@ def test_sampled_accuracy_is_seeded(one_thread):
 
 
 def test_dev_items_share_no_prompt_with_rl_training_or_the_held_out_set():
-    params = {"families": ["add", "sort"], "difficulties": [1, 2], "heldout_items": 16}
+    params = TaskSettings(families=("add", "sort"), difficulties=(1, 2), heldout_items=16, max_new_bytes=8,
+                          sampled_eval=SampledEval(samples=0, temperature=1.0, seed=0))
     dev = task_eval.dev_items(params, 16)
     assert all(it.split == "dev" for it in dev) and len({it.prompt for it in dev}) == len(dev)
     assert task_eval.cell_counts(dev) == {"add@1": 12, "add@2": 16, "sort@1": 16, "sort@2": 16}  # add@1 holds 12
-    stream = task_eval.item_stream("rl", params["families"], lambda fam, rng: rng.choice([1, 2]), 0)
+    stream = task_eval.item_stream("rl", list(params.families), lambda fam, rng: rng.choice([1, 2]), 0)
     trained = {next(stream).prompt for _ in range(4000)}  # covers the rl share of add@1 many times over
     dev_prompts = {it.prompt for it in dev}
     assert not dev_prompts & trained

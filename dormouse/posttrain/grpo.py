@@ -1,20 +1,25 @@
 """GRPO's library: the prompt samplers (curriculum, per-cell pass rates), group advantages, the clipped-ratio loss
-with the k3 KL term, reply log-probs, and one step's group bookkeeping. The stage (dormouse/stages/rl.py) owns the
-loop; what each piece computes is documented there and here."""
+with the k3 KL term, reply log-probs, one step's group bookkeeping, its update and the step itself (GRPOStep). The
+stage (dormouse/stages/rl.py) builds them and runs the loop; what each piece computes is documented there and here."""
 
 from __future__ import annotations
 
 import copy
 import statistics
-from collections import deque
+import time
+from collections import Counter, deque
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 
+from dormouse.data import chat
 from dormouse.posttrain import task_eval
+from dormouse.posttrain.decode import generate_static
+from dormouse.posttrain.settings import CurriculumSettings, PassRateSettings
 from dormouse.train import qat
-from dormouse.train.runtime import autocast, pad_width, update, with_moe_aux
+from dormouse.train.optim import set_lr, wsd_multiplier
+from dormouse.train.runtime import LN2, autocast, pad_width, update, with_moe_aux
 
 
 class Curriculum:
@@ -22,10 +27,10 @@ class Curriculum:
     a promoted family keeps training the cells below (the dev and held-out sets ask them too). The frontier moves
     up one when the mean reward of its last `window` groups reaches `promote_at`."""
 
-    def __init__(self, families: list[str], cur: dict, difficulties: range):
+    def __init__(self, families: list[str], cur: CurriculumSettings, difficulties: range):
         self.cur, self.low, self.top = cur, difficulties[0], difficulties[-1]
         self.level = {f: self.low for f in families}
-        self.recent = {f: deque(maxlen=cur["window"]) for f in families}
+        self.recent = {f: deque(maxlen=cur.window) for f in families}
 
     def __call__(self, family: str, rng) -> int:
         return rng.randint(self.low, self.level[family])
@@ -36,7 +41,7 @@ class Curriculum:
             return False
         q = self.recent[family]
         q.append(mean_reward)
-        if len(q) == q.maxlen and statistics.fmean(q) >= self.cur["promote_at"] and self.level[family] < self.top:
+        if len(q) == q.maxlen and statistics.fmean(q) >= self.cur.promote_at and self.level[family] < self.top:
             self.level[family] += 1
             q.clear()
             return True
@@ -50,18 +55,18 @@ class PassRateSampler:
     rate is informative, measured online per cell, and a cell that went all-right or all-wrong is still sampled
     at the floor and noticed when the policy moves."""
 
-    def __init__(self, families: list[str], difficulties: range, cfg: dict, skip: frozenset = frozenset()):
+    def __init__(self, families: list[str], difficulties: range, cfg: PassRateSettings, skip: frozenset = frozenset()):
         self.cells = [(f, d) for f in families for d in difficulties if (f, d) not in skip]
         self.cfg = cfg
-        self.recent = {cell: deque(maxlen=cfg["window"]) for cell in self.cells}
-        self.pass_rates = {cell: deque(maxlen=cfg["window"]) for cell in self.cells}
+        self.recent = {cell: deque(maxlen=cfg.window) for cell in self.cells}
+        self.pass_rates = {cell: deque(maxlen=cfg.window) for cell in self.cells}
 
     def share(self, cell) -> float:
         q = self.recent[cell]
-        return statistics.fmean(q) if q else self.cfg["prior"]
+        return statistics.fmean(q) if q else self.cfg.prior
 
     def __call__(self, rng) -> tuple[str, int]:
-        weights = [max(self.cfg["floor"], self.share(cell)) for cell in self.cells]
+        weights = [max(self.cfg.floor, self.share(cell)) for cell in self.cells]
         return rng.choices(self.cells, weights=weights)[0]
 
     def record(self, family: str, difficulty: int, rewards: torch.Tensor) -> None:
@@ -123,8 +128,15 @@ def reply_logprobs(model, prompts: list[bytes], replies: list[bytes], temperatur
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class GRPOSettings:
-    """What one update reads, built once from the stage's params (rl's section with RL_LATER_DEFAULTS filled in)."""
+    """What one rl step and its update read, built once from the stage's params (rl's section with
+    RL_LATER_DEFAULTS filled in as `later`)."""
 
+    steps: int
+    warmup_steps: int
+    seed: int
+    prompts_per_step: int
+    oversample: int
+    top_k: int | None
     group_size: int
     temperature: float
     ppo_epochs: int
@@ -140,21 +152,25 @@ class GRPOSettings:
 
     @classmethod
     def of(cls, rl: dict, later: dict, params: dict) -> GRPOSettings:
-        return cls(group_size=rl["group_size"], temperature=rl["temperature"], ppo_epochs=rl["ppo_epochs"],
+        return cls(steps=rl["steps"], warmup_steps=rl["warmup_steps"], seed=rl["seed"],
+                   prompts_per_step=rl["prompts_per_step"], oversample=rl["oversample"], top_k=rl["top_k"],
+                   group_size=rl["group_size"], temperature=rl["temperature"], ppo_epochs=rl["ppo_epochs"],
                    clip_eps=rl["clip_eps"], kl_coef=rl["kl_coef"], grad_clip=rl["grad_clip"],
                    advantage=later["advantage"], loss_norm=later["loss_norm"],
                    shuffle_rewards=later["shuffle_rewards"], dtype=params["dtype"],
                    moe_aux_coef=params.get("moe_aux_coef"), replay_weight=later["replay_weight"])
 
 
-def prompt_sampler(families: list[str], difficulties: range, rl: dict, prompts: str, skip: frozenset):
-    """(item stream, PassRateSampler or None, Curriculum) for rl.prompts; the curriculum is built either way (its
-    levels are reported only when it draws)."""
-    curriculum = Curriculum(families, rl["curriculum"], difficulties)
-    if prompts == "pass_rate":
-        sampler = PassRateSampler(families, difficulties, rl["pass_rate"], skip)
-        return task_eval.cell_stream("rl", sampler, rl["seed"], spread=True), sampler, curriculum
-    return task_eval.item_stream("rl", families, curriculum, rl["seed"], spread=True, skip=skip), None, curriculum
+def prompt_sampler(families: tuple[str, ...], difficulties: range, seed: int, cur: CurriculumSettings,
+                   pass_rate: PassRateSettings | None, skip: frozenset):
+    """(item stream, PassRateSampler or None, Curriculum): rl.prompts pass_rate when its settings are given, else the
+    curriculum, which is built either way (its levels are reported only when it draws)."""
+    families = list(families)
+    curriculum = Curriculum(families, cur, difficulties)
+    if pass_rate is not None:
+        sampler = PassRateSampler(families, difficulties, pass_rate, skip)
+        return task_eval.cell_stream("rl", sampler, seed, spread=True), sampler, curriculum
+    return task_eval.item_stream("rl", families, curriculum, seed, spread=True, skip=skip), None, curriculum
 
 
 def tally_groups(c, items: list, rewards: torch.Tensor, sampler: PassRateSampler | None, curriculum: Curriculum,
@@ -235,3 +251,55 @@ class GroupUpdate:
         c["rl.replay_bytes"] += ry.numel()
         self.replay_loss = replay_loss.item()
         return with_moe_aux(replay_loss, self.model, self.cfg, self.s.moe_aux_coef)
+
+
+class GRPOStep:
+    """One rl step: sample every prompt's group through the stage's DecodeStep, grade, count, learn from the groups
+    that teach, and check dev when due; returns the step's metrics row."""
+
+    def __init__(self, model, fq, decoder, learn: GroupUpdate, stream, sampler, curriculum, select, opts,
+                 s: GRPOSettings, max_new: int):
+        self.model, self.fq, self.decoder, self.learn, self.stream = model, fq, decoder, learn, stream
+        self.sampler, self.curriculum, self.select, self.opts, self.s = sampler, curriculum, select, opts, s
+        self.max_new, self.n_prompts = max_new, s.prompts_per_step * s.oversample
+        self.gen = torch.Generator().manual_seed(s.seed)  # a CPU generator: the same draws on any device
+        self.prompts_seen: dict[str, set[str]] = {}  # per cell: the distinct prompts rl trained on (rl.cell_prompts.*)
+
+    def __call__(self, step: int, c, train_counters) -> dict:
+        s, G = self.s, self.s.group_size
+        set_lr(self.opts, wsd_multiplier(step, s.steps, s.warmup_steps, 0.0, 1.0))
+        items = [next(self.stream) for _ in range(self.n_prompts)]
+        unique = [chat.prompt_bytes(it.prompt) for it in items]
+        self.model.eval()
+        t_step = time.perf_counter()
+        seeds = torch.randint(0, 2**63 - 1, (self.n_prompts * G,), generator=self.gen).tolist()
+        with torch.no_grad(), qat.through(self.fq):
+            replies = generate_static(self.model, unique, self.max_new, temperature=self.s.temperature,
+                                      top_k=s.top_k, seeds=seeds, samples_per_prompt=G, step=self.decoder)
+        t_decoded = time.perf_counter()
+        grades = [task_eval.grade(items[j // G], r) for j, r in enumerate(replies)]
+        rewards = torch.tensor([float(g == "correct") for g in grades]).view(-1, G)
+        keep = tally_groups(c, items, rewards, self.sampler, self.curriculum, self.prompts_seen)[: s.prompts_per_step]
+        tally = Counter(grades)
+        for k in ("correct", "wrong", "malformed"):
+            c[f"rl.samples_{k}"] += tally[k]
+        c["rl.groups_trained"] += len(keep)
+        if not keep:
+            c["rl.steps_without_signal"] += 1
+        rows = [i * G + j for i in keep for j in range(G)]
+        loss = self.learn([unique[i // G] for i in rows], [replies[i] for i in rows], rewards[keep], step, c,
+                          train_counters) if keep else None
+        row = {"step": step + 1, "reward": round(float(rewards.mean()), 4), "groups_trained": len(keep),
+               "loss": None if loss is None else round(loss.item(), 5), "malformed": tally["malformed"],
+               "levels": dict(self.curriculum.level) if self.sampler is None else "pass_rate",
+               "decode_s": round(t_decoded - t_step, 3), "train_s": round(time.perf_counter() - t_decoded, 3)}
+        if keep and self.learn.replay is not None:
+            row["replay_bpb"] = round(self.learn.replay_loss / LN2, 5)
+        if self.fq is not None:
+            train_counters["qat.steps"] += 1
+        if self.select.due(step + 1, s.steps):
+            t_dev = time.perf_counter()
+            with qat.through(self.fq):
+                row["dev_accuracy"] = self.select.check(step + 1)
+            row["dev_s"] = round(time.perf_counter() - t_dev, 3)
+        return row

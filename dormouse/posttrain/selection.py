@@ -38,6 +38,7 @@ from functools import lru_cache
 from dormouse.core import progress
 from dormouse.posttrain import task_eval
 from dormouse.posttrain.decode import DecodeStep
+from dormouse.posttrain.settings import SelectSettings
 from dormouse.posttrain.task_eval import paired_sign
 
 RULES = ("bonferroni", "select_then_confirm", "final")
@@ -183,15 +184,15 @@ class Selection:
     the null (benchmarks/rl_selection_sim.py). `stop` says when dev accuracy has reached its plateau
     (select.plateau). With `every` 0 it does nothing and the last step's model is kept."""
 
-    def __init__(self, model, dev: list, task_params: dict, device, params: dict, select: dict, steps: int,
+    def __init__(self, model, dev: list, max_new_bytes: int, device, dtype: str, select: SelectSettings, steps: int,
                  decoder: DecodeStep | None = None):
         self.model, self.dev, self.device, self.select = model, dev, device, select
         self.decoder = decoder  # every check through it (step 0 too): checks compare with each other only
-        self.max_new, self.dtype = task_params["max_new_bytes"], params["dtype"]
+        self.max_new, self.dtype = max_new_bytes, dtype
         self.prompts = [it.prompt for it in dev]
-        every = select["every"]
+        every = select.every
         self.planned = len(set(range(every, steps + 1, every)) | {steps}) if every else 0  # as `due` checks
-        self.rule_args = {"rule": select["rule"], "alpha": select["alpha"], "planned": max(self.planned, 1)}
+        self.rule_args = {"rule": select.rule, "alpha": select.alpha, "planned": max(self.planned, 1)}
         self.curve: list[tuple[int, float]] = []
         self.cell_curve: list[dict] = []  # per check: accuracy per family.difficulty (which cells rl moves)
         self.units = distinct_units(self.prompts)
@@ -205,7 +206,7 @@ class Selection:
             self.check(0)
 
     def due(self, step: int, steps: int) -> bool:
-        return bool(self.dev) and (step % self.select["every"] == 0 or step == steps)
+        return bool(self.dev) and (step % self.select.every == 0 or step == steps)
 
     def _copy(self) -> dict:
         return {k: v.detach().to("cpu", copy=True) for k, v in self.model.state_dict().items()}
@@ -229,7 +230,7 @@ class Selection:
             paired = task_eval.paired_sign(self.rows[0], right, self.prompts)
             self.paired.append({"step": step, **paired, "z": round(paired["z"], 3)})
             cand = candidate(steps=self.steps, correct=self.rows, prompts=self.prompts, **self.rule_args)
-            if self.select["rule"] == "final":  # the model rl ends with is the one tested: no copy
+            if self.select.rule == "final":  # the model rl ends with is the one tested: no copy
                 self.cand_step = cand
             elif cand == step and cand != self.cand_step:
                 self.cand_step = cand
@@ -240,12 +241,12 @@ class Selection:
     def stop(self) -> bool:
         """Whether dev accuracy has reached its plateau: the best of the last `checkpoints` checks is below the best
         before them + min_rise (select.plateau; None: never)."""
-        plateau = self.select.get("plateau")
+        plateau = self.select.plateau
         return bool(self.dev) and plateau is not None and plateaued(
-            [a for _, a in self.curve], plateau["checkpoints"], plateau["min_rise"])
+            [a for _, a in self.curve], plateau.checkpoints, plateau.min_rise)
 
     def decide(self) -> dict:
-        self.decision = decide(self.steps, self.rows, self.prompts, self.select["min_z"], **self.rule_args)
+        self.decision = decide(self.steps, self.rows, self.prompts, self.select.min_z, **self.rule_args)
         if self.decision["candidate_step"] != self.cand_step:
             raise RuntimeError(f"selection kept step {self.cand_step}, the rule's candidate is "
                                f"{self.decision['candidate_step']}")
@@ -255,7 +256,7 @@ class Selection:
         self.decoder = None  # its graphs and buffers go before the held-out decode
         if self.dev:
             selected = self.decide()["selected_step"]
-            if not (selected and self.select["rule"] == "final"):  # final ships the weights rl ends with, as they are
+            if not (selected and self.select.rule == "final"):  # final ships the weights rl ends with, as they are
                 self.model.load_state_dict(self.cand_state if selected else self.base_state)
             self.base_state = self.cand_state = None
 
@@ -265,10 +266,10 @@ class Selection:
         0 on all of them (`vs_step0`) and the selected step (None with
         selection off)."""
         if not self.dev:
-            return {"rule": self.select["rule"], "dev_items": 0, "curve": [], "vs_step0": [],
-                    "min_z": self.select["min_z"], "selected_step": None}
+            return {"rule": self.select.rule, "dev_items": 0, "curve": [], "vs_step0": [],
+                    "min_z": self.select.min_z, "selected_step": None}
         return {"dev_items": len(self.dev), "curve": self.curve, "cell_curve": self.cell_curve, "vs_step0": self.paired,
-                "min_z": self.select["min_z"], **(self.decision or self.decide())}
+                "min_z": self.select.min_z, **(self.decision or self.decide())}
 
 
 def selection_line(r: dict) -> str:

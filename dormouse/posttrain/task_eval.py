@@ -13,20 +13,21 @@ import torch
 from dormouse.data import chat
 from dormouse.posttrain import tasks
 from dormouse.posttrain.decode import generate, generate_static
+from dormouse.posttrain.settings import TaskSettings
 from dormouse.train.runtime import autocast, evaluate, uses_bf16
 
 
-def heldout_items(task_params: dict) -> list[tasks.Item]:
+def heldout_items(task_set: TaskSettings) -> list[tasks.Item]:
     """Up to `heldout_items` bench-split items of distinct prompts from every (family, difficulty): a small cell gives
     the prompts it holds, each once (tasks.distinct_items); `cell_counts` says how many each cell gave."""
-    return [it for fam in task_params["families"] for d in task_params["difficulties"]
-            for it in tasks.distinct_items("bench", fam, d, task_params["heldout_items"])]
+    return [it for fam in task_set.families for d in task_set.difficulties
+            for it in tasks.distinct_items("bench", fam, d, task_set.heldout_items)]
 
 
-def dev_items(task_params: dict, per_cell: int) -> list[tasks.Item]:
+def dev_items(task_set: TaskSettings, per_cell: int) -> list[tasks.Item]:
     """Up to `per_cell` dev-split items of distinct prompts from every (family, difficulty): rl's model-selection set,
     whose prompts rl never trains on and the held-out set never asks."""
-    return [it for fam in task_params["families"] for d in task_params["difficulties"]
+    return [it for fam in task_set.families for d in task_set.difficulties
             for it in tasks.distinct_items("dev", fam, d, per_cell)]
 
 
@@ -154,14 +155,15 @@ def sampled_accuracy(model, items: list[tasks.Item], max_new_bytes: int, device,
             "malformed": t["malformed"], "by_cell": t["by_cell"]}
 
 
-def heldout_accuracy(model, items: list[tasks.Item], task_params: dict, device, dtype: str, per_item: bool = False) -> dict:
+def heldout_accuracy(model, items: list[tasks.Item], task_set: TaskSettings, device, dtype: str,
+                     per_item: bool = False) -> dict:
     """Greedy accuracy, with the sampled accuracy under "sampled" when tasks.sampled_eval.samples > 0:
     what sft, rl and bench report for the held-out items (bench with per_item, see `accuracy`)."""
-    acc = accuracy(model, items, task_params["max_new_bytes"], device, dtype, per_item)
-    s = task_params["sampled_eval"]
-    if s["samples"] > 0:
-        acc["sampled"] = sampled_accuracy(model, items, task_params["max_new_bytes"], device, dtype, s["samples"],
-                                          s["temperature"], s["seed"])
+    acc = accuracy(model, items, task_set.max_new_bytes, device, dtype, per_item)
+    s = task_set.sampled_eval
+    if s.samples > 0:
+        acc["sampled"] = sampled_accuracy(model, items, task_set.max_new_bytes, device, dtype, s.samples,
+                                          s.temperature, s.seed)
     return acc
 
 
@@ -198,11 +200,11 @@ def cell_stream(split: str, cell_of, seed: int, spread: bool = False) -> Iterato
         yield tasks.make_item(fam, diff, seeds[idx % len(seeds)])
 
 
-def held_out(model, items: list[tasks.Item], task_params: dict, dtype: str, batch_size: int, device, ex, ey,
+def held_out(model, items: list[tasks.Item], task_set: TaskSettings, dtype: str, batch_size: int, device, ex, ey,
              counters: Counter) -> dict:
     """Task accuracy (greedy, and sampled when tasks.sampled_eval.samples > 0) and corpus BPB on the eval window:
     the numbers every post-training stage reports."""
-    acc = heldout_accuracy(model, items, task_params, device, dtype)
+    acc = heldout_accuracy(model, items, task_set, device, dtype)
     bpb = evaluate(model, ex, ey, batch_size, device, dtype, counters)
     return {**acc, "corpus_bpb": round(bpb, 5)}
 

@@ -36,6 +36,7 @@ from dormouse.data.raw import expand_raw
 from dormouse.planner.job import check_raw_input, input_artifact, parse_job, summary, writer
 from dormouse.data import chat
 from dormouse.posttrain import mc, task_eval, tasks
+from dormouse.posttrain.settings import TaskSettings
 from dormouse.model import quant
 from dormouse.train.runtime import deterministic_cpu, device_for, evaluate, load_model, model_config_of
 
@@ -57,7 +58,7 @@ def task_mc_items(items: list[tasks.Item], k: int) -> list[mc.McItem]:
 def score_model(model, suites: dict[str, list[mc.McItem]], heldout, params, device, counters) -> dict:
     window = params["eval"]["seq_len"]
     scores = {name: mc.evaluate_mc(model, items, window, device, counters) for name, items in suites.items()}
-    scores["tasks_gen"] = task_eval.heldout_accuracy(model, heldout, params["tasks"], device, params["dtype"], per_item=True)
+    scores["tasks_gen"] = task_eval.heldout_accuracy(model, heldout, TaskSettings.of(params["tasks"]), device, params["dtype"], per_item=True)
     return scores
 
 
@@ -122,7 +123,7 @@ def main(argv=None) -> int:
     arts = {name: input_artifact(job, name) for name in names}
     tail_path = layout.eval_bin(arts["shard"])
     ex, ey, eval_bytes = eval_window(tail_path, params["eval"]["eval_bytes"], params["eval"]["seq_len"])
-    heldout = task_eval.heldout_items(params["tasks"])
+    heldout = task_eval.heldout_items(TaskSettings.of(params["tasks"]))
     cz = params["bench"]["cloze"]
     suites = {
         "tasks_mc": task_mc_items(heldout, params["bench"]["mc_choices"]),

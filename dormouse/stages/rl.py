@@ -45,6 +45,7 @@ from __future__ import annotations
 import json
 import time
 from collections import Counter
+from functools import partial
 
 import torch
 
@@ -53,73 +54,23 @@ from dormouse.data.byte_stream import TrainStream, eval_window
 from dormouse.core import progress
 from dormouse.planner.registry import RL_LATER_DEFAULTS, rl_difficulties, rl_skip_cells
 from dormouse.planner.job import input_artifact, parse_job, summary, writer
-from dormouse.data import chat
 from dormouse.posttrain import task_eval
-from dormouse.posttrain.decode import DecodeStep, generate_static
-from dormouse.posttrain.grpo import GroupUpdate, GRPOSettings, frozen_copy, prompt_sampler, tally_groups
+from dormouse.posttrain.decode import DecodeStep
+from dormouse.posttrain.grpo import GroupUpdate, GRPOSettings, GRPOStep, frozen_copy, prompt_sampler
 from dormouse.posttrain.selection import Selection, selection_line
+from dormouse.posttrain.settings import CurriculumSettings, PassRateSettings, SelectSettings, TaskSettings
 from dormouse.train import qat
-from dormouse.train.optim import build_optimizers, set_lr, wsd_multiplier
+from dormouse.train.optim import build_optimizers
 from dormouse.train.settings import OptimSettings
-from dormouse.train.runtime import LN2, checked_counters, deterministic_cpu, device_for, load_model, save_model_artifact, uses_bf16
+from dormouse.train.runtime import checked_counters, deterministic_cpu, device_for, load_model, save_model_artifact, uses_bf16
 
 
-def held_out(model, fq, heldout, params, device, window, counters) -> dict:
-    """Held-out task accuracy and corpus BPB of the model as it stands (through the QAT rung when there is one)."""
-    with qat.through(fq):
-        return task_eval.held_out(model, heldout, params["tasks"], params["dtype"], params["eval"]["batch_size"],
-                                  device, *window, counters)
-
-
-class Steps:
-    """One rl step: sample every prompt's group through the stage's DecodeStep, grade, count, learn from the groups
-    that teach, and check dev when due; returns the step's metrics row."""
-
-    def __init__(self, model, fq, decoder, learn, stream, sampler, curriculum, select, opts, rl: dict, s, max_new: int):
-        self.model, self.fq, self.decoder, self.learn, self.stream = model, fq, decoder, learn, stream
-        self.sampler, self.curriculum, self.select, self.opts, self.rl, self.s = sampler, curriculum, select, opts, rl, s
-        self.max_new, self.n_prompts = max_new, rl["prompts_per_step"] * rl["oversample"]
-        self.gen = torch.Generator().manual_seed(rl["seed"])  # a CPU generator: the same draws on any device
-        self.prompts_seen: dict[str, set[str]] = {}  # per cell: the distinct prompts rl trained on (rl.cell_prompts.*)
-
-    def __call__(self, step: int, c, train_counters) -> dict:
-        rl, G = self.rl, self.s.group_size
-        set_lr(self.opts, wsd_multiplier(step, rl["steps"], rl["warmup_steps"], 0.0, 1.0))
-        items = [next(self.stream) for _ in range(self.n_prompts)]
-        unique = [chat.prompt_bytes(it.prompt) for it in items]
-        self.model.eval()
-        t_step = time.perf_counter()
-        seeds = torch.randint(0, 2**63 - 1, (self.n_prompts * G,), generator=self.gen).tolist()
-        with torch.no_grad(), qat.through(self.fq):
-            replies = generate_static(self.model, unique, self.max_new, temperature=self.s.temperature,
-                                      top_k=rl["top_k"], seeds=seeds, samples_per_prompt=G, step=self.decoder)
-        t_decoded = time.perf_counter()
-        grades = [task_eval.grade(items[j // G], r) for j, r in enumerate(replies)]
-        rewards = torch.tensor([float(g == "correct") for g in grades]).view(-1, G)
-        keep = tally_groups(c, items, rewards, self.sampler, self.curriculum, self.prompts_seen)[: rl["prompts_per_step"]]
-        tally = Counter(grades)
-        for k in ("correct", "wrong", "malformed"):
-            c[f"rl.samples_{k}"] += tally[k]
-        c["rl.groups_trained"] += len(keep)
-        if not keep:
-            c["rl.steps_without_signal"] += 1
-        rows = [i * G + j for i in keep for j in range(G)]
-        loss = self.learn([unique[i // G] for i in rows], [replies[i] for i in rows], rewards[keep], step, c,
-                          train_counters) if keep else None
-        row = {"step": step + 1, "reward": round(float(rewards.mean()), 4), "groups_trained": len(keep),
-               "loss": None if loss is None else round(loss.item(), 5), "malformed": tally["malformed"],
-               "levels": dict(self.curriculum.level) if self.sampler is None else "pass_rate",
-               "decode_s": round(t_decoded - t_step, 3), "train_s": round(time.perf_counter() - t_decoded, 3)}
-        if keep and self.learn.replay is not None:
-            row["replay_bpb"] = round(self.learn.replay_loss / LN2, 5)
-        if self.fq is not None:
-            train_counters["qat.steps"] += 1
-        if self.select.due(step + 1, rl["steps"]):
-            t_dev = time.perf_counter()
-            with qat.through(self.fq):
-                row["dev_accuracy"] = self.select.check(step + 1)
-            row["dev_s"] = round(time.perf_counter() - t_dev, 3)
-        return row
+def prompts(rl: dict, later: dict, task_params: dict, task_set: TaskSettings):
+    """(the cells rl skips, (item stream, PassRateSampler or None, Curriculum)) for rl.prompts."""
+    skip = frozenset(rl_skip_cells({**rl, "skip_cells": later["skip_cells"]}, task_params))
+    pass_rate = PassRateSettings.of(rl["pass_rate"]) if later["prompts"] == "pass_rate" else None
+    return skip, prompt_sampler(task_set.families, rl_difficulties(rl["curriculum"], task_params), rl["seed"],
+                                CurriculumSettings.of(rl["curriculum"]), pass_rate, skip)
 
 
 def main(argv=None) -> int:
@@ -133,37 +84,40 @@ def main(argv=None) -> int:
     model, cfg = load_model(sft_art, device)
     ref = frozen_copy(model) if rl["kl_coef"] > 0 else None
     ex, ey, eval_bytes = eval_window(layout.eval_bin(shards), params["eval"]["eval_bytes"], params["eval"]["seq_len"])
-    heldout = task_eval.heldout_items(task_params)
+    task_set = TaskSettings.of(task_params)
+    heldout = task_eval.heldout_items(task_set)
     opts = build_optimizers(model, OptimSettings.of(rl, "rl"))
     fq = qat.FakeQuant(model, rl["qat"]) if rl.get("qat") else None
     lineage = qat.upstream_lineage(sft_art)
     later = {k: rl.get(k, v) for k, v in RL_LATER_DEFAULTS.items()}  # keys left out of the digest at their defaults
-    skip = frozenset(rl_skip_cells({**rl, "skip_cells": later["skip_cells"]}, task_params))
-    stream, sampler, curriculum = prompt_sampler(task_params["families"], rl_difficulties(rl["curriculum"], task_params),
-                                                 rl, later["prompts"], skip)
+    skip, (stream, sampler, curriculum) = prompts(rl, later, task_params, task_set)
     s = GRPOSettings.of(rl, later, params)
     replay = (TrainStream(layout.train_bins(shards), later["replay_rows"], later["replay_seq_len"], rl["seed"] + 2)
               if later["replay_rows"] else None)  # corpus rows in every update, against the BPB drifting (as sft's)
     learn = GroupUpdate(model, ref, fq, opts, cfg, s, device,
                         torch.Generator().manual_seed(rl["seed"] + 1), replay)  # the null arm's permutations apart
-    max_new, n_rows = task_params["max_new_bytes"], rl["prompts_per_step"] * rl["oversample"] * s.group_size
-    dev = task_eval.dev_items(task_params, rl["select"]["items_per_cell"]) if rl["select"]["every"] else []
+    max_new, n_rows = task_set.max_new_bytes, rl["prompts_per_step"] * rl["oversample"] * s.group_size
+    select_set = SelectSettings.of(rl["select"])
+    dev = task_eval.dev_items(task_set, select_set.items_per_cell) if select_set.every else []
     bf16 = uses_bf16(params["dtype"])
     decoder = DecodeStep(model.eval(), n_rows, buckets=[n_rows], bf16=bf16,
                          graphed=device.type == "cuda" and fq is None)
 
+    train_counters, eval_counters = Counter(), Counter()
+    held_out = partial(task_eval.held_out, model, heldout, task_set, params["dtype"], params["eval"]["batch_size"],
+                       device, ex, ey, eval_counters)  # task accuracy and corpus BPB, at the start and the end
     with writer(job) as art:
         c = art.counters
-        train_counters, eval_counters = Counter(), Counter()
-        start = held_out(model, fq, heldout, params, device, (ex, ey), eval_counters)
+        with qat.through(fq):
+            start = held_out()
         progress.note(f"[rl] start: {task_eval.held_out_line(start)}")
         with qat.through(fq):  # the dev prompts in one batch through one DecodeStep (on CUDA a graph replay per byte)
-            select = Selection(model, dev, task_params, device, params, rl["select"], rl["steps"],
+            select = Selection(model, dev, max_new, device, params["dtype"], select_set, rl["steps"],
                                DecodeStep(model.eval(), len(dev), buckets=[len(dev)], graphed=decoder.graphed,
                                           bf16=bf16) if dev else None)
         metrics, t0 = [], time.time()
         meter = progress.Meter("rl", "step", rl["steps"])
-        loop = Steps(model, fq, decoder, learn, stream, sampler, curriculum, select, opts, rl, s, max_new)
+        loop = GRPOStep(model, fq, decoder, learn, stream, sampler, curriculum, select, opts, s, max_new)
         for step in range(rl["steps"]):
             row = loop(step, c, train_counters)
             row["elapsed_s"] = round(time.time() - t0, 2)
@@ -181,7 +135,8 @@ def main(argv=None) -> int:
         if dev:
             r = select.report()
             progress.note(f"[rl] selected step {r['selected_step']} of {c['rl.steps_run']} ({selection_line(r)})")
-        end = held_out(model, fq, heldout, params, device, (ex, ey), eval_counters)
+        with qat.through(fq):
+            end = held_out()
         progress.note(f"[rl] end: {task_eval.held_out_line(end)}")
         checked_counters(c, cfg, train_counters, eval_counters, "rl", trained=c["rl.updates"] > 0)
         c["rl.steps"] = rl["steps"]

@@ -26,6 +26,7 @@ from dormouse.data.byte_stream import TrainStream, eval_window
 from dormouse.core import progress
 from dormouse.planner.job import input_artifact, parse_job, summary, writer
 from dormouse.posttrain import chat_batches, task_eval
+from dormouse.posttrain.settings import TaskSettings
 from dormouse.train import qat
 from dormouse.train.optim import build_optimizers, set_lr, wsd_multiplier
 from dormouse.train.settings import OptimSettings
@@ -52,13 +53,14 @@ def main(argv=None) -> int:
     pre, shards = input_artifact(job, "pretrain"), input_artifact(job, "shard")
     model, cfg = load_model(pre, device)
     ex, ey, eval_bytes = eval_window(layout.eval_bin(shards), params["eval"]["eval_bytes"], params["eval"]["seq_len"])
-    heldout = task_eval.heldout_items(task_params)
+    task_set = TaskSettings.of(task_params)
+    heldout = task_eval.heldout_items(task_set)
     opts = build_optimizers(model, OptimSettings.of(sft, "sft"))
     params_list = list(model.parameters())
     fq = qat.FakeQuant(model, sft["qat"]) if sft.get("qat") else None
     lineage = qat.upstream_lineage(pre)
-    difficulties = task_params["difficulties"]
-    stream = task_eval.item_stream("sft", task_params["families"], lambda fam, rng: rng.choice(difficulties), sft["seed"])
+    stream = task_eval.item_stream("sft", list(task_set.families), lambda fam, rng: rng.choice(task_set.difficulties),
+                                   sft["seed"])
     replay = None
     if sft["replay_rows"]:  # corpus rows from the train shards in every step, against forgetting
         replay = TrainStream(layout.train_bins(shards),
@@ -68,7 +70,7 @@ def main(argv=None) -> int:
         c = art.counters
         train_counters, eval_counters = Counter(), Counter()
         with qat.through(fq):
-            start = task_eval.held_out(model, heldout, params["tasks"], params["dtype"], params["eval"]["batch_size"], device, ex, ey, eval_counters)
+            start = task_eval.held_out(model, heldout, task_set, params["dtype"], params["eval"]["batch_size"], device, ex, ey, eval_counters)
         progress.note(f"[sft] start: {task_eval.held_out_line(start)}")
         metrics, t0 = [], time.time()
         meter = progress.Meter("sft", "step", sft["steps"])
@@ -101,7 +103,7 @@ def main(argv=None) -> int:
                 print(f"[sft] {json.dumps(row)}", flush=True)
                 meter.update(step + 1, bpb=row["bpb"], **({"replay_bpb": row["replay_bpb"]} if "replay_bpb" in row else {}))
         with qat.through(fq):
-            end = task_eval.held_out(model, heldout, params["tasks"], params["dtype"], params["eval"]["batch_size"], device, ex, ey, eval_counters)
+            end = task_eval.held_out(model, heldout, task_set, params["dtype"], params["eval"]["batch_size"], device, ex, ey, eval_counters)
         progress.note(f"[sft] end: {task_eval.held_out_line(end)}")
         checked_counters(c, cfg, train_counters, eval_counters, "sft")
         c["train.steps"] = sft["steps"]
