@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from dormouse.core.config import ConfigError, load_preset, load_yaml, validate
+from dormouse.model.config import ModelConfig
 from dormouse.train.arms import before_finish, finish_start, inert_arms, inert_qat
 from dormouse.train.settings import TrainSettings
 
@@ -198,7 +199,7 @@ def verdict(spec: dict, runs: dict[str, dict[str, dict]]) -> dict:
         for seed, r in seeds.items():
             m = r["manifest"]
             for where in ("train.", "eval."):
-                problems += [f"seed {seed} {where[:-1]}: {p}" for p in inert_arms(m["params"]["model"], m["counters"], where)]
+                problems += [f"seed {seed} {where[:-1]}: {p}" for p in inert_arms(ModelConfig.from_dict(m["params"]["model"]), m["counters"], where)]
             problems += [f"seed {seed}: {p}" for p in inert_qat(TrainSettings.of(m["params"]["train"]), m["counters"])]
             problems += [f"seed {seed}: {p}" for p in other_build(m, runs["control"].get(seed))]
         bpb = [seeds[s]["manifest"]["final"]["eval_bpb"] for s in sorted(seeds, key=int)]

@@ -151,7 +151,8 @@ class GRPOSettings:
     replay_weight: float
 
     @classmethod
-    def of(cls, rl: dict, later: dict, params: dict) -> GRPOSettings:
+    def of(cls, section: dict, later: dict, params: dict) -> GRPOSettings:
+        rl = section
         return cls(steps=rl["steps"], warmup_steps=rl["warmup_steps"], seed=rl["seed"],
                    prompts_per_step=rl["prompts_per_step"], oversample=rl["oversample"], top_k=rl["top_k"],
                    group_size=rl["group_size"], temperature=rl["temperature"], ppo_epochs=rl["ppo_epochs"],

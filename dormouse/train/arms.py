@@ -3,6 +3,7 @@ params it shares with a branch's trunk (torch-free: the verdict and the plan rea
 
 from __future__ import annotations
 
+from dormouse.model.config import ModelConfig  # torch-free
 from dormouse.train.settings import TrainSettings
 
 
@@ -19,17 +20,17 @@ def before_finish(params: dict, also: tuple[str, ...] = ()) -> dict:
     return {**params, "train": {k: v for k, v in params["train"].items() if k not in free}}
 
 
-def inert_arms(model: dict, counters: dict, prefix: str = "") -> list[str]:
-    """Problems for a model config (ModelConfig fields) and counters (keys under `prefix`)."""
+def inert_arms(model: ModelConfig, counters: dict, prefix: str = "") -> list[str]:
+    """Problems for a model config and counters (keys under `prefix`)."""
     def total(start: str) -> int:
         return sum(v for k, v in counters.items() if k.startswith(prefix + start))
 
     problems = []
     if not total("kda_path."):
         problems.append("no KDA call counted")
-    if model.get("engram") and not total("engram.rows_read"):
+    if model.engram and not total("engram.rows_read"):
         problems.append("engram enabled but no rows read")
-    if model.get("moe") and not total("moe.tokens."):
+    if model.moe and not total("moe.tokens."):
         problems.append("moe enabled but no tokens routed")
     if not total("loop.iterations"):
         problems.append("no loop iterations counted")

@@ -92,7 +92,7 @@ def with_moe_aux(loss: torch.Tensor, model, cfg: ModelConfig, coef: float | None
 
 def check_arms_active(cfg: ModelConfig, counters: Counter, where: str, stage: str = "pretrain") -> None:
     """An enabled arm that left no trace is a defect (a memory arm once got None in eval)."""
-    problems = inert_arms(cfg.to_dict(), counters)
+    problems = inert_arms(cfg, counters)
     if problems:
         raise SystemExit(f"{stage}: {where}: {'; '.join(problems)} (counters: {dict(counters)})")
 
