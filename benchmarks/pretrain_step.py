@@ -84,15 +84,20 @@ def ours_step(model, opts, cfg: ModelConfig, train: dict, device, batches, count
         if firewall:
             return ps(x, y, counters, f"step {i}")
         loss, total = ps.forward(x, y, counters)
-        total.backward()
-        torch.nn.utils.clip_grad_norm_(params, train["grad_clip"])
-        for opt in opts:
-            opt.step()
-        for opt in opts:
-            opt.zero_grad(set_to_none=True)
-        return loss
+        return backward_and_step(loss, total, params, opts, train["grad_clip"])
 
     return step
+
+
+def backward_and_step(loss, total, params, opts, grad_clip: float):
+    """The plain step without the firewall: backward of `total`, clip, every optimizer's step, zero_grad; `loss` back."""
+    total.backward()
+    torch.nn.utils.clip_grad_norm_(params, grad_clip)
+    for opt in opts:
+        opt.step()
+    for opt in opts:
+        opt.zero_grad(set_to_none=True)
+    return loss
 
 
 def peer_step(loss_fn, model, opts, train: dict, device, batches):
@@ -107,12 +112,6 @@ def peer_step(loss_fn, model, opts, train: dict, device, batches):
         x, y = batches[i % len(batches)]
         with autocast(device, train["dtype"]):
             loss = loss_fn(x, y)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(params, train["grad_clip"])
-        for opt in opts:
-            opt.step()
-        for opt in opts:
-            opt.zero_grad(set_to_none=True)
-        return loss
+        return backward_and_step(loss, loss, params, opts, train["grad_clip"])
 
     return step
