@@ -74,6 +74,8 @@ def chain(set_: str, preset: str = "tiny") -> int:
             facts.append(f"{stage} FLA {fla} / torch {torch_path} KDA calls")
     if "rl" in manifests and not manifests["rl"]["counters"].get("rl.decode_graphed"):
         problems.append("rl sampled without CUDA graphs (rl.decode_graphed 0)")
+    if "rl" in manifests and not manifests["rl"]["counters"].get("rl.replay_bytes"):  # gpu_check.sh sets replay_rows
+        problems.append("rl replayed no corpus rows (rl.replay_bytes 0)")
     if "bench" in manifests:
         bench = json.loads((plan_dir(set_, "bench", preset) / "bench.json").read_text())
         facts.append(f"bench format {bench.get('format')}")

@@ -34,7 +34,8 @@ T0=$(date +%s)
 DEADLINE=$(( T0 + ${BUDGET_S:-580} ))
 OUT=${OUT:-$PWD/gpu_check_out}
 G=${GPUCHECK:-.gpucheck}
-SET="train.device=cuda,train.compile=cuda,train.cuda_graphs=cuda"
+# rl's corpus replay on too (small's default recipe uses it; tiny's leaves it off): its CUDA path runs here
+SET="train.device=cuda,train.compile=cuda,train.cuda_graphs=cuda,rl.replay_rows=4,rl.replay_seq_len=64"
 mkdir -p "$OUT"
 rm -f "$OUT/tests.log" "$OUT/artifacts.tar" "$OUT/triton_autotune.tgz"  # appended below: a rerun into one $OUT starts clean
 VERDICTS=()

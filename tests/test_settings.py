@@ -71,13 +71,18 @@ def test_the_check_sees_a_misspelt_setting(tmp_path):
 def test_every_posttrain_setting_read_exists():
     """The same check for the post-training settings: each name a library file reads them by, and their fields."""
     from dormouse.posttrain.grpo import GRPOSettings
-    from dormouse.posttrain.settings import CurriculumSettings, PassRateSettings, SelectSettings, TaskSettings
+    from dormouse.posttrain.settings import (CurriculumSettings, PassRateSettings, Plateau, SampledEval, SelectSettings,
+                                             TaskSettings)
 
-    post = ROOT / "dormouse" / "posttrain"
-    checks = [(post / "task_eval.py", ("task_set",), TaskSettings), (post / "selection.py", ("self.select", "select"),
-              SelectSettings), (post / "grpo.py", ("s", "self.s"), GRPOSettings),
-              (post / "grpo.py", ("cur", "self.cur"), CurriculumSettings), (post / "grpo.py", ("cfg", "self.cfg"),
-                                                                            PassRateSettings)]
+    post, stages = ROOT / "dormouse" / "posttrain", ROOT / "dormouse" / "stages"
+    checks = [(post / "task_eval.py", ("task_set",), TaskSettings), (post / "task_eval.py", ("s",), SampledEval),
+              (post / "selection.py", ("self.select", "select"), SelectSettings),
+              (post / "selection.py", ("plateau",), Plateau), (post / "grpo.py", ("s", "self.s"), GRPOSettings),
+              (post / "grpo.py", ("cur", "self.cur"), CurriculumSettings),
+              (post / "grpo.py", ("settings", "self.settings"), PassRateSettings),
+              (stages / "rl.py", ("task_set",), TaskSettings), (stages / "rl.py", ("select_set",), SelectSettings),
+              (stages / "rl.py", ("s",), GRPOSettings), (stages / "sft.py", ("task_set",), TaskSettings),
+              (stages / "bench.py", ("task_set",), TaskSettings)]
     unknown = [f"{path.name}: {names[0]}.{name}" for path, names, cls in checks
                for name in attribute_reads(path, names) - {f.name for f in fields(cls)}]
     assert unknown == []

@@ -55,18 +55,19 @@ class PassRateSampler:
     rate is informative, measured online per cell, and a cell that went all-right or all-wrong is still sampled
     at the floor and noticed when the policy moves."""
 
-    def __init__(self, families: list[str], difficulties: range, cfg: PassRateSettings, skip: frozenset = frozenset()):
+    def __init__(self, families: list[str], difficulties: range, settings: PassRateSettings,
+                 skip: frozenset = frozenset()):
         self.cells = [(f, d) for f in families for d in difficulties if (f, d) not in skip]
-        self.cfg = cfg
-        self.recent = {cell: deque(maxlen=cfg.window) for cell in self.cells}
-        self.pass_rates = {cell: deque(maxlen=cfg.window) for cell in self.cells}
+        self.settings = settings
+        self.recent = {cell: deque(maxlen=settings.window) for cell in self.cells}
+        self.pass_rates = {cell: deque(maxlen=settings.window) for cell in self.cells}
 
     def share(self, cell) -> float:
         q = self.recent[cell]
-        return statistics.fmean(q) if q else self.cfg.prior
+        return statistics.fmean(q) if q else self.settings.prior
 
     def __call__(self, rng) -> tuple[str, int]:
-        weights = [max(self.cfg.floor, self.share(cell)) for cell in self.cells]
+        weights = [max(self.settings.floor, self.share(cell)) for cell in self.cells]
         return rng.choices(self.cells, weights=weights)[0]
 
     def record(self, family: str, difficulty: int, rewards: torch.Tensor) -> None:
@@ -218,7 +219,7 @@ class GroupUpdate:
                  replay=None):
         self.model, self.ref, self.fq, self.opts, self.cfg, self.s, self.device = model, ref, fq, opts, cfg, s, device
         self.params, self.null_gen, self.replay = list(model.parameters()), null_gen, replay
-        self.replay_loss: float | None = None
+        self.replay_loss: torch.Tensor | None = None  # the last one, read when the step's row is written
 
     def __call__(self, prompts: list[bytes], replies: list[bytes], rewards: torch.Tensor, step: int, c,
                  train_counters) -> torch.Tensor:
@@ -250,7 +251,7 @@ class GroupUpdate:
         rx, ry = self.replay.next_batch()
         _, replay_loss = self.model(rx.to(self.device), ry.to(self.device), counters=train_counters)
         c["rl.replay_bytes"] += ry.numel()
-        self.replay_loss = replay_loss.item()
+        self.replay_loss = replay_loss.detach()
         return with_moe_aux(replay_loss, self.model, self.cfg, self.s.moe_aux_coef)
 
 
@@ -295,7 +296,7 @@ class GRPOStep:
                "levels": dict(self.curriculum.level) if self.sampler is None else "pass_rate",
                "decode_s": round(t_decoded - t_step, 3), "train_s": round(time.perf_counter() - t_decoded, 3)}
         if keep and self.learn.replay is not None:
-            row["replay_bpb"] = round(self.learn.replay_loss / LN2, 5)
+            row["replay_bpb"] = round(self.learn.replay_loss.item() / LN2, 5)
         if self.fq is not None:
             train_counters["qat.steps"] += 1
         if self.select.due(step + 1, s.steps):
