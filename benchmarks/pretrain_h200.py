@@ -25,7 +25,7 @@ its train section unless --batch-size / --seq-len) it measures, one after the ot
                   (FLA shifts them itself)
   kda_layer_fla   FLA's `KimiDeltaAttention` layer fwd+bwd at the same shape (gate, q/k L2 norm and beta
                   sigmoid fused into its kernel) -- what our layer could be
-  ours            (a) our pretrain step, the same work as one step of dormouse/train/loop.py's loop:  
+  ours            (a) our pretrain step, the same work as one step of dormouse/train/loop.py's loop:
                   ByteLM (the preset's config, Engram included), build_optimizers (Muon for hidden
                   matrices + AdamW), set_lr (WSD), bf16 autocast, the stage's NaN firewall
                   (dormouse/train/firewall.py: on CUDA it decides on the device, no host sync; on CPU two host
