@@ -74,3 +74,17 @@ def test_stage_files_are_entry_points_and_functions_stay_short():
                       for p in sorted((ROOT / "dormouse").rglob("*.py")) for node in ast.walk(ast.parse(p.read_text()))
                       if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and node.end_lineno - node.lineno >= 80]
     assert long_stages == [] and long_functions == []
+
+
+def test_no_settings_section_travels_as_a_dict_and_benchmarks_edit_no_sys_path():
+    """Below the planner and the stages, no parameter is annotated as a settings section's dict (`train: dict`, ...:
+    the library takes the typed settings); no benchmark edits sys.path (they run as `python -m benchmarks.<name>`)."""
+    sections = {"train", "rl", "sft", "tasks", "task_params", "eval", "model"}
+    below = [p for p in sorted((ROOT / "dormouse").rglob("*.py"))
+             if p.relative_to(ROOT / "dormouse").parts[0] not in ("planner", "stages")]
+    dicts = [f"{p.relative_to(ROOT)}:{a.lineno} {a.arg}: dict" for p in below for node in ast.walk(ast.parse(p.read_text()))
+             if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef)
+             for a in node.args.args + node.args.kwonlyargs
+             if a.arg in sections and a.annotation is not None and ast.unparse(a.annotation) == "dict"]
+    edits = [f"{p.relative_to(ROOT)}" for p in sorted((ROOT / "benchmarks").glob("*.py")) if "sys.path." in p.read_text()]
+    assert dicts == [] and edits == []
