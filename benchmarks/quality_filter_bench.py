@@ -90,7 +90,7 @@ def main(argv=None) -> int:
                     model.save_model(str(path))
                     size = max(size, path.stat().st_size)
                 scores = quality.score(model, [quality.prepare(p) for _, p in test], hq)
-                judged += [(lab == hq, sc) for (lab, _), sc in zip(test, scores)]
+                judged += [(lab == hq, sc) for (lab, _), sc in zip(test, scores, strict=True)]
             if len(judged) < len(data):
                 continue
             for th in thresholds:

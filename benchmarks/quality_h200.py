@@ -203,7 +203,7 @@ def plot(rows: list[dict], path: Path, anchors: Path | None = None) -> None:
         by_bytes.plot([int(r["bytes"]) for r in pts], [float(r["eval_bpb"]) for r in pts], "o-", ms=4, label=label)
     ladder = json.loads(anchors.read_text())["ladder"] if anchors else []
     for ax in (by_clock, by_bytes):
-        for a, color in zip(best_anchors(ladder), ANCHOR_COLORS):
+        for a, color in zip(best_anchors(ladder), ANCHOR_COLORS, strict=False):
             if a["bpb"] < 3:  # the lower rungs would stretch the axis past the curves
                 ax.axhline(a["bpb"], ls="--", lw=1.2, color=color, label=f"{a['name']}-{a['order']} {a['bpb']:.2f}")
         ax.set_ylabel("eval bits per byte")

@@ -42,7 +42,7 @@ def _is_snakemake(pid: int) -> bool:
     except OSError:
         return False
     names = [os.path.basename(a.decode(errors="replace")) for a in argv]
-    return "snakemake" in names[:2] or any(a == "-m" and b == "snakemake" for a, b in zip(names, names[1:]))
+    return "snakemake" in names[:2] or any(a == "-m" and b == "snakemake" for a, b in zip(names, names[1:], strict=False))
 
 
 def snakemake_ancestor(pid: int | None = None) -> tuple[int, int] | None:

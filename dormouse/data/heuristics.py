@@ -75,7 +75,7 @@ def _dup_stats(units: list[str]) -> tuple[float, float]:
 def _top_ngram_char_frac(words: list[str], n: int) -> float:
     if len(words) < n:
         return 0.0
-    grams = Counter(zip(*(words[i:] for i in range(n))))
+    grams = Counter(zip(*(words[i:] for i in range(n)), strict=False))
     gram, count = grams.most_common(1)[0]
     return count * sum(map(len, gram)) / max(sum(map(len, words)), 1)
 

@@ -143,7 +143,7 @@ def count_ngrams(
         stack.append((1, run))
         while len(stack) > 1 and stack[-1][0] >= stack[-2][0]:
             (wb, b), (wa, a) = stack.pop(), stack.pop()
-            stack.append((wa + wb, [_merge(x, y) for x, y in zip(a, b)]))
+            stack.append((wa + wb, [_merge(x, y) for x, y in zip(a, b, strict=False)]))
 
     batch: list[bytes] = []
     size = 0
