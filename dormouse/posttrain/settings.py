@@ -4,17 +4,9 @@ Torch-free."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 
-
-def _build(cls, section: dict, where: str, **converted):
-    names = [f.name for f in fields(cls)]
-    missing = [n for n in names if n not in section and n not in converted]
-    unknown = sorted(set(section) - set(names))
-    if missing or unknown:
-        raise KeyError(f"{where}: " + "; ".join(([f"no {', '.join(missing)}"] if missing else [])
-                                                + ([f"unknown keys {unknown}"] if unknown else [])))
-    return cls(**{n: converted[n] if n in converted else section[n] for n in names})
+from dormouse.train.settings import build_settings
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -37,9 +29,9 @@ class TaskSettings:
 
     @classmethod
     def of(cls, section: dict) -> TaskSettings:
-        return _build(cls, section, "tasks", families=tuple(section["families"]),
+        return build_settings(cls, section, "tasks", families=tuple(section["families"]),
                       difficulties=tuple(section["difficulties"]),
-                      sampled_eval=_build(SampledEval, section["sampled_eval"], "tasks.sampled_eval"))
+                      sampled_eval=build_settings(SampledEval, section["sampled_eval"], "tasks.sampled_eval"))
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -63,8 +55,8 @@ class SelectSettings:
     @classmethod
     def of(cls, section: dict) -> SelectSettings:
         p = section.get("plateau")
-        return _build(cls, {**section, "plateau": p}, "rl.select",
-                      plateau=None if p is None else _build(Plateau, p, "rl.select.plateau"))
+        return build_settings(cls, {**section, "plateau": p}, "rl.select",
+                      plateau=None if p is None else build_settings(Plateau, p, "rl.select.plateau"))
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -76,7 +68,7 @@ class CurriculumSettings:
 
     @classmethod
     def of(cls, section: dict) -> CurriculumSettings:
-        return _build(cls, section, "rl.curriculum")
+        return build_settings(cls, section, "rl.curriculum")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -87,4 +79,4 @@ class PassRateSettings:
 
     @classmethod
     def of(cls, section: dict) -> PassRateSettings:
-        return _build(cls, section, "rl.pass_rate")
+        return build_settings(cls, section, "rl.pass_rate")

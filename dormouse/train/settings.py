@@ -14,11 +14,15 @@ TRAIN_LATER_DEFAULTS = {"qat": None, "micro_batch_size": None,  # quantization-a
                         "keep_checkpoints": []}  # steps whose checkpoints the artifact keeps (a finish branches there)
 
 
-def _build(cls, section: dict, where: str, **converted):
+def build_settings(cls, section: dict, where: str, strict: bool = True, **converted):
+    """cls from `section`'s keys (`converted`: the fields given already typed); a missing key is named, and with
+    `strict` an unknown one too (a section that carries more keys, e.g. rl's for OptimSettings, passes strict=False)."""
     names = [f.name for f in fields(cls)]
     missing = [n for n in names if n not in section and n not in converted]
-    if missing:
-        raise KeyError(f"{where}: no {', '.join(missing)} (a job's params or a validated preset's section)")
+    unknown = sorted(set(section) - set(names)) if strict else []
+    if missing or unknown:
+        raise KeyError(f"{where}: " + "; ".join(([f"no {', '.join(missing)}"] if missing else [])
+                                                + ([f"unknown keys {unknown}"] if unknown else [])))
     return cls(**{n: converted[n] if n in converted else section[n] for n in names})
 
 
@@ -33,7 +37,7 @@ class OptimSettings:
 
     @classmethod
     def of(cls, section: dict, where: str = "optimizer") -> OptimSettings:
-        return _build(cls, section, where)
+        return build_settings(cls, section, where, strict=False)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -84,10 +88,7 @@ class TrainSettings:
     def of(cls, section: dict) -> TrainSettings:
         """From a job's train params (keys at their later default are absent there) or a resolved preset's section."""
         full = {**TRAIN_LATER_DEFAULTS, **section}
-        unknown = sorted(set(full) - {f.name for f in fields(cls)})
-        if unknown:
-            raise KeyError(f"train: unknown keys {unknown}")
-        return _build(cls, full, "train", qat=QATFinish.of(full["qat"]),
+        return build_settings(cls, full, "train", qat=QATFinish.of(full["qat"]),
                       keep_checkpoints=tuple(full["keep_checkpoints"] or ()), ptq_rungs=tuple(full["ptq_rungs"] or ()))
 
     @property
