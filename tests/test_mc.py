@@ -73,7 +73,29 @@ def test_score_matches_hand_computation_position_by_position():
     assert len(model.inputs) == 1, "the choices of one item share one forward"
     x = model.inputs[0]
     assert x.shape == (3, len(context) + len(b" ran off") - 1)  # the last choice byte is never an input
-    assert bytes(x[1].tolist()) == context + b" ran of"
+    assert bytes(x[0].tolist()) == context + b" ran of"  # rows longest first, right-padded with 0x00
+    assert bytes(x[2].tolist()) == context + b"\x00" * 7  # "!": the context alone predicts it
+
+
+def test_a_suite_is_scored_in_few_forwards_and_as_item_by_item():
+    """evaluate_mc packs every item's choices into right-padded forwards of at most max_tokens: the same scores as
+    one forward per item on a live ByteLM (float noise aside), in a handful of forwards."""
+    model = live_model(ModelConfig(**TINY))
+    items = [mc.McItem(bytes(f"Item {i}: " + "q" * (i % 7), "ascii"), [b" yes", b" no" * (1 + i % 3), b"!"], i % 3,
+                       f"t:{i}") for i in range(40)]
+    one_by_one = [mc.score_choices(model, it.context, it.choices, 64, "cpu") for it in items]
+    packed = mc.score_many(model, [(it.context, it.choices) for it in items], 64, "cpu", max_tokens=512)
+    for want, got in zip(one_by_one, packed, strict=True):
+        assert [nb for _, nb in want] == [s.n_bytes for s in got]
+        assert [lp for lp, _ in want] == pytest.approx([s.logprob for s in got], abs=1e-4)
+    calls = []
+    model.register_forward_hook(lambda m, args, out: calls.append(args[0].shape))
+    r = mc.evaluate_mc(model, items, 64, "cpu", Counter())
+    # 120 rows of <= 23 bytes, longest first, under the CPU's cap of 2048 tokens a forward: 89 rows of 23, then 31
+    assert r["n_scored"] == 40 and [tuple(s) for s in calls] == [(89, 23), (31, 12)]
+    assert mc.pack_tokens("cpu") == 2048 and mc.pack_tokens(torch.device("cuda")) == 1 << 16
+    want_acc = sum(max(range(3), key=lambda k: sc[k][0]) == it.answer for it, sc in zip(items, one_by_one)) / 40
+    assert r["acc"] == want_acc
 
 
 def test_empty_context_is_the_zero_byte_prefix():
