@@ -190,3 +190,39 @@ def test_skip_cells_must_name_cells_rl_trains_and_leave_one():
         rl_skip_cells({"curriculum": cur, "skip_cells": ["add@1"]}, tp)
     assert rl_skip_cells({"curriculum": cur, "skip_cells": ["add@1", "add@2"]}, tp) == {("add", 1), ("add", 2)}
     assert rl_skip_cells({"curriculum": cur, "prompts": "pass_rate", "skip_cells": ["add@1"]}, tp) == {("add", 1)}
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (CUDA graphs, FLA's kernels)")
+def test_held_out_replies_through_graphed_chunks_are_eager_generates_on_cuda(monkeypatch):
+    """bench's held-out decode on the GPU: greedy replies through generate_static's CUDA graphs, in one chunk or in
+    chunks of 24 rows through one step (the last padded), are eager generate's on most rows (the kernels' batch
+    shapes differ, which may break a near-tie), fp32 and bf16; sampled replies at a vanishing temperature grade as
+    the greedy ones."""
+    from test_decode import CONFIGS
+    from test_decode import live_model as decode_model
+
+    from dormouse.train.runtime import autocast, uses_bf16
+
+    cuda = torch.device("cuda")
+    model = decode_model(CONFIGS["all_on_conv4"], scale=0.5).cuda()
+    task_set = TaskSettings(families=("add", "reverse", "count"), difficulties=(1, 2), heldout_items=10,
+                            max_new_bytes=12, sampled_eval=SampledEval(samples=0, temperature=1.0, seed=0))
+    items = task_eval.heldout_items(task_set)
+    prompts = [chat.prompt_bytes(it.prompt) for it in items]
+    assert len(items) > 48  # three chunks of 24 rows below, the last padded
+    for dtype in ("float32", "bfloat16"):
+        with autocast(cuda, dtype):
+            want = generate(model, prompts, 12, temperature=0.0, bf16=uses_bf16(dtype))
+        got = task_eval.answer(model, items, 12, cuda, dtype)
+        assert sum(g == w for g, w in zip(got, want, strict=True)) >= 0.9 * len(items), dtype
+        one_row = task_eval.row_state_bytes(model, cuda, dtype)
+        assert task_eval.chunk_rows(model, cuda, dtype, 256) == task_eval.DECODE_STATE_BUDGET // one_row
+        with monkeypatch.context() as m:
+            m.setattr(task_eval, "DECODE_STATE_BUDGET", 24 * one_row)
+            assert task_eval.chunk_rows(model, cuda, dtype, 256) == 24
+            chunked = task_eval.answer(model, items, 12, cuda, dtype)
+        assert sum(c == g for c, g in zip(chunked, got, strict=True)) >= 0.9 * len(items), dtype
+    greedy = task_eval.accuracy(model, items, 12, cuda, "float32")
+    cold = task_eval.sampled_accuracy(model, items, 12, cuda, "float32", samples=2, temperature=1e-6, seed=0)
+    assert cold["accuracy"] == pytest.approx(greedy["accuracy"], abs=0.1) and cold["samples_per_item"] == 2
