@@ -87,10 +87,10 @@ def decode_chunks(model, prompts: list[bytes], max_new_bytes: int, dtype: str, p
 def answer(model, items: list[tasks.Item], max_new_bytes: int, device, dtype: str, batch: int | None = None,
            step=None) -> list[bytes]:
     """Greedy replies to every item's prompt (eval mode; the caller's train/eval mode is restored), through
-    `generate_static` in chunks of `batch` rows (default `chunk_rows`; greedy, so the bytes are eager generate's,
-    whatever the chunks). `step`: a `decode.DecodeStep` of at least len(items) rows to decode them through in one
-    batch (rl's dev checks keep theirs); compare only replies decoded in one precision (bf16 kernels may break a
-    near-tie otherwise)."""
+    `generate_static` in chunks of `batch` rows (default `chunk_rows`): greedy, so eager generate's bytes whatever the
+    chunks, up to a near-tie that another kernel shape may break in bf16. `step`: a `decode.DecodeStep` of at least
+    len(items) rows to decode them through in one batch (rl's dev checks keep theirs); compare only replies decoded in
+    one precision (bf16 kernels may break a near-tie otherwise)."""
     was_training = model.training
     model.eval()
     prompts = [chat.prompt_bytes(it.prompt) for it in items]
