@@ -217,7 +217,7 @@ def test_a_reused_graphed_step_decodes_the_weights_an_optimizer_updated(optimize
 
 def test_dev_checks_through_a_step_grade_what_the_batched_greedy_decode_grades(monkeypatch):
     """rl's dev checks decode every dev prompt in one DecodeStep batch: greedy, so the same replies (fp32, CPU) and
-    grades as task_eval.answer's batches of generate."""
+    grades as task_eval.answer's own chunks (greedy: generate's bytes)."""
     from dormouse.posttrain import task_eval, tasks
 
     m = live_model(CONFIGS["all_on_conv4"])

@@ -1,5 +1,5 @@
-"""dormouse.tools.lm_eval_adapter: the harness model "dormouse" gives dormouse.posttrain.mc's numbers exactly (its
-loglikelihood on the tiny local task, and `lm_eval.simple_evaluate` end to end on that task defined
+"""dormouse.tools.lm_eval_adapter: the harness model "dormouse" gives dormouse.posttrain.mc's numbers, float noise
+aside (its loglikelihood on the tiny local task, and `lm_eval.simple_evaluate` end to end on that task defined
 by a local yaml), rolls windows so every byte is predicted once, and decodes greedily."""
 
 from __future__ import annotations
@@ -110,12 +110,15 @@ def test_registered_and_reads_the_window_from_config(lm):
     assert lm.window == WINDOW and not lm.model.training
 
 
-def test_loglikelihood_equals_mc_scores_exactly(lm):
+def test_loglikelihood_equals_mc_scores(lm):
     items = mc.load_jsonl_task(TASK)
     reqs = requests("loglikelihood", [(it.context.decode(), c.decode()) for it in items for c in it.choices])
     got = lm.loglikelihood(reqs)
     want = [s for it in items for s in mc.score_continuations(lm.model, it.context, it.choices, WINDOW, "cpu")]
-    assert got == [(s.logprob, s.is_greedy) for s in want]  # bit-identical: same bytes, same batches
+    # the same bytes and math; the rows are packed in other batches (every request of the call vs one item), which
+    # moves a score by float noise only
+    assert [g for _, g in got] == [s.is_greedy for s in want]
+    assert [lp for lp, _ in got] == pytest.approx([s.logprob for s in want], rel=1e-6)
 
 
 def test_too_long_raises_before_any_forward_unless_truncation_is_asked(artifact):
@@ -174,10 +177,11 @@ def test_simple_evaluate_end_to_end_on_a_local_task(artifact, tmp_path):
                                 log_samples=True)
     lm = DormouseLM(pretrained=str(artifact))
     items = mc.load_jsonl_task(TASK)
-    for sample in r["samples"]["dormouse_tiny"]:  # every response is dormouse.posttrain.mc's score, bit for bit
+    for sample in r["samples"]["dormouse_tiny"]:  # every response is dormouse.posttrain.mc's score (float noise aside)
         it = items[sample["doc_id"]]
         scores = mc.score_continuations(lm.model, it.context, it.choices, WINDOW, "cpu")
-        assert [tuple(x[0]) for x in sample["resps"]] == [(s.logprob, s.is_greedy) for s in scores]
+        assert [x[0][1] for x in sample["resps"]] == [s.is_greedy for s in scores]
+        assert [x[0][0] for x in sample["resps"]] == pytest.approx([s.logprob for s in scores], rel=1e-6)
     res = r["results"]["dormouse_tiny"]
     assert res["sample_len"] == len(items)
     assert res["acc,none"] == mc.evaluate_mc(lm.model, items, WINDOW, "cpu", Counter())["acc"]

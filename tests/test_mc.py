@@ -73,7 +73,29 @@ def test_score_matches_hand_computation_position_by_position():
     assert len(model.inputs) == 1, "the choices of one item share one forward"
     x = model.inputs[0]
     assert x.shape == (3, len(context) + len(b" ran off") - 1)  # the last choice byte is never an input
-    assert bytes(x[1].tolist()) == context + b" ran of"
+    assert bytes(x[0].tolist()) == context + b" ran of"  # rows longest first, right-padded with 0x00
+    assert bytes(x[2].tolist()) == context + b"\x00" * 7  # "!": the context alone predicts it
+
+
+def test_a_suite_is_scored_in_few_forwards_and_as_item_by_item():
+    """evaluate_mc packs every item's choices into right-padded forwards of at most max_tokens: the same scores as
+    one forward per item on a live ByteLM (float noise aside), in a handful of forwards."""
+    model = live_model(ModelConfig(**TINY))
+    items = [mc.McItem(bytes(f"Item {i}: " + "q" * (i % 7), "ascii"), [b" yes", b" no" * (1 + i % 3), b"!"], i % 3,
+                       f"t:{i}") for i in range(40)]
+    one_by_one = [mc.score_choices(model, it.context, it.choices, 64, "cpu") for it in items]
+    packed = mc.score_many(model, [(it.context, it.choices) for it in items], 64, "cpu", max_tokens=512)
+    for want, got in zip(one_by_one, packed, strict=True):
+        assert [nb for _, nb in want] == [s.n_bytes for s in got]
+        assert [lp for lp, _ in want] == pytest.approx([s.logprob for s in got], abs=1e-4)
+    calls = []
+    model.register_forward_hook(lambda m, args, out: calls.append(args[0].shape))
+    r = mc.evaluate_mc(model, items, 64, "cpu", Counter())
+    # 120 rows of <= 23 bytes, longest first, under the CPU's cap of 2048 tokens a forward: 89 rows of 23, then 31
+    assert r["n_scored"] == 40 and [tuple(s) for s in calls] == [(89, 23), (31, 12)]
+    assert mc.pack_tokens("cpu") == 2048 and mc.pack_tokens(torch.device("cuda")) == 1 << 16
+    want_acc = sum(max(range(3), key=lambda k: sc[k][0]) == it.answer for it, sc in zip(items, one_by_one)) / 40
+    assert r["acc"] == want_acc
 
 
 def test_empty_context_is_the_zero_byte_prefix():
@@ -223,3 +245,45 @@ def test_cloze_items_refuse_what_the_tail_cannot_supply():
         mc.cloze_items(b"x" * 30, n=5, context_bytes=20, span_bytes=8, k=2, seed=0)
     with pytest.raises(ValueError, match="distinct distractor"):
         mc.cloze_items(b"ab" * 200, n=1, context_bytes=10, span_bytes=4, k=4, seed=0)  # only 2 distinct spans
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (FLA's chunk kernel)")
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_packed_scores_are_one_forward_per_items_on_cuda(dtype):
+    """bench's suites on the GPU: every item's rows packed into a forward or two (pack_tokens' CUDA cap) score what
+    one forward per item scores, float noise aside (bf16 autocast or fp32 as bench runs): log-probs within 1e-2
+    relative, the same argmax choice on most items."""
+    from test_decode import CONFIGS
+    from test_decode import live_model as decode_model
+
+    from dormouse.posttrain import task_eval
+    from dormouse.posttrain.settings import SampledEval, TaskSettings
+    from dormouse.stages.bench import task_mc_items
+    from dormouse.train.runtime import autocast
+
+    cuda = torch.device("cuda")
+    model = decode_model(CONFIGS["all_on_conv4"], scale=0.5).cuda()
+    task_set = TaskSettings(families=("add", "reverse", "count"), difficulties=(1, 2), heldout_items=8,
+                            max_new_bytes=8, sampled_eval=SampledEval(samples=0, temperature=1.0, seed=0))
+    items = task_mc_items(task_eval.heldout_items(task_set), 4) + [
+        mc.McItem(bytes(f"Item {i}: " + "q" * (i % 37), "ascii"), [b" yes", b" no" * (1 + i % 5), b"!"], i % 3,
+                  f"t:{i}") for i in range(40)]
+    reqs = [(it.context, it.choices) for it in items]
+    calls = []
+    hook = model.register_forward_hook(lambda m, args, out: calls.append(tuple(args[0].shape)))
+    with autocast(cuda, dtype):
+        packed = mc.score_many(model, reqs, 256, cuda)
+        n_packed = len(calls)
+        single = [mc.score_continuations(model, c, choices, 256, cuda) for c, choices in reqs]
+        r = mc.evaluate_mc(model, items, 256, cuda, Counter())
+    hook.remove()
+    assert n_packed <= 2 and len(calls) == 2 * n_packed + len(reqs), calls  # evaluate_mc packs as score_many
+    assert [s.n_bytes for sc in packed for s in sc] == [s.n_bytes for sc in single for s in sc]
+    got = torch.tensor([s.logprob for sc in packed for s in sc])
+    want = torch.tensor([s.logprob for sc in single for s in sc])
+    torch.testing.assert_close(got, want, rtol=1e-2, atol=1e-2)
+    agree = sum(mc.argmax_first([s.logprob for s in p]) == mc.argmax_first([s.logprob for s in q])
+                for p, q in zip(packed, single, strict=True))
+    assert agree >= 0.9 * len(items), (agree, len(items))
+    assert r["n_scored"] == len(items)

@@ -11,6 +11,7 @@ from model_util import live_model
 from dormouse.model.config import ModelConfig
 from dormouse.data import chat
 from dormouse.posttrain import task_eval, tasks
+from dormouse.posttrain.decode import generate, generate_static
 from dormouse.posttrain.settings import SampledEval, TaskSettings
 
 CFG = ModelConfig(d_model=32, n_heads=2, head_dim=16, ffn_hidden=48, n_core=2, kda_chunk_size=16)
@@ -36,8 +37,9 @@ def test_sampled_accuracy_grades_each_sample_against_its_own_item(monkeypatch):
     items = task_eval.heldout_items(TASKS)
     index = {chat.prompt_bytes(it.prompt): i for i, it in enumerate(items)}
 
-    def fake_generate(model, prompts, max_new, *, temperature, generator, samples_per_prompt, bf16):
-        assert bf16 is False  # RUN computes in fp32: decoding must too
+    def fake_generate_static(model, prompts, max_new, *, temperature, seeds, samples_per_prompt, step):
+        assert step.dtype == "float32" and step.max_batch == 3 * samples_per_prompt  # RUN is fp32; 3 items a chunk
+        assert len(seeds) == len(prompts) * samples_per_prompt
         out = []
         for p in prompts:
             it = items[index[p]]
@@ -48,7 +50,7 @@ def test_sampled_accuracy_grades_each_sample_against_its_own_item(monkeypatch):
                     out.append(b"99\x03" if it.family == "count" else b"no end")
         return out
 
-    monkeypatch.setattr(task_eval, "generate", fake_generate)
+    monkeypatch.setattr(task_eval, "generate_static", fake_generate_static)
     r = task_eval.sampled_accuracy(live_model(CFG), items, 8, CPU, RUN, samples=4, temperature=1.0, seed=0, batch_items=3)
     right = [min(i % 3, 4) for i in range(len(items))]
     assert r["accuracy"] == round(sum(right) / (4 * len(items)), 5)
@@ -62,21 +64,22 @@ def test_sampled_accuracy_grades_each_sample_against_its_own_item(monkeypatch):
 
 
 def test_greedy_and_sampled_replies_decode_in_the_runs_precision(monkeypatch):
-    """decode.generate defaults to bf16 on CUDA; task_eval passes the run's own precision (train.dtype), so an fp32
+    """decode's steps default to bf16 on CUDA; task_eval passes the run's own precision (train.dtype), so an fp32
     run's held-out accuracy is not decoded in bf16 while its BPB is scored in fp32."""
     seen = []
 
-    def fake_generate(model, prompts, max_new, **kw):
-        seen.append(kw["bf16"])
+    def fake_generate_static(model, prompts, max_new, **kw):
+        seen.append(kw["step"].dtype)
         return [b"1\x03"] * len(prompts) * kw.get("samples_per_prompt", 1)
 
-    monkeypatch.setattr(task_eval, "generate", fake_generate)
+    monkeypatch.setattr(task_eval, "generate_static", fake_generate_static)
     items = task_eval.heldout_items(TASKS)[:2]
-    for run, want in (("float32", False), ("bfloat16", True)):
+    for run in ("float32", "bfloat16"):
         seen.clear()
         task_eval.answer(live_model(CFG), items, 4, CPU, run)
         task_eval.sampled_accuracy(live_model(CFG), items, 4, CPU, run, samples=2, temperature=1.0, seed=0)
-        assert seen == [want, want], (run, seen)
+        assert seen == [run, run], (run, seen)
+
 
 def test_sampled_accuracy_is_seeded(one_thread):
     model = live_model(CFG, scale=0.5)
@@ -85,7 +88,46 @@ def test_sampled_accuracy_is_seeded(one_thread):
                                                    temperature=1.0, seed=seed)
     a = draw(0)
     assert a == draw(0)
-    assert a["samples_per_item"] == 4 and 0 <= a["malformed"] <= 4 * len(items)
+    assert a["samples_per_item"] == 4 and a["temperature"] == 1.0 and 0 <= a["malformed"] <= 4 * len(items)
+
+
+def test_a_sampled_rows_bytes_depend_on_its_seed_item_and_sample_only(monkeypatch, one_thread):
+    """Sample s of item i draws from sample_seed(seed, i, s) through the per-row RNG: the same replies (so grades)
+    whatever the chunks, however many samples are asked, and alone in a batch of one."""
+    model = live_model(CFG, scale=0.5)
+    items = task_eval.heldout_items(TASKS)
+    replies = []
+    grade = task_eval.grade
+    monkeypatch.setattr(task_eval, "grade", lambda it, g: replies.append(g) or grade(it, g))
+
+    def draw(samples, batch_items):
+        replies.clear()
+        r = task_eval.sampled_accuracy(model, items, TASKS.max_new_bytes, CPU, RUN, samples=samples,
+                                       temperature=1.0, seed=5, batch_items=batch_items)
+        return r, list(replies)
+
+    (r, got), (r1, got1) = draw(3, None), draw(3, 1)
+    assert got == got1 and r == r1 and len(got) == 3 * len(items)
+    assert draw(3, 7)[1] == got
+    assert len(set(got)) > len(items)  # samples differ: a row's seed is its own
+    two = draw(2, 4)[1]
+    assert two == [g for j, g in enumerate(got) if j % 3 < 2]
+    i, s = 6, 2
+    alone = generate_static(model, [chat.prompt_bytes(items[i].prompt)], TASKS.max_new_bytes, temperature=1.0,
+                            seeds=[task_eval.sample_seed(5, i, s)], bf16=False)
+    assert alone == [got[3 * i + s]]
+
+
+def test_greedy_replies_through_chunks_are_generates(one_thread):
+    """answer decodes through generate_static in chunks of rows: greedy, so eager generate's bytes, any chunking."""
+    model = live_model(CFG, scale=0.5)
+    items = task_eval.heldout_items(TASKS)
+    prompts = [chat.prompt_bytes(it.prompt) for it in items]
+    want = generate(model, prompts, TASKS.max_new_bytes, temperature=0.0, bf16=False)
+    assert task_eval.answer(model, items, TASKS.max_new_bytes, CPU, RUN) == want
+    assert task_eval.answer(model, items, TASKS.max_new_bytes, CPU, RUN, batch=3) == want
+    assert task_eval.chunk_rows(model, CPU, RUN, 256) == 256
+    assert 0 < task_eval.row_state_bytes(model, CPU, RUN) < 1 << 20
 
 
 def test_dev_items_share_no_prompt_with_rl_training_or_the_held_out_set():
@@ -148,3 +190,39 @@ def test_skip_cells_must_name_cells_rl_trains_and_leave_one():
         rl_skip_cells({"curriculum": cur, "skip_cells": ["add@1"]}, tp)
     assert rl_skip_cells({"curriculum": cur, "skip_cells": ["add@1", "add@2"]}, tp) == {("add", 1), ("add", 2)}
     assert rl_skip_cells({"curriculum": cur, "prompts": "pass_rate", "skip_cells": ["add@1"]}, tp) == {("add", 1)}
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (CUDA graphs, FLA's kernels)")
+def test_held_out_replies_through_graphed_chunks_are_eager_generates_on_cuda(monkeypatch):
+    """bench's held-out decode on the GPU: greedy replies through generate_static's CUDA graphs, in one chunk or in
+    chunks of 24 rows through one step (the last padded), are eager generate's on most rows (the kernels' batch
+    shapes differ, which may break a near-tie), fp32 and bf16; sampled replies at a vanishing temperature grade as
+    the greedy ones."""
+    from test_decode import CONFIGS
+    from test_decode import live_model as decode_model
+
+    from dormouse.train.runtime import autocast, uses_bf16
+
+    cuda = torch.device("cuda")
+    model = decode_model(CONFIGS["all_on_conv4"], scale=0.5).cuda()
+    task_set = TaskSettings(families=("add", "reverse", "count"), difficulties=(1, 2), heldout_items=10,
+                            max_new_bytes=12, sampled_eval=SampledEval(samples=0, temperature=1.0, seed=0))
+    items = task_eval.heldout_items(task_set)
+    prompts = [chat.prompt_bytes(it.prompt) for it in items]
+    assert len(items) > 48  # three chunks of 24 rows below, the last padded
+    for dtype in ("float32", "bfloat16"):
+        with autocast(cuda, dtype):
+            want = generate(model, prompts, 12, temperature=0.0, bf16=uses_bf16(dtype))
+        got = task_eval.answer(model, items, 12, cuda, dtype)
+        assert sum(g == w for g, w in zip(got, want, strict=True)) >= 0.9 * len(items), dtype
+        one_row = task_eval.row_state_bytes(model, cuda, dtype)
+        assert task_eval.chunk_rows(model, cuda, dtype, 256) == task_eval.DECODE_STATE_BUDGET // one_row
+        with monkeypatch.context() as m:
+            m.setattr(task_eval, "DECODE_STATE_BUDGET", 24 * one_row)
+            assert task_eval.chunk_rows(model, cuda, dtype, 256) == 24
+            chunked = task_eval.answer(model, items, 12, cuda, dtype)
+        assert sum(c == g for c, g in zip(chunked, got, strict=True)) >= 0.9 * len(items), dtype
+    greedy = task_eval.accuracy(model, items, 12, cuda, "float32")
+    cold = task_eval.sampled_accuracy(model, items, 12, cuda, "float32", samples=2, temperature=1e-6, seed=0)
+    assert cold["accuracy"] == pytest.approx(greedy["accuracy"], abs=0.1) and cold["samples_per_item"] == 2

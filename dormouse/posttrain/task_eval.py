@@ -4,6 +4,7 @@ held-out items (bench seed split), so the numbers of sft, rl and bench line up."
 
 from __future__ import annotations
 
+import hashlib
 import random
 from collections import Counter
 from collections.abc import Iterator
@@ -12,7 +13,7 @@ import torch
 
 from dormouse.data import chat
 from dormouse.posttrain import tasks
-from dormouse.posttrain.decode import generate, generate_static
+from dormouse.posttrain.decode import DecodeStep, generate_static
 from dormouse.posttrain.settings import TaskSettings
 from dormouse.train.runtime import autocast, evaluate, uses_bf16
 
@@ -44,22 +45,60 @@ def grade(item: tasks.Item, generated: bytes) -> str:
     return "correct" if tasks.verify(item, reply) else "wrong"
 
 
+# Decode state one chunk of rows may hold on CUDA (the step's buffers; the prefill's state and a step's output hold
+# about as much again): small's 807 held-out rows (~0.57 MB each) decode in one chunk, b1's in several.
+DECODE_STATE_BUDGET = 2 << 30
+CPU_ROWS, CPU_SAMPLED_ITEMS = 256, 64  # on CPU, compute-bound, the chunks eager generate's batches had
+
+
+def row_state_bytes(model, device, dtype: str) -> int:
+    """The bytes of one row's decode state (LMState), as DecodeStep builds it: one step from no state."""
+    with torch.inference_mode(), autocast(device, dtype):
+        _, one = model.step(torch.zeros(1, dtype=torch.long, device=device), None)
+    return sum(t.nbytes for t in one.tensors())
+
+
+def chunk_rows(model, device, dtype: str, cpu_rows: int) -> int:
+    """Rows one `generate_static` chunk decodes: on CUDA as many as DECODE_STATE_BUDGET of state holds (a step is one
+    graph replay whatever the rows, so few big chunks), on CPU `cpu_rows`."""
+    device = torch.device(device)
+    if device.type != "cuda":
+        return cpu_rows
+    return max(1, DECODE_STATE_BUDGET // row_state_bytes(model, device, dtype))
+
+
+def decode_chunks(model, prompts: list[bytes], max_new_bytes: int, dtype: str, prompts_per_chunk: int,
+                  samples: int = 1, temperature: float = 0.0, seeds: list[int] | None = None) -> list[bytes]:
+    """`generate_static` over `prompts_per_chunk` prompts (x `samples` rows) at a time, every chunk through ONE
+    DecodeStep of that many rows (a last, smaller chunk pads to it), freed on return; bf16 as `uses_bf16(dtype)`."""
+    if not prompts or max_new_bytes == 0:
+        return [b""] * (len(prompts) * samples)
+    per = max(1, min(prompts_per_chunk, len(prompts)))
+    step = DecodeStep(model, per * samples, buckets=[per * samples], bf16=uses_bf16(dtype))
+    out: list[bytes] = []
+    for i in range(0, len(prompts), per):
+        rows = None if seeds is None else seeds[i * samples : (i + per) * samples]
+        out += generate_static(model, prompts[i : i + per], max_new_bytes, temperature=temperature, seeds=rows,
+                               samples_per_prompt=samples, step=step)
+    return out
+
+
 @torch.no_grad()
-def answer(model, items: list[tasks.Item], max_new_bytes: int, device, dtype: str, batch: int = 256,
+def answer(model, items: list[tasks.Item], max_new_bytes: int, device, dtype: str, batch: int | None = None,
            step=None) -> list[bytes]:
-    """Greedy replies to every item's prompt (eval mode; the caller's train/eval mode is restored). `step`: a
-    `decode.DecodeStep` of at least len(items) rows to decode them through in one batch (rl's dev checks: one graph
-    replay per byte on CUDA); compare only replies decoded the same way (bf16 kernels may break a near-tie otherwise)."""
+    """Greedy replies to every item's prompt (eval mode; the caller's train/eval mode is restored), through
+    `generate_static` in chunks of `batch` rows (default `chunk_rows`): greedy, so eager generate's bytes whatever the
+    chunks, up to a near-tie that another kernel shape may break in bf16. `step`: a `decode.DecodeStep` of at least
+    len(items) rows to decode them through in one batch (rl's dev checks keep theirs); compare only replies decoded in
+    one precision (bf16 kernels may break a near-tie otherwise)."""
     was_training = model.training
     model.eval()
     prompts = [chat.prompt_bytes(it.prompt) for it in items]
     if step is not None:
         out = generate_static(model, prompts, max_new_bytes, step=step)
     else:
-        out = []
-        for i in range(0, len(prompts), batch):
-            with autocast(device, dtype):
-                out += generate(model, prompts[i : i + batch], max_new_bytes, temperature=0.0, bf16=uses_bf16(dtype))
+        batch = chunk_rows(model, device, dtype, CPU_ROWS) if batch is None else batch
+        out = decode_chunks(model, prompts, max_new_bytes, dtype, batch)
     model.train(was_training)
     return out
 
@@ -133,24 +172,29 @@ def accuracy(model, items: list[tasks.Item], max_new_bytes: int, device, dtype: 
             **({"items_correct": "".join("1" if g == "correct" else "0" for g in grades)} if per_item else {})}
 
 
+def sample_seed(seed: int, item: int, sample: int) -> int:
+    """The rowrng seed of sample `sample` of item `item` (its index in the list) under sampled_eval's `seed`."""
+    key = f"sampled_eval:{seed}:{item}:{sample}".encode()
+    return int.from_bytes(hashlib.blake2b(key, digest_size=8).digest(), "little")
+
+
 @torch.no_grad()
 def sampled_accuracy(model, items: list[tasks.Item], max_new_bytes: int, device, dtype: str, samples: int,
-                     temperature: float, seed: int, batch_items: int = 64) -> dict:
-    """Mean exact match of `samples` replies per item drawn at `temperature` (a pass@1 estimate), from a
-    seeded CPU generator so a rerun draws the same bytes on the same device."""
+                     temperature: float, seed: int, batch_items: int | None = None) -> dict:
+    """Mean exact match of `samples` replies per item drawn at `temperature` (a pass@1 estimate), through
+    `generate_static` in chunks of `batch_items` items (default `chunk_rows` // samples). Sample s of items[i] draws
+    with the per-row RNG (dormouse.posttrain.rowrng) from `sample_seed(seed, i, s)`: its bytes depend on its prompt,
+    seed, i and s only, never on the chunks, the rows beside it or how many samples are asked (a CPU and a CUDA
+    run differ only where their logits do). Temperatures below rowrng.GREEDY_BELOW decode greedily."""
     was_training = model.training
     model.eval()
-    gen = torch.Generator().manual_seed(seed)
-    grades: list[tuple[tasks.Item, str]] = []
-    for i in range(0, len(items), batch_items):
-        chunk = items[i : i + batch_items]
-        with autocast(device, dtype):
-            replies = generate(model, [chat.prompt_bytes(it.prompt) for it in chunk], max_new_bytes,
-                               temperature=temperature, generator=gen, samples_per_prompt=samples,
-                               bf16=uses_bf16(dtype))
-        grades += [(chunk[j // samples], grade(chunk[j // samples], r)) for j, r in enumerate(replies)]
+    if batch_items is None:
+        batch_items = max(1, chunk_rows(model, device, dtype, CPU_SAMPLED_ITEMS * samples) // samples)
+    seeds = [sample_seed(seed, i, s) for i in range(len(items)) for s in range(samples)]
+    replies = decode_chunks(model, [chat.prompt_bytes(it.prompt) for it in items], max_new_bytes, dtype, batch_items,
+                            samples, temperature, seeds)
     model.train(was_training)
-    t = tally(grades)
+    t = tally([(items[j // samples], grade(items[j // samples], r)) for j, r in enumerate(replies)])
     return {"accuracy": t["accuracy"], "samples_per_item": samples, "temperature": temperature,
             "malformed": t["malformed"], "by_cell": t["by_cell"]}
 

@@ -21,8 +21,8 @@ bytes. The scoring math is dormouse.posttrain.mc.score_continuations (one defini
 benchmark), with its conventions: an empty context becomes the single byte 0x00, and context +
 continuation must fit in the window (config.json's train.seq_len unless `max_length=` is given).
 
-- loglikelihood: (sum log p in nats, is_greedy). Requests sharing a context are scored in one padded
-  forward, as dormouse.posttrain.mc batches the choices of one item, so both give bit-identical numbers. A
+- loglikelihood: (sum log p in nats, is_greedy). Every request of a call is packed into a few right-padded
+  forwards (mc.score_many, as bench scores a suite), so both give the same numbers up to float noise. A
   request that does not fit raises before any forward, unless `truncate_context=True`, which keeps the
   last bytes of the context that fit (what the harness's HF model does) and counts
   `lm_eval.context_truncated` in `self.counters`.
@@ -48,7 +48,7 @@ from lm_eval.api.registry import register_model
 from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
 
 from dormouse.core.store import MANIFEST, open_artifact
-from dormouse.posttrain.mc import effective_context, fits, score_continuations
+from dormouse.posttrain.mc import effective_context, fits, score_continuations, score_many
 from dormouse.train.runtime import load_model
 
 log = logging.getLogger(__name__)
@@ -164,9 +164,10 @@ class DormouseLM(LM):
         for i, (c, _) in enumerate(fitted):
             groups.setdefault(c, []).append(i)
         out: list[tuple[float, bool] | None] = [None] * len(requests)
-        for c, idx in groups.items():
-            for i, s in zip(idx, score_continuations(self.model, c, [fitted[i][1] for i in idx], self.window,
-                                                     self._device)):
+        scored = score_many(self.model, [(c, [fitted[i][1] for i in idx]) for c, idx in groups.items()], self.window,
+                            self._device)
+        for idx, scores in zip(groups.values(), scored, strict=True):
+            for i, s in zip(idx, scores, strict=True):
                 out[i] = (s.logprob, s.is_greedy)
                 self.cache_hook.add_partial("loglikelihood", requests[i].args, out[i])
         self.counters["lm_eval.loglikelihood_requests"] += len(requests)
