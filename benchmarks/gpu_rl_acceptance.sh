@@ -61,6 +61,26 @@ watch_rl_arms() {
     fi
   done
 }
+# every artifact the arms' stages read and this script does not build (the shard, anchors, sft — and pretrain, which
+# bench scores too) must be here before any rl minute is spent: session 25 ran rl and export of four arms from a
+# carried sft and then found no pretrain for bench
+missing=$($PY - "$JOBS" "$PRESET" $ARMS <<'PY'
+import json, os, sys
+jobs, preset, arms = sys.argv[1], sys.argv[2], sys.argv[3:]
+need = set()
+for a in arms:
+    for stage in ("rl", "export", "bench"):
+        path = f"{jobs}/{a}/{preset}_{stage}.json"
+        if os.path.exists(path):
+            need |= {(i["stage"], i["digest"]) for i in json.load(open(path))["inputs"].values()
+                     if i.get("kind") == "artifact" and i["stage"] not in ("rl", "export", "bench")}
+print(" ".join(f"results/store/{s}/{d}" for s, d in sorted(need) if not os.path.exists(f"results/store/{s}/{d}/manifest.json")))
+PY
+)
+if [ -n "$missing" ]; then
+  echo "not here, and the arms need them: $missing (carry them, or build pretrain and sft first with gpu_small_chain.sh)"
+  exit 2
+fi
 for stage in rl export bench; do
   todo=()
   for a in $ARMS; do

@@ -114,7 +114,11 @@ def test_sft_and_rl_report_accuracy_and_bpb_at_start_and_end(chain):
             assert r["sampled"]["samples_per_item"] == 4 and 0 <= r["sampled"]["accuracy"] <= 1
     sft_final = manifest(work, plan, "sft")["final"]
     rl_final = manifest(work, plan, "rl")["final"]
-    assert rl_final["start"] == sft_final["end"]  # rl starts from exactly the sft model
+    start_of_sft = {k: v for k, v in sft_final["end"].items() if k != "vs_start"}
+    assert rl_final["start"] == start_of_sft  # rl starts from exactly the sft model
+    for final in (sft_final, rl_final):  # each stage's end against its start, item by item over distinct prompts
+        v, a, b = final["end"]["vs_start"], final["start"]["items_correct"], final["end"]["items_correct"]
+        assert v["gained"] == sum(x == "0" and y == "1" for x, y in zip(a, b)) and v["units"] == len(a) == 8
 
 
 def test_rl_counts_groups_samples_and_signal(chain):
@@ -168,12 +172,14 @@ def test_bench_json_matches_its_schema_and_names_the_chain(chain, bench_view):
     assert view["stages"]["rl"]["file:capitals.jsonl"]["n_scored"] == 1
     assert view["stages"]["pretrain"]["eval_bytes"] == view["eval_window"]["bytes"]
     # the same held-out items: bench's greedy exact match equals what rl reported at its end (bench adds items_correct)
-    rl_gen = dict(view["stages"]["rl"]["tasks_gen"])
-    items = rl_gen.pop("items_correct")
-    assert rl_gen == {k: v for k, v in manifest(work, plan, "rl")["final"]["end"].items() if k != "corpus_bpb"}
+    rl_gen, rl_end = view["stages"]["rl"]["tasks_gen"], manifest(work, plan, "rl")["final"]["end"]
+    assert rl_gen == {k: v for k, v in rl_end.items() if k not in ("corpus_bpb", "vs_start")}
+    items = rl_gen["items_correct"]
     assert len(items) == rl_gen["n"] and items.count("1") == rl_gen["correct"]
-    # paired: rl against sft item by item; the net gain is the difference of the correct counts
+    # paired: rl against sft item by item; the net gain is the difference of the correct counts, and the sign test is
+    # the one rl's own log printed against its start (the sft model)
     p, sft_gen = view["paired"]["rl_vs_sft"], view["stages"]["sft"]["tasks_gen"]
+    assert {k: p[k] for k in ("gained", "lost", "units", "z")} == rl_end["vs_start"]
     assert p["delta_accuracy"] == round((rl_gen["correct"] - sft_gen["correct"]) / rl_gen["n"], 5) and p["n"] == rl_gen["n"]
     task_params = plan.job("bench", plan.chain["tiny"]["bench"]).spec(plan.store)["params"]["tasks"]
     assert p["units"] == len({it.prompt for it in task_eval.heldout_items(TaskSettings.of(task_params))}) and p["gained"] + p["lost"] <= p["units"]
@@ -637,3 +643,25 @@ def test_gpu_rl_acceptance_script_runs_the_arms_side_by_side(chain, tmp_path):
     assert f"a: rl_acceptance exit {0 if result['accepted'] else 1}" in first.stdout
     again = subprocess.run(script, cwd=work, env=env, capture_output=True, text=True, timeout=600)
     assert again.returncode == 0 and all(f"{s}: built for every arm" in again.stdout for s in ("rl", "export", "bench"))
+
+
+def test_gpu_rl_acceptance_script_names_what_the_arms_need_before_any_stage(tmp_path):
+    """An arm whose bench reads a pretrain artifact that is not here stops the script at once, naming it (session 25
+    spent rl and export of four arms on the GPU, then found bench's pretrain missing)."""
+    import subprocess
+    import sys
+
+    d = tmp_path / "jobs" / "a_s0"
+    d.mkdir(parents=True)
+    for stage, inputs in (("rl", {"sft": "s1"}), ("export", {"rl": "r1"}), ("bench", {"pretrain": "p1", "rl": "r1"})):
+        job = {"inputs": {k: {"kind": "artifact", "stage": k, "digest": v} for k, v in inputs.items()},
+               "out": f"results/store/{stage}/x"}
+        (d / f"tiny_{stage}.json").write_text(json.dumps(job))
+    (tmp_path / "results/store/sft/s1").mkdir(parents=True)
+    (tmp_path / "results/store/sft/s1/manifest.json").write_text("{}")
+    env = dict(os.environ, PY=sys.executable, PRESET="tiny", ARMS="a_s0", JOBS=str(tmp_path / "jobs"),
+               OUT=str(tmp_path / "out"), LOGS=str(tmp_path / "logs"))
+    script = [os.environ.get("BASH", "bash"), str(Path(__file__).resolve().parents[1] / "benchmarks" / "gpu_rl_acceptance.sh")]
+    r = subprocess.run(script, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and "results/store/pretrain/p1" in r.stdout and "sft/s1" not in r.stdout
+    assert not (tmp_path / "logs" / "a_s0_rl.log").exists()  # no stage started

@@ -245,15 +245,24 @@ def cell_stream(split: str, cell_of, seed: int, spread: bool = False) -> Iterato
 
 
 def held_out(model, items: list[tasks.Item], task_set: TaskSettings, dtype: str, batch_size: int, device, ex, ey,
-             counters: Counter) -> dict:
-    """Task accuracy (greedy, and sampled when tasks.sampled_eval.samples > 0) and corpus BPB on the eval window:
-    the numbers every post-training stage reports."""
-    acc = heldout_accuracy(model, items, task_set, device, dtype)
+             counters: Counter, base: dict | None = None) -> dict:
+    """Task accuracy (greedy, and sampled when tasks.sampled_eval.samples > 0, with each item's greedy correctness)
+    and corpus BPB on the eval window: the numbers every post-training stage reports. `base`: this stage's start (the
+    model it was given), against which `vs_start` holds the paired sign test over distinct prompts — the z bench's
+    `paired` computes, in the stage's own log, so a run whose bench is lost still says it."""
+    acc = heldout_accuracy(model, items, task_set, device, dtype, per_item=True)
     bpb = evaluate(model, ex, ey, batch_size, device, dtype, counters)
-    return {**acc, "corpus_bpb": round(bpb, 5)}
+    out = {**acc, "corpus_bpb": round(bpb, 5)}
+    if base is not None:
+        sign = paired_sign([c == "1" for c in base["items_correct"]], [c == "1" for c in acc["items_correct"]],
+                           [it.prompt for it in items])
+        out["vs_start"] = {**sign, "z": round(sign["z"], 3)}
+    return out
 
 
 def held_out_line(r: dict) -> str:
     sampled = f" sampled {r['sampled']['accuracy']} (T {r['sampled']['temperature']})" if "sampled" in r else ""
+    v = r.get("vs_start")
+    paired = f"; against the start +{v['gained']} -{v['lost']} of {v['units']} prompts, z {v['z']}" if v else ""
     return (f"accuracy {r['accuracy']} (constant-reply baseline {r['constant_baseline']}, {r['distinct_replies']} distinct "
-            f"replies){sampled} corpus_bpb {r['corpus_bpb']}")
+            f"replies){sampled} corpus_bpb {r['corpus_bpb']}{paired}")

@@ -136,7 +136,7 @@ def main(argv=None) -> int:
             r = select.report()
             progress.note(f"[rl] selected step {r['selected_step']} of {c['rl.steps_run']} ({selection_line(r)})")
         with qat.through(fq):
-            end = held_out()
+            end = held_out(base=start)
         progress.note(f"[rl] end: {task_eval.held_out_line(end)}")
         checked_counters(c, cfg, train_counters, eval_counters, "rl", trained=c["rl.updates"] > 0)
         c["rl.steps"] = rl["steps"]

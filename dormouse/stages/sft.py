@@ -103,7 +103,8 @@ def main(argv=None) -> int:
                 print(f"[sft] {json.dumps(row)}", flush=True)
                 meter.update(step + 1, bpb=row["bpb"], **({"replay_bpb": row["replay_bpb"]} if "replay_bpb" in row else {}))
         with qat.through(fq):
-            end = task_eval.held_out(model, heldout, task_set, params["dtype"], params["eval"]["batch_size"], device, ex, ey, eval_counters)
+            end = task_eval.held_out(model, heldout, task_set, params["dtype"], params["eval"]["batch_size"], device, ex,
+                                     ey, eval_counters, base=start)
         progress.note(f"[sft] end: {task_eval.held_out_line(end)}")
         checked_counters(c, cfg, train_counters, eval_counters, "sft")
         c["train.steps"] = sft["steps"]
