@@ -21,7 +21,10 @@ ARMS=${ARMS:-rl_s0 rl_s1 rl_s2 null_s0}  # issue #40: three seeds of the default
 JOBS=${JOBS:-.job}
 OUT=${OUT:-/tmp/rl_out}; mkdir -p "$OUT"
 LOGS=${LOGS:-/tmp/rl_logs}; mkdir -p "$LOGS"
-trap 'tar -cf "$OUT/rl_acceptance.tar" -C "$LOGS" .' EXIT
+# Triton's autotune results of the lease ride in the tar too (commit them as benchmarks/triton_autotune_small.tgz: an
+# arm's first update otherwise spends ~30 s autotuning the replay shapes)
+trap '[ -d "${TRITON_CACHE_DIR:-}" ] && (cd "$TRITON_CACHE_DIR" && find . -name "*.autotune.json" | tar -czf "$LOGS/triton_autotune.tgz" -T -)
+      tar -cf "$OUT/rl_acceptance.tar" -C "$LOGS" .' EXIT
 deadline=${DEADLINE:-$(( $(date +%s) + ${CALL_S:-570} ))}  # DEADLINE: epoch seconds, when a call runs other things first
 if [ "$PY" = python3 ]; then
   source "$(dirname "$0")/gpu_env.sh"  # its last test may return non-zero: not chained

@@ -659,9 +659,17 @@ def test_gpu_rl_acceptance_script_names_what_the_arms_need_before_any_stage(tmp_
         (d / f"tiny_{stage}.json").write_text(json.dumps(job))
     (tmp_path / "results/store/sft/s1").mkdir(parents=True)
     (tmp_path / "results/store/sft/s1/manifest.json").write_text("{}")
+    cache = tmp_path / "triton" / "K3Y"  # the lease's autotune results come back in the tar, even from a stop
+    cache.mkdir(parents=True)
+    (cache / "fwd.autotune.json").write_text("{}")
     env = dict(os.environ, PY=sys.executable, PRESET="tiny", ARMS="a_s0", JOBS=str(tmp_path / "jobs"),
-               OUT=str(tmp_path / "out"), LOGS=str(tmp_path / "logs"))
+               OUT=str(tmp_path / "out"), LOGS=str(tmp_path / "logs"), TRITON_CACHE_DIR=str(tmp_path / "triton"))
     script = [os.environ.get("BASH", "bash"), str(Path(__file__).resolve().parents[1] / "benchmarks" / "gpu_rl_acceptance.sh")]
     r = subprocess.run(script, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
     assert r.returncode == 2 and "results/store/pretrain/p1" in r.stdout and "sft/s1" not in r.stdout
     assert not (tmp_path / "logs" / "a_s0_rl.log").exists()  # no stage started
+    import tarfile
+
+    with tarfile.open(tmp_path / "out" / "rl_acceptance.tar") as tar:
+        inner = tarfile.open(fileobj=tar.extractfile("./triton_autotune.tgz"))
+        assert inner.getnames() == ["./K3Y/fwd.autotune.json"]
