@@ -259,14 +259,13 @@ def test_packed_scores_are_one_forward_per_items_on_cuda(dtype):
 
     from dormouse.posttrain import task_eval
     from dormouse.posttrain.settings import SampledEval, TaskSettings
-    from dormouse.stages.bench import task_mc_items
     from dormouse.train.runtime import autocast
 
     cuda = torch.device("cuda")
     model = decode_model(CONFIGS["all_on_conv4"], scale=0.5).cuda()
     task_set = TaskSettings(families=("add", "reverse", "count"), difficulties=(1, 2), heldout_items=8,
                             max_new_bytes=8, sampled_eval=SampledEval(samples=0, temperature=1.0, seed=0))
-    items = task_mc_items(task_eval.heldout_items(task_set), 4) + [
+    items = task_eval.mc_items(task_eval.heldout_items(task_set), 4) + [
         mc.McItem(bytes(f"Item {i}: " + "q" * (i % 37), "ascii"), [b" yes", b" no" * (1 + i % 5), b"!"], i % 3,
                   f"t:{i}") for i in range(40)]
     reqs = [(it.context, it.choices) for it in items]

@@ -12,7 +12,7 @@ from collections.abc import Iterator
 import torch
 
 from dormouse.data import chat
-from dormouse.posttrain import tasks
+from dormouse.posttrain import mc, tasks
 from dormouse.posttrain.decode import DecodeStep, generate_static
 from dormouse.posttrain.settings import TaskSettings
 from dormouse.train.runtime import autocast, evaluate, uses_bf16
@@ -30,6 +30,18 @@ def dev_items(task_set: TaskSettings, per_cell: int) -> list[tasks.Item]:
     whose prompts rl never trains on and the held-out set never asks."""
     return [it for fam in task_set.families for d in task_set.difficulties
             for it in tasks.distinct_items("dev", fam, d, per_cell)]
+
+
+def mc_items(items: list[tasks.Item], k: int) -> list[mc.McItem]:
+    """The items as byte-level multiple choice (bench's tasks_mc): context the chat prompt, each choice an answer
+    + END, distractors from tasks.choices."""
+    out = []
+    for it in items:
+        options, answer = tasks.choices(it, k=k, seed=it.seed)
+        out.append(mc.McItem(context=chat.prompt_bytes(it.prompt),
+                             choices=[o.encode() + bytes([chat.END]) for o in options],
+                             answer=answer, source=f"{it.family}@{it.difficulty}"))
+    return out
 
 
 def cell_counts(items: list[tasks.Item]) -> dict[str, int]:

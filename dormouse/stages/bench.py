@@ -34,8 +34,7 @@ from dormouse.data.byte_stream import eval_window
 from dormouse.core import progress
 from dormouse.data.raw import expand_raw
 from dormouse.planner.job import check_raw_input, input_artifact, parse_job, summary, writer
-from dormouse.data import chat
-from dormouse.posttrain import mc, task_eval, tasks
+from dormouse.posttrain import mc, task_eval
 from dormouse.posttrain.settings import TaskSettings
 from dormouse.model import quant
 from dormouse.train.runtime import deterministic_cpu, device_for, evaluate, load_model, model_config_of
@@ -43,16 +42,6 @@ from dormouse.train.runtime import deterministic_cpu, device_for, evaluate, load
 BENCH_FORMAT = 5  # the layout of bench.json (documented in docs/posttraining.md); 2: items_correct and paired; 3: paired per
 # distinct prompt (units); 4: within_one_se, and a QAT chain's rungs against its twin's bf16 (rungs_vs_twin_bf16);
 # 5: held-out items are distinct prompts (tasks.distinct_items), counted per cell in heldout_cells
-
-
-def task_mc_items(items: list[tasks.Item], k: int) -> list[mc.McItem]:
-    out = []
-    for it in items:
-        options, answer = tasks.choices(it, k=k, seed=it.seed)
-        out.append(mc.McItem(context=chat.prompt_bytes(it.prompt),
-                             choices=[o.encode() + bytes([chat.END]) for o in options],
-                             answer=answer, source=f"{it.family}@{it.difficulty}"))
-    return out
 
 
 def score_model(model, suites: dict[str, list[mc.McItem]], heldout, params, device, counters) -> dict:
@@ -126,7 +115,7 @@ def main(argv=None) -> int:
     heldout = task_eval.heldout_items(TaskSettings.of(params["tasks"]))
     cz = params["bench"]["cloze"]
     suites = {
-        "tasks_mc": task_mc_items(heldout, params["bench"]["mc_choices"]),
+        "tasks_mc": task_eval.mc_items(heldout, params["bench"]["mc_choices"]),
         "cloze": mc.cloze_items(np.fromfile(tail_path, dtype=np.uint8).tobytes(), cz["items"], cz["context_bytes"],
                                 cz["span_bytes"], cz["choices"], cz["seed"]),
     }
