@@ -29,7 +29,8 @@ GPU memory (peak_gib: its model's weights plus the most it allocated beyond what
 the preset's other model is not counted), and state bytes per stream: ours measured from the LMState tensors after
 prefilling `--state-contexts` bytes (constant), the peer's KV cache from its config (2 x layers x kv_heads x
 head_dim x context x dtype bytes, checked against a DynamicCache after a prefill of that length); the state columns
-of a peer row are its KV. Ours is measured through its HTTP server and SSE (what a client sees), the peer in-process
+of a peer row are its KV. Ours is measured through its HTTP server and SSE (what a client sees; the timed load's
+clients run in a process of their own, as real clients do), the peer in-process
 (`generate` has no server): the comparison favours the peer.
 
     .venv/bin/python -m benchmarks.serve_bench --concurrency 32 --requests 64 --max-tokens 128            # tiny, CPU
@@ -53,7 +54,6 @@ import importlib.metadata
 import json
 import statistics
 import sys
-import threading
 import time
 from contextlib import nullcontext
 from pathlib import Path
@@ -64,17 +64,17 @@ import uvicorn
 
 from benchmarks.bench_env import git_rev
 from benchmarks.peers import sdpa_layout
+from benchmarks.serve_load import ARMS, Deadline, load, load_elsewhere, prompts_for, start_server
 from dormouse.core.config import load_preset  # noqa: E402
 from dormouse.core.store import open_artifact  # noqa: E402
 from dormouse.model.config import ModelConfig  # noqa: E402
 from dormouse.model.gpt import ByteLM, count_params  # noqa: E402
 from dormouse.posttrain.decode import prefill_prompts  # noqa: E402
 from dormouse.serve import batcher as batcher_mod  # noqa: E402
-from dormouse.serve.app import MAX_NEW_BYTES, create_app  # noqa: E402
+from dormouse.serve.app import MAX_NEW_BYTES  # noqa: E402
 from dormouse.train.runtime import load_model  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
-ARMS = {"batched": batcher_mod.Batcher, "graphed": batcher_mod.GraphedBatcher, "unbatched": batcher_mod.Batcher}
 PEER_ARMS = ("hf_static", "hf_dynamic")
 ALL_ARMS = (*ARMS, *PEER_ARMS)
 PAD, BOS, EOS = 256, 257, 258  # the peer's specials after the 256 bytes
@@ -97,19 +97,6 @@ def versions() -> str:
             f"uvicorn {uvicorn.__version__} httpx {httpx.__version__}{hf} dormouse {git_rev() or '?'}")
 
 
-class Deadline:
-    """An arm's time limit: its own --arm-timeout-s, never past the run's --budget-s."""
-
-    def __init__(self, seconds: float, run_end: float = float("inf")):
-        self.end = min(time.perf_counter() + seconds, run_end)
-
-    def left(self) -> float:
-        return max(0.0, self.end - time.perf_counter())
-
-    def passed(self) -> bool:
-        return time.perf_counter() >= self.end
-
-
 def parse_timeouts(spec: str) -> tuple[float, dict[str, float]]:
     """'60' or '60,hf_static=120,unbatched=20': the default limit of an arm, and some arms' own."""
     default, own = None, {}
@@ -124,12 +111,6 @@ def parse_timeouts(spec: str) -> tuple[float, dict[str, float]]:
     if default is None:
         raise ValueError(f"--arm-timeout-s {spec!r}: give a default number of seconds")
     return default, own
-
-
-def prompts_for(requests: int, prompt_bytes: int) -> list[bytes]:
-    """The same prompts for every arm (ASCII: one byte each, ours' bytes = the peer's tokens)."""
-    return [(f"request {i}: " + "the quick brown fox " * (prompt_bytes // 20 + 2))[:prompt_bytes].encode()
-            for i in range(requests)]
 
 
 def summarize(recs: list[dict], n_bytes: int, wall: float) -> dict:
@@ -150,70 +131,6 @@ def summarize(recs: list[dict], n_bytes: int, wall: float) -> dict:
 # -------------------------------------------------------------------------------------------------
 # ours: dormouse serve on loopback
 # -------------------------------------------------------------------------------------------------
-def start_server(model, device, max_batch: int, keep_end: bool, arm: str = "batched"):
-    b = ARMS[arm](model, device, bf16=True, max_batch=max_batch)
-    b.bench_streams = []  # every stream submitted: their new_bytes are the bytes decoded, finished or not
-
-    def submit(s, submit=b.submit):
-        if not keep_end:  # every request decodes --max-tokens bytes: equal work in every arm
-            s.stop_bytes = frozenset()
-        b.bench_streams.append(s)
-        return submit(s)
-
-    b.submit = submit
-    b.start()
-    server = uvicorn.Server(uvicorn.Config(create_app(b, "bench"), host="127.0.0.1", port=0, log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    while not server.started:
-        time.sleep(0.02)
-    return b, server, thread, f"http://127.0.0.1:{server.servers[0].sockets[0].getsockname()[1]}"
-
-
-async def one(client: httpx.AsyncClient, url: str, prompt: bytes, max_tokens: int, seed: int, rec: dict) -> None:
-    """One streamed completion; rec is filled as it goes, so a request cut by the time limit keeps what it had."""
-    rec["t0"] = time.perf_counter()
-    body = {"prompt": prompt.decode(), "max_tokens": max_tokens, "temperature": 1.0, "seed": seed, "stream": True,
-            "stream_options": {"include_usage": True}}
-    async with client.stream("POST", url + "/v1/completions", json=body) as r:
-        r.raise_for_status()
-        async for line in r.aiter_lines():
-            if not line.startswith("data: ") or line == "data: [DONE]":
-                continue
-            chunk = json.loads(line[6:])
-            if chunk.get("usage"):
-                rec["bytes"] = chunk["usage"]["completion_tokens"]
-            elif chunk["choices"] and chunk["choices"][0]["text"] and rec["first"] is None:
-                rec["first"] = time.perf_counter()
-    rec["end"] = time.perf_counter()
-
-
-async def load(url: str, concurrency: int, prompts: list[bytes], max_tokens: int, deadline: Deadline,
-               at_deadline=lambda: None) -> tuple[list[dict], float, bool]:
-    """All prompts, `concurrency` at a time, until done or the deadline: (per-request records, wall seconds, cut).
-    at_deadline() runs once the load ends, before a cut load's requests are cancelled."""
-    sem = asyncio.Semaphore(concurrency)
-    recs = [{"t0": None, "first": None, "end": None, "bytes": 0} for _ in prompts]
-
-    async def guarded(client, i):
-        async with sem:
-            await one(client, url, prompts[i], max_tokens, i, recs[i])
-
-    async with httpx.AsyncClient(timeout=None, limits=httpx.Limits(max_connections=concurrency + 4)) as client:
-        t0 = time.perf_counter()
-        tasks = [asyncio.ensure_future(guarded(client, i)) for i in range(len(prompts))]
-        done, pending = await asyncio.wait(tasks, timeout=deadline.left())
-        wall = time.perf_counter() - t0
-        at_deadline()
-        for t in pending:  # the clients go away; the server cancels their streams
-            t.cancel()
-        await asyncio.gather(*pending, return_exceptions=True)
-        failed = [t.exception() for t in done if t.exception() is not None]  # each one retrieved
-        if failed:
-            raise failed[0]  # a failed request fails the arm (its row says so)
-    return recs, wall, bool(pending)
-
-
 def run_ours(model, device, arm: str, concurrency: int, prompts: list[bytes], max_tokens: int, keep_end: bool,
              deadline: Deadline) -> dict:
     max_batch = 1 if arm == "unbatched" else concurrency
@@ -224,8 +141,8 @@ def run_ours(model, device, arm: str, concurrency: int, prompts: list[bytes], ma
         setup = time.perf_counter() - t_setup
         b.bench_streams.clear()
         decoded = {}
-        recs, wall, cut = asyncio.run(load(url, concurrency, prompts, max_tokens, deadline, at_deadline=lambda:
-                                           decoded.setdefault("bytes", sum(s.new_bytes for s in b.bench_streams))))
+        recs, wall, cut = load_elsewhere(url, concurrency, prompts, max_tokens, deadline, at_deadline=lambda:
+                                         decoded.setdefault("bytes", sum(s.new_bytes for s in b.bench_streams)))
     finally:
         server.should_exit = True
         thread.join(timeout=10)

@@ -42,6 +42,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from dormouse.data import chat
 from dormouse.serve.batcher import PREFILL_CHUNK, Batcher, GraphedBatcher, Stream
 from dormouse.serve.guard import Guard, default_allowed_hosts, error_body, raise_file_limit
+from dormouse.serve.mailbox import mailbox_of
 from dormouse.serve.page import PAGE
 
 MAX_NEW_BYTES = 4096  # max_tokens ceiling (bytes)
@@ -275,14 +276,8 @@ def check_model(req: Sampling, model_id: str) -> None:
 
 def start(batcher: Batcher, prompt: bytes, req: Sampling, max_new: int, stop_bytes=frozenset({chat.END}),
           group: object = None) -> tuple[Stream, asyncio.Queue]:
-    loop, q = asyncio.get_running_loop(), asyncio.Queue()
-
-    def deliver(item):  # from the decode thread
-        try:
-            loop.call_soon_threadsafe(q.put_nowait, item)
-        except RuntimeError:  # the server's loop closed (shutting down): no one waits; the decode thread goes on
-            pass
-
+    box, q = mailbox_of(asyncio.get_running_loop()), asyncio.Queue()
+    deliver = partial(box.put, q)  # from the decode thread: one loop wake-up for what a step delivers
     stream = Stream(prompt, max_new, emit=lambda text: deliver(("text", text)),
                     finish=lambda reason, usage: deliver(("done", reason, usage)),
                     temperature=req.temperature, top_k=req.top_k, stops=req.stops(), seed=req.seed,
@@ -336,9 +331,13 @@ async def sse_events(stream: Stream, q: asyncio.Queue, chunk, include_usage: boo
         if first is not None:
             yield sse(first)
         while True:
-            item = await q.get()
-            if item[0] == "text":
-                yield sse(chunk(item[1], None))
+            item, texts = await q.get(), []
+            while item is not None and item[0] == "text":  # what waits already goes in one event: under load the
+                texts.append(item[1])  # loop falls behind the decode and events carry several bytes, not one each
+                item = q.get_nowait() if not q.empty() else None
+            if texts:
+                yield sse(chunk("".join(texts), None))
+            if item is None:
                 continue
             done = True
             if item[1] == "error":  # the stream is already open: the error goes in it, then it ends

@@ -46,6 +46,7 @@ import torch
 from dormouse.model.gpt import ByteLM, LMState, cat_states
 from dormouse.posttrain.decode import DecodeStep, prefill_prompts
 from dormouse.posttrain.rowrng import GREEDY_BELOW
+from dormouse.serve.mailbox import one_wake
 
 PREFILL_CHUNK = 2048  # bytes of prompt prefilled between two decode steps (`dormouse serve --prefill-chunk`): an 8 KB
 # prompt goes in 4 pieces with a decode step of the running streams after each; ~20 chat prompts of 100 bytes share one
@@ -406,7 +407,8 @@ class Batcher:
                 if self.prefilling:  # a step the prompts being prefilled did not hold up (whole, they would have)
                     self.counters["serve.steps_during_prefill"] += 1
                 try:
-                    rows, logits, state = self._advance(rows, logits, state)
+                    with one_wake():  # the step's bytes reach the server's loop in one wake-up
+                        rows, logits, state = self._advance(rows, logits, state)
                 except Exception as e:  # noqa: BLE001 - the batch's streams get the error; the server goes on
                     self._fail([s for s in rows if not s.done], e)
                     rows, logits, state = [], None, None
