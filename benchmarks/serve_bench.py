@@ -64,7 +64,7 @@ import uvicorn
 
 from benchmarks.bench_env import git_rev
 from benchmarks.peers import sdpa_layout
-from benchmarks.serve_load import ARMS, Deadline, load, load_elsewhere, prompts_for, start_server
+from benchmarks.serve_load import ARMS, Deadline, load, load_elsewhere, prompts_for, start_clients, start_server
 from dormouse.core.config import load_preset  # noqa: E402
 from dormouse.core.store import open_artifact  # noqa: E402
 from dormouse.model.config import ModelConfig  # noqa: E402
@@ -357,6 +357,8 @@ def main(argv=None) -> int:
     print(f"[serve_bench] {vers}; {dev_name}; presets {','.join(p or str(args.model) for p in presets)}; arms "
           f"{args.arms}; concurrency {args.concurrency}; {args.max_tokens} bytes a request; limit {args.arm_timeout_s} "
           f"s an arm, budget {args.budget_s} s", flush=True)
+    if any(a in ARMS for a in arms):
+        start_clients()  # the timed loads' client process, started once, before any arm's clock
     for preset in presets:
         name = f"{args.model.parent.name}/{args.model.name[:8]}" if args.model else f"{preset}@init"
         model = peer = lay = None

@@ -20,7 +20,7 @@ import time
 import torch
 
 from benchmarks.bench_env import git_rev
-from benchmarks.serve_load import Deadline, load, load_elsewhere, prompts_for, start_server
+from benchmarks.serve_load import Deadline, load, load_elsewhere, prompts_for, start_clients, start_server
 from dormouse.model.config import ModelConfig
 from dormouse.model.gpt import ByteLM
 
@@ -52,6 +52,7 @@ def main(argv=None) -> int:
     print(f"[serve_host_path] {platform.processor() or platform.machine()}, torch {torch.__version__}, dormouse "
           f"{git_rev() or '?'}; model step alone at {args.concurrency} rows: {step_ms(model, args.concurrency):.3f} ms")
     rates = {}
+    start_clients()
     for where in ("process", "in-process"):
         b, server, thread, url = start_server(model, torch.device("cpu"), args.concurrency, keep_end=False)
         try:

@@ -1,21 +1,20 @@
 """The load `benchmarks/serve_bench.py` and `benchmarks/serve_host_path.py` put on `dormouse serve`: the server on
 loopback in this process (its decode thread and event loop), N streamed completions at a time over HTTP and SSE
-from httpx, in a process of their own for the timed load, each arm under its own time limit."""
+from httpx, each arm under its own time limit. The timed load runs in a client process of its own (`ClientProcess`,
+started once: the clients' Python would otherwise take the GIL from the server's decode thread and event loop).
+This module imports no torch at the top, so that process starts in a fraction of a second."""
 
 from __future__ import annotations
 
 import asyncio
+import atexit
 import json
 import threading
 import time
 
 import httpx
-import uvicorn
 
-from dormouse.serve import batcher as batcher_mod
-from dormouse.serve.app import create_app
-
-ARMS = {"batched": batcher_mod.Batcher, "graphed": batcher_mod.GraphedBatcher, "unbatched": batcher_mod.Batcher}
+ARMS = ("batched", "graphed", "unbatched")  # ours; the graphed arm is `dormouse serve --decode graphed`
 
 
 class Deadline:
@@ -38,7 +37,13 @@ def prompts_for(requests: int, prompt_bytes: int) -> list[bytes]:
 
 
 def start_server(model, device, max_batch: int, keep_end: bool, arm: str = "batched"):
-    b = ARMS[arm](model, device, bf16=True, max_batch=max_batch)
+    import uvicorn
+
+    from dormouse.serve import batcher as batcher_mod
+    from dormouse.serve.app import create_app
+
+    b = (batcher_mod.GraphedBatcher if arm == "graphed" else batcher_mod.Batcher)(model, device, bf16=True,
+                                                                                  max_batch=max_batch)
     b.bench_streams = []  # every stream submitted: their new_bytes are the bytes decoded, finished or not
 
     def submit(s, submit=b.submit):
@@ -101,39 +106,90 @@ async def load(url: str, concurrency: int, prompts: list[bytes], max_tokens: int
     return recs, wall, bool(pending)
 
 
-def _client(conn, url: str, concurrency: int, prompts: list[bytes], max_tokens: int, seconds: float) -> None:
-    """The timed load in its own process: (recs, wall, cut) back through `conn`; when the load ends it says "ended"
-    and waits for "go" (the server counts what it decoded) before cancelling a cut load's requests."""
-    def at_deadline():
-        conn.send("ended")
-        conn.poll(60) and conn.recv()
+def _serve_loads(conn) -> None:
+    """The client process: each job (url, concurrency, prompts, max_tokens, end) is one `load` until the wall-clock
+    `end` (time.time(): perf_counter is per process); (status, result) goes back. When a load ends it says "ended"
+    and waits for "go" (the server counts what it decoded) before cancelling a cut load's requests. None: stop."""
+    conn.send("ready")
+    while (job := conn.recv()) is not None:
+        url, concurrency, prompts, max_tokens, end = job
 
-    try:
-        conn.send(("done", asyncio.run(load(url, concurrency, prompts, max_tokens, Deadline(seconds), at_deadline))))
-    except BaseException as e:  # noqa: BLE001 - the parent raises it: a failed request fails the arm
-        conn.send(("failed", f"{type(e).__name__}: {e}"))
+        def at_deadline():
+            conn.send("ended")
+            conn.recv()
+
+        try:
+            conn.send(("done", asyncio.run(load(url, concurrency, prompts, max_tokens, Deadline(end - time.time()),
+                                                at_deadline))))
+        except Exception as e:  # noqa: BLE001 - the parent raises it: a failed request fails the arm
+            conn.send(("failed", f"{type(e).__name__}: {e}"))
+
+
+class ClientProcess:
+    """A spawned process that runs `load`s for this one. Started once and waited for (an arm's time limit must not
+    pay a Python start); one that died is an error on the load it was running, and the next load starts another."""
+
+    def __init__(self):
+        import multiprocessing as mp
+
+        ctx = mp.get_context("spawn")  # fork is unsafe once CUDA is up
+        self.conn, there = ctx.Pipe()
+        self.proc = ctx.Process(target=_serve_loads, args=(there,), daemon=True)
+        self.proc.start()
+        there.close()  # the child's end lives in the child only: its death is an EOF here
+        if self._receive(timeout=300) != "ready":
+            raise RuntimeError("the client process did not start")
+
+    def _receive(self, timeout: float = float("inf")):
+        t0 = time.monotonic()
+        try:
+            while not self.conn.poll(1):
+                if not self.proc.is_alive() and not self.conn.poll(0) or time.monotonic() - t0 > timeout:
+                    raise EOFError
+            return self.conn.recv()
+        except EOFError:
+            self.close()
+            raise RuntimeError(f"the client process ended without a reply (exit {self.proc.exitcode})") from None
+
+    def load(self, url: str, concurrency: int, prompts: list[bytes], max_tokens: int, deadline: Deadline,
+             at_deadline) -> tuple[list[dict], float, bool]:
+        self.conn.send((url, concurrency, prompts, max_tokens, time.time() + deadline.left()))
+        msg = self._receive()
+        if msg == "ended":
+            try:
+                at_deadline()
+            finally:  # the child waits for it whatever happened here
+                self.conn.send("go")
+            msg = self._receive()
+        if msg[0] == "failed":
+            raise RuntimeError(f"the client process: {msg[1]}")
+        return msg[1]
+
+    def close(self) -> None:
+        if self.proc.is_alive():
+            try:
+                self.conn.send(None)
+            except OSError:
+                pass
+            self.proc.join(timeout=10)
+        if self.proc.is_alive():
+            self.proc.kill()
+
+
+_clients: ClientProcess | None = None
+
+
+def start_clients() -> ClientProcess:
+    """The run's client process (started here if there is none alive): call it in set-up, before any arm's clock."""
+    global _clients
+    if _clients is None or not _clients.proc.is_alive():
+        _clients = ClientProcess()
+        atexit.register(_clients.close)
+    return _clients
 
 
 def load_elsewhere(url: str, concurrency: int, prompts: list[bytes], max_tokens: int, deadline: Deadline,
                    at_deadline) -> tuple[list[dict], float, bool]:
-    """`load` from a spawned process: a client in the server's process takes the GIL from its decode thread and
-    event loop (on the dev VM's CPU it halved the bytes/s; real clients are elsewhere)."""
-    import multiprocessing as mp
-
-    ctx = mp.get_context("spawn")  # fork is unsafe once CUDA is up
-    here, there = ctx.Pipe()
-    p = ctx.Process(target=_client, args=(there, url, concurrency, prompts, max_tokens, deadline.left()), daemon=True)
-    p.start()
-    try:
-        msg = here.recv()
-        if msg == "ended":
-            at_deadline()
-            here.send("go")
-            msg = here.recv()
-    except EOFError:
-        raise RuntimeError(f"the client process died (exit {p.exitcode})") from None
-    finally:
-        p.join(timeout=30)
-    if msg[0] == "failed":
-        raise RuntimeError(f"the client process: {msg[1]}")
-    return msg[1]
+    """`load` from the client process (`start_clients`): on the dev VM's CPU, clients in the server's process halved
+    its bytes/s; real clients are elsewhere."""
+    return start_clients().load(url, concurrency, prompts, max_tokens, deadline, at_deadline)
