@@ -407,8 +407,7 @@ class Batcher:
                 if self.prefilling:  # a step the prompts being prefilled did not hold up (whole, they would have)
                     self.counters["serve.steps_during_prefill"] += 1
                 try:
-                    with one_wake():  # the step's bytes reach the server's loop in one wake-up
-                        rows, logits, state = self._advance(rows, logits, state)
+                    rows, logits, state = self._advance(rows, logits, state)
                 except Exception as e:  # noqa: BLE001 - the batch's streams get the error; the server goes on
                     self._fail([s for s in rows if not s.done], e)
                     rows, logits, state = [], None, None
@@ -433,17 +432,18 @@ class Batcher:
         """Each row's new byte to its stream; the streams that finished are finished (counted). Returns the rows
         that go on."""
         keep = []
-        for i, (s, b) in enumerate(zip(rows, new)):
-            reason = "cancelled" if s.cancelled else s.take(b)
-            if reason is None:
-                keep.append(i)
-                continue
-            if reason == "cancelled":
-                self.counters["serve.streams_cancelled"] += 1
-            self.counters[f"serve.finished.{reason}"] += 1
-            self.counters["serve.bytes_out"] += s.new_bytes
-            s.done = True
-            s.finish(reason, self._usage(s))
+        with one_wake():  # the step's bytes reach the server's loop in one wake-up, before the next step runs
+            for i, (s, b) in enumerate(zip(rows, new)):
+                reason = "cancelled" if s.cancelled else s.take(b)
+                if reason is None:
+                    keep.append(i)
+                    continue
+                if reason == "cancelled":
+                    self.counters["serve.streams_cancelled"] += 1
+                self.counters[f"serve.finished.{reason}"] += 1
+                self.counters["serve.bytes_out"] += s.new_bytes
+                s.done = True
+                s.finish(reason, self._usage(s))
         return keep
 
 

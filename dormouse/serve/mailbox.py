@@ -15,14 +15,14 @@ import threading
 import weakref
 from contextlib import contextmanager
 
-_boxes: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_boxes: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # loop -> its Mailbox, gone with the loop
 _boxes_lock = threading.Lock()
-_deferring = threading.local()  # .on: this thread is inside one_wake()
+_deferred = threading.local()  # .boxes: the mailboxes this thread put into inside one_wake() (None outside)
 
 
 class Mailbox:
     def __init__(self, loop: asyncio.AbstractEventLoop):
-        self.loop = loop
+        self._loop = weakref.ref(loop)  # not the loop itself: _boxes' key must be able to die
         self._items: list[tuple[asyncio.Queue, object]] = []
         self._lock = threading.Lock()
         self._wake_pending = False
@@ -31,18 +31,24 @@ class Mailbox:
         """From any thread: `item` into `q` on the loop, after everything put before it."""
         with self._lock:
             self._items.append((q, item))
-        if not getattr(_deferring, "on", False):
+        deferred = getattr(_deferred, "boxes", None)
+        if deferred is None:
             self.wake()
+        else:
+            deferred.add(self)
 
     def wake(self) -> None:
-        """Have the loop deliver what is here (one wake-up, none if one is pending or nothing waits). A closed loop
-        (the server shutting down) drops it: no one waits on its queues."""
+        """Have the loop deliver what is here (one wake-up, none if one is pending or nothing waits). A closed or
+        collected loop (the server shut down) drops it: no one waits on its queues."""
         with self._lock:
             if self._wake_pending or not self._items:
                 return
             self._wake_pending = True
+        loop = self._loop()
         try:
-            self.loop.call_soon_threadsafe(self._deliver)
+            if loop is None:
+                raise RuntimeError("the loop is gone")
+            loop.call_soon_threadsafe(self._deliver)
         except RuntimeError:  # the loop is closed
             with self._lock:
                 self._items.clear()
@@ -66,13 +72,12 @@ def mailbox_of(loop: asyncio.AbstractEventLoop) -> Mailbox:
 
 @contextmanager
 def one_wake():
-    """What this thread puts inside goes out at the end, one wake-up per mailbox (a decode step's bytes)."""
-    _deferring.on = True
+    """What this thread puts inside goes out at the end, one wake-up per mailbox it put into (a decode step's
+    bytes). Not reentrant: the decode thread opens one around each step's delivery."""
+    _deferred.boxes = boxes = set()
     try:
         yield
     finally:
-        _deferring.on = False
-        with _boxes_lock:
-            boxes = list(_boxes.values())
+        _deferred.boxes = None
         for box in boxes:
             box.wake()
