@@ -82,11 +82,13 @@ def chunk_rows(model, device, dtype: str, cpu_rows: int) -> int:
 def decode_chunks(model, prompts: list[bytes], max_new_bytes: int, dtype: str, prompts_per_chunk: int,
                   samples: int = 1, temperature: float = 0.0, seeds: list[int] | None = None) -> list[bytes]:
     """`generate_static` over `prompts_per_chunk` prompts (x `samples` rows) at a time, every chunk through ONE
-    DecodeStep of that many rows (a last, smaller chunk pads to it), freed on return; bf16 as `uses_bf16(dtype)`."""
+    DecodeStep of that many rows (a last, smaller chunk through a bucket of its size), freed on return; bf16 as
+    `uses_bf16(dtype)`."""
     if not prompts or max_new_bytes == 0:
         return [b""] * (len(prompts) * samples)
     per = max(1, min(prompts_per_chunk, len(prompts)))
-    step = DecodeStep(model, per * samples, buckets=[per * samples], bf16=uses_bf16(dtype))
+    last = len(prompts) % per or per  # the last chunk's own bucket: it would step `per` rows otherwise
+    step = DecodeStep(model, per * samples, buckets=sorted({last * samples, per * samples}), bf16=uses_bf16(dtype))
     out: list[bytes] = []
     for i in range(0, len(prompts), per):
         rows = None if seeds is None else seeds[i * samples : (i + per) * samples]
