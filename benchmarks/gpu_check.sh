@@ -108,7 +108,7 @@ PY
   # one group of them took 285 s against test_cuda_graphs' 84 s); their logs are joined into tests.log in this order
   rm -f /tmp/gpu_check_tests.rc /tmp/gpu_check_tests.*.log
   local groups=(tests/test_cuda_graphs.py) rest k=0 f
-  rest=$(( ${TEST_GROUPS:-3} ))
+  rest=$(( ${TEST_GROUPS:-3} > 0 ? ${TEST_GROUPS:-3} : 1 ))
   for f in $(tr ' ' '\n' <<< "$files" | grep -v test_cuda_graphs); do
     groups[$(( 1 + k % rest ))]+=" $f"; k=$(( k + 1 ))
   done

@@ -75,11 +75,11 @@ for a in arms:
     for stage in ("rl", "export", "bench"):
         path = f"{jobs}/{a}/{preset}_{stage}.json"
         if os.path.exists(path):
-            need |= {(i["stage"], i["digest"]) for i in json.load(open(path))["inputs"].values()
-                     if i.get("kind") == "artifact" and i["stage"] not in ("rl", "export", "bench")}
+            need |= {(i["stage"], i["digest"]) for name, i in json.load(open(path))["inputs"].items()
+                     if i.get("kind") == "artifact" and name not in ("rl", "export")}  # the arm's own: built here
 print(" ".join(f"results/store/{s}/{d}" for s, d in sorted(need) if not os.path.exists(f"results/store/{s}/{d}/manifest.json")))
 PY
-)
+) || { echo "the arms' jobs under $JOBS could not be read (above)"; exit 2; }
 if [ -n "$missing" ]; then
   echo "not here, and the arms need them: $missing (carry them, or build pretrain and sft first with gpu_small_chain.sh)"
   exit 2
