@@ -165,7 +165,8 @@ def train_for(system: str, cfg: ModelConfig, train: dict, shards, device, budget
                          "passes": round(read / stream.epoch_bytes, 4),  # past 1 the curve measures memorising too
                          "eval_bpb": round(bpb, 5), "eval_bytes": eval_bytes, "note": note})
             log(f"{name}: {json.dumps(rows[-1])}")
-            next_eval += eval_every_s
+            while next_eval <= spent:  # past every point this eval covers: a slow stretch that crossed two would
+                next_eval += eval_every_s  # leave one due, and a run paused now would repeat this eval on resuming
             if spent >= budget_s:
                 return rows
         if pause_s is not None and spent - start_s >= pause_s:  # after any eval due now: resuming repeats none
