@@ -75,7 +75,7 @@ for a in arms:
     for stage in ("rl", "export", "bench"):
         path = f"{jobs}/{a}/{preset}_{stage}.json"
         if os.path.exists(path):
-            need |= {(i["stage"], i["digest"]) for name, i in json.load(open(path))["inputs"].items()
+            need |= {(i["stage"], i["digest"]) for name, i in json.load(open(path)).get("inputs", {}).items()
                      if i.get("kind") == "artifact" and name not in ("rl", "export")}  # the arm's own: built here
 print(" ".join(f"results/store/{s}/{d}" for s, d in sorted(need) if not os.path.exists(f"results/store/{s}/{d}/manifest.json")))
 PY
