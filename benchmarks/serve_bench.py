@@ -70,7 +70,6 @@ from dormouse.core.store import open_artifact  # noqa: E402
 from dormouse.model.config import ModelConfig  # noqa: E402
 from dormouse.model.gpt import ByteLM, count_params  # noqa: E402
 from dormouse.posttrain.decode import prefill_prompts  # noqa: E402
-from dormouse.serve import batcher as batcher_mod  # noqa: E402
 from dormouse.serve.app import MAX_NEW_BYTES  # noqa: E402
 from dormouse.train.runtime import load_model  # noqa: E402
 
@@ -161,7 +160,7 @@ def ours_state_by_context(model, device, contexts: list[int]) -> dict[int, int]:
         for ctx in contexts:
             prompt = bytes(torch.randint(32, 127, (ctx,), generator=g).tolist())
             _, st = prefill_prompts(model, [prompt])
-            out[ctx] = batcher_mod.state_bytes_per_row(st)
+            out[ctx] = st.row_bytes()
     return out
 
 

@@ -20,7 +20,7 @@ from dormouse.model.gpt import ByteLM
 from dormouse.data import chat
 from dormouse.posttrain.decode import generate, prefill_prompts
 from dormouse.serve.app import Limits, create_app, server_config
-from dormouse.serve.batcher import PREFILL_CHUNK, Batcher, Stream, state_bytes_per_row
+from dormouse.serve.batcher import PREFILL_CHUNK, Batcher, Stream
 from dormouse.train.runtime import save_model_artifact
 
 JSON = {"content-type": "application/json"}  # what httpx's json= sends; raw bodies must say it too
@@ -215,9 +215,9 @@ def test_a_client_that_leaves_mid_stream_frees_its_row(model):
 def test_the_decode_state_per_stream_does_not_grow_with_the_conversation(model, server):
     short = prefill_prompts(model, [b"hi"])[1]
     long = prefill_prompts(model, [b"a long conversation " * 200])[1]
-    assert state_bytes_per_row(short) == state_bytes_per_row(long) > 0
+    assert short.row_bytes() == long.row_bytes() > 0
     httpx.post(server.url + "/v1/completions", json={"prompt": "x", "max_tokens": 1})
-    assert server.health()["state_bytes_per_stream"] == state_bytes_per_row(short)
+    assert server.health()["state_bytes_per_stream"] == short.row_bytes()
 
 
 def test_text_goes_out_as_whole_characters_and_never_part_of_a_stop():

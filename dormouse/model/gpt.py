@@ -114,6 +114,10 @@ class LMState(NamedTuple):
         _map(out.append, self)
         return out
 
+    def row_bytes(self) -> int:
+        """Bytes of one row's state (every tensor's first row): what a stream or a decoded reply holds."""
+        return sum(t[:1].numel() * t.element_size() for t in self.tensors())
+
 
 def cat_states(states: list[LMState]) -> LMState:
     """Concatenate states of one model along the batch (rows of states[0] first)."""

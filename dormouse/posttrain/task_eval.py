@@ -67,7 +67,7 @@ def row_state_bytes(model, device, dtype: str) -> int:
     """The bytes of one row's decode state (LMState), as DecodeStep builds it: one step from no state."""
     with torch.inference_mode(), autocast(device, dtype):
         _, one = model.step(torch.zeros(1, dtype=torch.long, device=device), None)
-    return sum(t.nbytes for t in one.tensors())
+    return one.row_bytes()
 
 
 def chunk_rows(model, device, dtype: str, cpu_rows: int) -> int:

@@ -64,11 +64,6 @@ def sample_with_uniforms(logits: torch.Tensor, temperature: float, top_k: int | 
     return torch.searchsorted(cdf, (u * cdf[:, -1]).unsqueeze(1), right=True).squeeze(1).clamp_max(z.shape[-1] - 1)
 
 
-def state_bytes_per_row(state: LMState) -> int:
-    """Bytes of one stream's decode state (every state tensor's row)."""
-    return sum(t[:1].numel() * t.element_size() for t in state.tensors())
-
-
 @dataclass
 class Stream:
     """One request's generation. `emit(text)` and `finish(reason)` are called from the decode thread (the server
@@ -321,7 +316,7 @@ class Batcher:
         self.counters["serve.prefill_chunks"] += len(picked)
         self.counters["serve.prefill_bytes"] += sum(n for _, n in picked)
         if self.state_bytes_per_stream is None:
-            self.state_bytes_per_stream = state_bytes_per_row(st)
+            self.state_bytes_per_stream = st.row_bytes()
         whole = []
         for i, (s, n) in enumerate(picked):
             s.prefilled += n
