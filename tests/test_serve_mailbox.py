@@ -1,6 +1,7 @@
 """The decode thread's hand-over to the server loop (dormouse/serve/mailbox.py) and the SSE events it feeds."""
 
 import asyncio
+import json
 import threading
 
 from dormouse.serve import app, mailbox
@@ -107,3 +108,12 @@ def test_waiting_text_goes_out_in_one_event_and_the_end_after_it():
     events = asyncio.run(run())
     assert events == [app.sse({"text": "abé", "reason": None}), app.sse({"text": None, "reason": "stop"}),
                       "data: [DONE]\n\n"]
+
+
+def test_an_event_whose_text_holds_a_unicode_line_break_stays_one_line_for_a_splitlines_client():
+    from httpx._decoders import LineDecoder  # what httpx's Response.iter_lines splits a stream with
+
+    obj = {"choices": [{"text": "a\u2028b\x85c\u2029d\né\r"}]}
+    lines = LineDecoder().decode(app.sse(obj))
+    assert lines[1:] == [""] and lines[0].startswith("data: ")
+    assert json.loads(lines[0][6:]) == obj

@@ -320,8 +320,14 @@ async def collect_all(request: Request, started) -> list[tuple[str, str, dict]]:
             stream.cancel()
 
 
+# JSON leaves U+0085, U+2028 and U+2029 raw, and clients that split a stream with str.splitlines (httpx's
+# iter_lines) cut a data line there: escaped, each event stays one line (serve_bench's
+# graphed arm at 64 streams drew one at init on an H100 and its client failed)
+_LINE_BREAKS_SPLITLINES_SEES = str.maketrans({c: f"\\u{ord(c):04x}" for c in "\x85\u2028\u2029"})
+
+
 def sse(obj) -> str:
-    return f"data: {json.dumps(obj, ensure_ascii=False)}\n\n"
+    return f"data: {json.dumps(obj, ensure_ascii=False).translate(_LINE_BREAKS_SPLITLINES_SEES)}\n\n"
 
 
 async def sse_events(stream: Stream, q: asyncio.Queue, chunk, include_usage: bool):
