@@ -1,9 +1,11 @@
 """Issue #42: serve's decode step alone, no server: ms a step of `DecodeStep` at n live rows, graphed (one CUDA
 graph replay) against eager in the same run, the step by itself and with the one host read the serve loop does
 after it, and (--profile) the kernels a step launches and where its device time goes. What serve_bench measures
-through HTTP minus this is the host path (delivery, the event loop, SSE).
+through HTTP minus this is the host path (delivery, the event loop, SSE). --compile adds a mode "compiled": the same
+step (graphed on CUDA) over a second model instance whose regions are torch.compiled (dormouse/model/regions.py, what
+pretrain and rl run), so inductor fuses the elementwise chains between the KDA kernels; its set-up includes the compile.
 
-    python3 -m benchmarks.decode_step --device cuda --presets small,medium --rows 1,8,64 --profile
+    python3 -m benchmarks.decode_step --device cuda --presets small,medium --rows 1,8,64 --profile --compile
     .venv/bin/python -m benchmarks.decode_step --presets tiny --rows 1,4 --steps 20        # CPU: eager only
 
 Models at init (seed 0): a step's cost does not depend on the weights' values. Rows: 64-byte random prompts
@@ -23,8 +25,14 @@ from benchmarks.timing import measure
 from dormouse.core.config import load_preset
 from dormouse.model.config import ModelConfig
 from dormouse.model.gpt import ByteLM
+from dormouse.model.regions import compile_regions
 from dormouse.posttrain.decode import DecodeStep, prefill_prompts
 from dormouse.train.runtime import autocast
+
+
+def at_init(preset: str, device: torch.device) -> ByteLM:
+    torch.manual_seed(0)
+    return ByteLM(ModelConfig.from_dict(load_preset(preset, ROOT)["model"])).to(device).eval()
 
 
 def ready_step(model: ByteLM, rows: int, graphed: bool, bf16: bool, prompt_bytes: int = 64) -> DecodeStep:
@@ -86,6 +94,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--warmup", type=int, default=10)
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--profile", action="store_true", help="kernels a step and the costliest ones (CUDA)")
+    ap.add_argument("--compile", action="store_true", help="add the mode with the model's regions compiled")
+    ap.add_argument("--compile-backend", default="inductor", help="torch.compile backend of --compile (tests: aot_eager)")
     ap.add_argument("--out", default=None, help="append each row as a JSON line")
     args = ap.parse_args(argv)
     device = torch.device(args.device)
@@ -97,22 +107,29 @@ def main(argv: list[str] | None = None) -> int:
           flush=True)
     rows_out = []
     for preset in args.presets.split(","):
-        torch.manual_seed(0)
-        model = ByteLM(ModelConfig.from_dict(load_preset(preset, ROOT)["model"])).to(device).eval()
+        models = {m: at_init(preset, device) for m in modes}
+        if args.compile:  # its own instance: compile_regions binds compiled methods to the modules it is given
+            models["compiled"] = at_init(preset, device)
+            regions = compile_regions(models["compiled"], backend=args.compile_backend)
+            print(f"[decode_step] {preset}: {len(regions)} regions compiled ({args.compile_backend})", flush=True)
         for n in [int(x) for x in args.rows.split(",")]:
             by_mode = {}
-            for mode in modes:
+            for mode, model in models.items():
+                graphed = mode == "graphed" or (mode == "compiled" and cuda)
                 row = {"date": time.strftime("%Y-%m-%d"), "device": name, "preset": preset, "mode": mode, "rows": n,
-                       **time_step(model, n, mode == "graphed", cuda, args.steps, args.warmup, args.profile)}
+                       **time_step(model, n, graphed, cuda, args.steps, args.warmup, args.profile)}
                 by_mode[mode] = row
                 rows_out.append(row)
                 print(f"[decode_step] {json.dumps(row)}", flush=True)
-            if "graphed" in by_mode:
-                e, g = by_mode["eager"], by_mode["graphed"]
-                print(f"[decode_step] {preset} {n} rows: graphed {g['ms_step_with_read']} ms a step with its read "
-                      f"against eager {e['ms_step_with_read']} ms: {e['ms_step_with_read'] / g['ms_step_with_read']:.2f}x"
-                      f"; {g['bytes_per_s']:.0f} bytes/s", flush=True)
-        del model
+            e = by_mode["eager"]
+            for mode in ("graphed", "compiled"):
+                if mode in by_mode:
+                    g = by_mode[mode]
+                    print(f"[decode_step] {preset} {n} rows: {mode} {g['ms_step_with_read']} ms a step with its read "
+                          f"against eager {e['ms_step_with_read']} ms: "
+                          f"{e['ms_step_with_read'] / g['ms_step_with_read']:.2f}x; {g['bytes_per_s']:.0f} bytes/s",
+                          flush=True)
+        del models
         if cuda:
             torch.cuda.empty_cache()
     if args.out:

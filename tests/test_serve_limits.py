@@ -372,3 +372,16 @@ def test_the_graphed_batcher_pauses_a_row_from_the_middle_and_the_rows_behind_it
     for got, want in ((rows[2].paused, before[2]), (b.step.take([2]), before[3]), (b.step.take([1]), before[1])):
         for x, y in zip(got.state.tensors() + list(got[1:]), want.state.tensors() + list(want[1:])):
             assert torch.equal(x, y)
+
+
+def test_decode_auto_is_the_graphed_step_on_cuda_and_the_eager_batcher_on_cpu():
+    import torch
+
+    from dormouse.serve.app import arg_parser, batcher_class
+    from dormouse.serve.batcher import Batcher, GraphedBatcher
+
+    assert arg_parser().parse_args(["--preset", "tiny"]).decode == "auto"
+    assert batcher_class("auto", torch.device("cuda")) is GraphedBatcher
+    assert batcher_class("auto", torch.device("cpu")) is Batcher
+    assert batcher_class("graphed", torch.device("cpu")) is GraphedBatcher
+    assert batcher_class("eager", torch.device("cuda")) is Batcher

@@ -567,10 +567,11 @@ def arg_parser() -> argparse.ArgumentParser:
     ap.add_argument("--port", type=int, default=8000)
     ap.add_argument("--device", default=None, help="cpu or cuda (default: cuda when visible)")
     ap.add_argument("--max-batch", type=int, default=64, help="streams decoded together in one step")
-    ap.add_argument("--decode", choices=("eager", "graphed"), default="eager",
+    ap.add_argument("--decode", choices=("auto", "eager", "graphed"), default="auto",
                     help="graphed: the static-shape step (dormouse/posttrain/decode.py DecodeStep), one CUDA graph "
                          "replay per byte on CUDA (eager on CPU), sampling on the device with a per-stream seed; a "
-                         "seed gives other bytes than eager's (another generator). Opt-in until a GPU run verifies it")
+                         "seed gives other bytes than eager's (another generator). auto (default): graphed on CUDA "
+                         "(7.5x eager's bytes/s at 64 streams on an H100), eager on CPU")
     ap.add_argument("--prefill-chunk", type=int, default=PREFILL_CHUNK,
                     help="prefill a new prompt at most this many bytes at a time, one piece between two decode steps "
                          "of the running streams, so a long prompt does not stall them for its whole prefill "
@@ -599,6 +600,11 @@ def arg_parser() -> argparse.ArgumentParser:
     return ap
 
 
+def batcher_class(decode: str, device) -> type[Batcher]:
+    """--decode: graphed or eager, auto = graphed on CUDA (the eager batcher is launch-bound there) else eager."""
+    return GraphedBatcher if decode == "graphed" or (decode == "auto" and device.type == "cuda") else Batcher
+
+
 def check_port_free(host: str, port: int) -> None:
     """Fails in one line before a minute of loading the model, not after it."""
     import socket
@@ -623,8 +629,8 @@ def main(argv=None) -> int:
 
     check_port_free(args.host, args.port)
     model, device, bf16, model_id, info = load(args)
-    batcher = (GraphedBatcher if args.decode == "graphed" else Batcher)(model, device, bf16, max_batch=args.max_batch,
-                                                                        prefill_chunk=args.prefill_chunk)
+    batcher = batcher_class(args.decode, device)(model, device, bf16, max_batch=args.max_batch,
+                                                 prefill_chunk=args.prefill_chunk)
     batcher.start()
     allowed = args.allowed_hosts.split(",") if args.allowed_hosts else default_allowed_hosts(args.host)
     max_connections = raise_file_limit(args.max_connections)
