@@ -642,7 +642,9 @@ def main(argv=None) -> int:
                     read_timeout=args.read_timeout, max_connections=max_connections)
     app = create_app(batcher, model_id, limits, info,
                      api_key=args.api_key or None, allowed_hosts=[h.strip() for h in allowed if h.strip()])
-    print(f"[serve] {model_id} on {device}: http://{args.host}:{args.port}/ (OpenAI API under /v1)", flush=True)
+    decode = "graphed" if isinstance(batcher, GraphedBatcher) else "eager"
+    print(f"[serve] {model_id} on {device}, {decode} decode: http://{args.host}:{args.port}/ (OpenAI API under /v1)",
+          flush=True)
     try:
         uvicorn.Server(server_config(app, args.host, args.port, limits)).run()
     finally:
