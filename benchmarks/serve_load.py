@@ -8,13 +8,15 @@ from __future__ import annotations
 
 import asyncio
 import atexit
+import copy
 import json
 import threading
 import time
 
 import httpx
 
-ARMS = ("batched", "graphed", "unbatched")  # ours; the graphed arm is `dormouse serve --decode graphed`
+ARMS = ("batched", "graphed", "compiled", "unbatched")  # ours: graphed = `dormouse serve --decode graphed`, compiled
+# = the same with `--compile cuda` (on a copy of the model: compiling binds to the modules it is given)
 
 
 class Deadline:
@@ -42,8 +44,11 @@ def start_server(model, device, max_batch: int, keep_end: bool, arm: str = "batc
     from dormouse.serve import batcher as batcher_mod
     from dormouse.serve.app import create_app
 
-    b = (batcher_mod.GraphedBatcher if arm == "graphed" else batcher_mod.Batcher)(model, device, bf16=True,
-                                                                                  max_batch=max_batch)
+    if arm == "compiled":
+        b = batcher_mod.GraphedBatcher(copy.deepcopy(model), device, bf16=True, max_batch=max_batch, compile=True)
+    else:
+        b = (batcher_mod.GraphedBatcher if arm == "graphed" else batcher_mod.Batcher)(model, device, bf16=True,
+                                                                                      max_batch=max_batch)
     b.bench_streams = []  # every stream submitted: their new_bytes are the bytes decoded, finished or not
 
     def submit(s, submit=b.submit):

@@ -186,6 +186,46 @@ def test_the_graphed_batcher_serves_on_cuda():
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (CUDA graphs, FLA's recurrent kernel)")
+def test_the_compiled_graphed_batcher_compiles_at_start_and_serves_without_a_recompile_on_cuda():
+    """serve --compile cuda: inductor's regions under the captured step. Every shape is compiled at start, so under
+    torch's fail_on_recompile stance streams of any prompt length (whole and in pieces) decode to their full length;
+    and the compiled regions compute the model's function (a prefill's logits against an uncompiled copy's)."""
+    import copy
+    import threading
+
+    from torch._dynamo.utils import counters as dynamo_counters
+
+    from dormouse.serve.batcher import GraphedBatcher, Stream
+
+    m = live_model(CONFIGS["all_on_conv4"]).cuda()
+    plain = copy.deepcopy(m)
+    b = GraphedBatcher(m, torch.device("cuda"), bf16=False, max_batch=8, prefill_chunk=64, compile=True)
+    b.start()
+    assert b.counters["serve.compiled_regions"] > 0
+    graphs = dynamo_counters["stats"]["unique_graphs"]
+    outs, done = {}, threading.Semaphore(0)
+    prompts = [rand_prompt(n, 90 + n) for n in (1, 2, 7, 150, 200, 33)]
+    torch.compiler.set_stance("fail_on_recompile")
+    try:
+        for i, p in enumerate(prompts):
+            outs[i] = bytearray()
+            b.submit(Stream(p, 24, emit=lambda t, i=i: outs[i].extend(t.encode("utf-8", "surrogateescape")),
+                            finish=lambda *a: done.release(), stop_bytes=frozenset(), temperature=1.0, seed=i))
+        for _ in prompts:
+            assert done.acquire(timeout=120)
+    finally:
+        torch.compiler.set_stance("default")
+        b.stop()
+    assert b.last_error is None and b.counters["serve.prefill_chunks"] >= 4
+    assert dynamo_counters["stats"]["unique_graphs"] == graphs
+    assert b.counters["serve.finished.length"] == len(prompts)  # every stream its 24 bytes, none failed
+    with torch.inference_mode():
+        idx = torch.tensor([list(rand_prompt(40, 7))], device="cuda")
+        torch.testing.assert_close(m.prefill(idx)[0], plain.prefill(idx)[0], atol=1e-3, rtol=1e-3)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (CUDA graphs, FLA's recurrent kernel)")
 @pytest.mark.parametrize("optimizer", ["adamw", "muon"])
 def test_a_reused_graphed_step_decodes_the_weights_an_optimizer_updated(optimizer):
     """rl samples every step through one DecodeStep captured once: after an optimizer step (fused AdamW, StackedMuon)

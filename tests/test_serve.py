@@ -196,6 +196,47 @@ def test_the_graphed_decode_serves_generates_greedy_bytes_and_a_seeds_bytes_what
         s.close()
 
 
+def test_a_compiled_graphed_decode_compiles_every_shape_at_start_and_never_while_serving():
+    """serve --compile: the regions compiled (aot_eager here: the same graphs as inductor's, run by eager kernels)
+    and every prefill and step shape compiled at start, so under torch's fail_on_recompile stance prompts of any
+    length, whole or in pieces, and any number of streams decode; the replies are the uncompiled step's."""
+    from functools import partial
+
+    from torch._dynamo.utils import counters as dynamo_counters
+
+    from dormouse.serve.batcher import GraphedBatcher
+
+    plain, compiled = Server(tiny_model(), max_batch=8, batcher=GraphedBatcher), None
+    try:
+        compiled = Server(tiny_model(), max_batch=8,
+                          batcher=partial(GraphedBatcher, compile=True, compile_backend="aot_eager", prefill_chunk=64))
+        c = compiled.health()["counters"]
+        assert c["serve.compiled_regions"] > 0 and c["serve.compiled_graphs_at_start"] > 0
+        graphs = dynamo_counters["stats"]["unique_graphs"]
+        prompts = ["a", "two words", "x" * 150, "the quick brown fox " * 9, "yes", "no"]  # 150, 180: in pieces
+
+        def ask(server, p):
+            r = httpx.post(server.url + "/v1/completions", json={"prompt": p, "max_tokens": 12, "temperature": 0},
+                           timeout=60).json()
+            assert "choices" in r, r
+            return r["choices"][0]["text"]
+
+        torch.compiler.set_stance("fail_on_recompile")
+        try:
+            with ThreadPoolExecutor(6) as pool:
+                got = list(pool.map(lambda p: ask(compiled, p), prompts))
+            got.append(ask(compiled, "alone"))
+        finally:
+            torch.compiler.set_stance("default")
+        assert dynamo_counters["stats"]["unique_graphs"] == graphs
+        assert got == [ask(plain, p) for p in prompts] + [ask(plain, "alone")]
+        assert compiled.health()["counters"]["serve.prefill_chunks"] >= 4
+    finally:
+        plain.close()
+        if compiled is not None:
+            compiled.close()
+
+
 def test_a_client_that_leaves_mid_stream_frees_its_row(model):
     s = Server(model)
     try:

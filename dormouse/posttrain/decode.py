@@ -266,6 +266,15 @@ class DecodeStep:
             self.graphs[b] = graph
         self.clear()
 
+    def warm(self) -> None:
+        """An eager step's compiled regions (dormouse.model.regions) compiled now for every bucket, not on a live
+        step (a graphed step's capture warms them itself); the buffers are zeroed after."""
+        with torch.inference_mode():
+            for b in self.buckets:
+                for _ in range(WARMUP_CALLS):
+                    self._compute(b, None)
+        self.clear()
+
     def clear(self) -> None:
         with torch.inference_mode():
             for t in (*self.buf.state.tensors(), self.out, *self.buf[2:]):

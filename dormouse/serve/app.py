@@ -572,6 +572,10 @@ def arg_parser() -> argparse.ArgumentParser:
                          "replay per byte on CUDA (eager on CPU), sampling on the device with a per-stream seed; a "
                          "seed gives other bytes than eager's (another generator). auto (default): graphed on CUDA "
                          "(7.5x eager's bytes/s at 64 streams on an H100), eager on CPU")
+    ap.add_argument("--compile", choices=("never", "cuda"), default="never",
+                    help="cuda: torch.compile the model's regions (dormouse/model/regions.py) for the graphed decode on "
+                         "CUDA, every prefill and step shape compiled at start (minutes cold; $DORMOUSE_COMPILE_CACHE "
+                         "keeps them), so a step's elementwise chains fuse. Off until a GPU run measures it (#42)")
     ap.add_argument("--prefill-chunk", type=int, default=PREFILL_CHUNK,
                     help="prefill a new prompt at most this many bytes at a time, one piece between two decode steps "
                          "of the running streams, so a long prompt does not stall them for its whole prefill "
@@ -629,8 +633,12 @@ def main(argv=None) -> int:
 
     check_port_free(args.host, args.port)
     model, device, bf16, model_id, info = load(args)
-    batcher = batcher_class(args.decode, device)(model, device, bf16, max_batch=args.max_batch,
-                                                 prefill_chunk=args.prefill_chunk)
+    cls = batcher_class(args.decode, device)
+    if args.compile == "cuda" and not (cls is GraphedBatcher and device.type == "cuda"):
+        ap.error(f"--compile cuda compiles the graphed decode on CUDA; this server runs the {args.decode} decode on "
+                 f"{device}")
+    extra = {"compile": True} if args.compile == "cuda" else {}
+    batcher = cls(model, device, bf16, max_batch=args.max_batch, prefill_chunk=args.prefill_chunk, **extra)
     batcher.start()
     allowed = args.allowed_hosts.split(",") if args.allowed_hosts else default_allowed_hosts(args.host)
     max_connections = raise_file_limit(args.max_connections)

@@ -44,9 +44,11 @@ from itertools import zip_longest
 import torch
 
 from dormouse.model.gpt import ByteLM, LMState, cat_states
+from dormouse.model.regions import compile_regions
 from dormouse.posttrain.decode import DecodeStep, prefill_prompts
 from dormouse.posttrain.rowrng import GREEDY_BELOW
 from dormouse.serve.mailbox import one_wake
+from dormouse.train import compile_cache
 
 PREFILL_CHUNK = 2048  # bytes of prompt prefilled between two decode steps (`dormouse serve --prefill-chunk`): an 8 KB
 # prompt goes in 4 pieces with a decode step of the running streams after each; ~20 chat prompts of 100 bytes share one
@@ -453,18 +455,47 @@ class GraphedBatcher(Batcher):
     keeps its `Rows` (state, pending byte, counter, seed, ...) and is put back into a free slot, no prefill."""
 
     def __init__(self, model: ByteLM, device: torch.device, bf16: bool, max_batch: int = 64,
-                 prefill_chunk: int = PREFILL_CHUNK, buckets: list[int] | None = None):
+                 prefill_chunk: int = PREFILL_CHUNK, buckets: list[int] | None = None, compile: bool = False,
+                 compile_backend: str = "inductor"):
         super().__init__(model, device, bf16, max_batch, prefill_chunk)
-        self.bf16, self.buckets = bf16, buckets
+        self.bf16, self.buckets, self.compile, self.compile_backend = bf16, buckets, compile, compile_backend
         self.step: DecodeStep | None = None
 
     def start(self) -> None:
+        if self.compile:  # before the step's warm-up calls: they compile, its capture records the fused kernels
+            compile_cache.load(self.device, self.counters)
+            # a region's graphs: batch and length each 1 or more, from the start or continuing a state (Engram's
+            # region branches on it), sliced step buffers: over dynamo's default 8 per function, all made at start
+            import torch._dynamo
+
+            torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
+            self.counters["serve.compiled_regions"] = len(compile_regions(self.model, backend=self.compile_backend))
+            self._warm_prefill_shapes()
         # built (graphs captured) here, on the caller's thread: a capture that fails stops `dormouse serve` at start
         self.step = DecodeStep(self.model, self.max_batch, buckets=self.buckets, bf16=self.bf16)
+        if self.compile:
+            if not self.step.graphed:
+                self.step.warm()
+            compile_cache.save(self.device, self.counters)
+            from torch._dynamo.utils import counters as dynamo_counters
+
+            self.counters["serve.compiled_graphs_at_start"] = dynamo_counters["stats"]["unique_graphs"]
         super().start()
 
     def _seed(self, s: Stream) -> int:
         return s.seed if s.seed is not None else int(torch.randint(0, 2**62, (), generator=self._shared_gen))
+
+    def _warm_prefill_shapes(self) -> None:
+        """Prefill every class of shape serving makes, under serving's autocast: batch and length each 1 (dynamo
+        specializes 1) or over 1 (seen twice, so dynamo makes the size dynamic), from the sequence start and
+        continuing a state. Every compiled region then has the graphs any prompt needs, and no request waits on a
+        compile (tests/test_serve.py holds this with torch's fail_on_recompile stance)."""
+        with torch.inference_mode(), self.amp:
+            for b in (1, 2, 3):
+                for t in (1, 2, 3):
+                    idx = torch.zeros(b, t, dtype=torch.long, device=self.device)
+                    _, state = self.model.prefill(idx)
+                    self.model.prefill(idx, state)
 
     def _pause_rows(self, rows: list[Stream], logits, state, pause: list[int]):
         """`Batcher._pause_rows` for rows that live in the step: a paused stream takes its row with it."""
