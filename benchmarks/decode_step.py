@@ -19,6 +19,7 @@ import time
 from collections import Counter
 
 import torch
+import torch._dynamo
 
 from benchmarks.bench_env import ROOT, git_rev, package_versions, rerun_command
 from benchmarks.timing import measure
@@ -37,7 +38,7 @@ def at_init(preset: str, device: torch.device) -> ByteLM:
 
 def ready_step(model: ByteLM, rows: int, graphed: bool, bf16: bool, prompt_bytes: int = 64) -> DecodeStep:
     """A DecodeStep of `rows` slots, every slot a prefilled row sampling at temperature 1 (seed = its slot)."""
-    step = DecodeStep(model, rows, graphed=graphed, bf16=bf16)
+    step = DecodeStep(model, rows, buckets=[rows], graphed=graphed, bf16=bf16)  # the one bucket it times
     g = torch.Generator().manual_seed(1)
     prompts = [bytes(torch.randint(32, 127, (prompt_bytes,), generator=g).tolist()) for _ in range(rows)]
     device = next(model.parameters()).device
@@ -109,6 +110,7 @@ def main(argv: list[str] | None = None) -> int:
     for preset in args.presets.split(","):
         models = {m: at_init(preset, device) for m in modes}
         if args.compile:  # its own instance: compile_regions binds compiled methods to the modules it is given
+            torch._dynamo.reset()  # compiled regions are per class: another preset's graphs would count to its limit
             models["compiled"] = at_init(preset, device)
             regions = compile_regions(models["compiled"], backend=args.compile_backend)
             print(f"[decode_step] {preset}: {len(regions)} regions compiled ({args.compile_backend})", flush=True)

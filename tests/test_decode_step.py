@@ -199,12 +199,12 @@ def test_the_compiled_graphed_batcher_compiles_at_start_and_serves_without_a_rec
 
     m = live_model(CONFIGS["all_on_conv4"]).cuda()
     plain = copy.deepcopy(m)
-    b = GraphedBatcher(m, torch.device("cuda"), bf16=False, max_batch=8, prefill_chunk=64, compile=True)
+    b = GraphedBatcher(m, torch.device("cuda"), bf16=True, max_batch=8, prefill_chunk=64, compile=True)  # as served
     b.start()
     assert b.counters["serve.compiled_regions"] > 0
     graphs = dynamo_counters["stats"]["unique_graphs"]
     outs, done = {}, threading.Semaphore(0)
-    prompts = [rand_prompt(n, 90 + n) for n in (1, 2, 7, 150, 200, 33)]
+    prompts = [rand_prompt(n, 90 + n) for n in (1, 2, 7, 150, 200, 33, 65, 129, 129)]  # pieces continuing 1 and 2 rows
     torch.compiler.set_stance("fail_on_recompile")
     try:
         for i, p in enumerate(prompts):

@@ -213,7 +213,8 @@ def test_a_compiled_graphed_decode_compiles_every_shape_at_start_and_never_while
         c = compiled.health()["counters"]
         assert c["serve.compiled_regions"] > 0 and c["serve.compiled_graphs_at_start"] > 0
         graphs = dynamo_counters["stats"]["unique_graphs"]
-        prompts = ["a", "two words", "x" * 150, "the quick brown fox " * 9, "yes", "no"]  # 150, 180: in pieces
+        # 150, 180: in pieces; 65: a 1-byte piece continuing; two of 129: 1-byte pieces continuing, two rows at once
+        prompts = ["a", "two words", "x" * 150, "the quick brown fox " * 9, "yes", "no", "y" * 65, "z" * 129, "w" * 129]
 
         def ask(server, p):
             r = httpx.post(server.url + "/v1/completions", json={"prompt": p, "max_tokens": 12, "temperature": 0},
@@ -223,7 +224,7 @@ def test_a_compiled_graphed_decode_compiles_every_shape_at_start_and_never_while
 
         torch.compiler.set_stance("fail_on_recompile")
         try:
-            with ThreadPoolExecutor(6) as pool:
+            with ThreadPoolExecutor(len(prompts)) as pool:
                 got = list(pool.map(lambda p: ask(compiled, p), prompts))
             got.append(ask(compiled, "alone"))
         finally:

@@ -492,10 +492,10 @@ class GraphedBatcher(Batcher):
         compile (tests/test_serve.py holds this with torch's fail_on_recompile stance)."""
         with torch.inference_mode(), self.amp:
             for b in (1, 2, 3):
-                for t in (1, 2, 3):
-                    idx = torch.zeros(b, t, dtype=torch.long, device=self.device)
-                    _, state = self.model.prefill(idx)
-                    self.model.prefill(idx, state)
+                for t in (1, 2, 3):  # as _prefill_turn calls it: a continued piece's state is rows selected, packed
+                    pieces = [bytes(t)] * b
+                    _, state = prefill_prompts(self.model, pieces, self.counters)
+                    prefill_prompts(self.model, pieces, self.counters, [state.select([i]) for i in range(b)])
 
     def _pause_rows(self, rows: list[Stream], logits, state, pause: list[int]):
         """`Batcher._pause_rows` for rows that live in the step: a paused stream takes its row with it."""
