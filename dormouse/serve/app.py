@@ -635,8 +635,8 @@ def main(argv=None) -> int:
     model, device, bf16, model_id, info = load(args)
     cls = batcher_class(args.decode, device)
     if args.compile == "cuda" and not (cls is GraphedBatcher and device.type == "cuda"):
-        ap.error(f"--compile cuda compiles the graphed decode on CUDA; this server runs the {args.decode} decode on "
-                 f"{device}")
+        ap.error(f"--compile cuda compiles the graphed decode on CUDA; this server would run {cls.__name__} on "
+                 f"{device} (--decode {args.decode})")
     extra = {"compile": True} if args.compile == "cuda" else {}
     batcher = cls(model, device, bf16, max_batch=args.max_batch, prefill_chunk=args.prefill_chunk, **extra)
     batcher.start()
