@@ -385,3 +385,29 @@ def test_decode_auto_is_the_graphed_step_on_cuda_and_the_eager_batcher_on_cpu():
     assert batcher_class("auto", torch.device("cpu")) is Batcher
     assert batcher_class("graphed", torch.device("cpu")) is GraphedBatcher
     assert batcher_class("eager", torch.device("cuda")) is Batcher
+
+
+def test_a_graphed_decode_that_cannot_start_falls_back_to_eager_under_auto_only(monkeypatch):
+    import pytest
+    import torch
+
+    from dormouse.model.config import ModelConfig
+    from dormouse.model.gpt import ByteLM
+    from dormouse.serve import batcher as batcher_mod
+    from dormouse.serve.app import arg_parser, start_batcher
+
+    def no_capture(*a, **kw):
+        raise RuntimeError("CUDA graph capture failed")
+
+    monkeypatch.setattr(batcher_mod, "DecodeStep", no_capture)
+    cfg = {"d_model": 32, "n_heads": 2, "head_dim": 16, "ffn_hidden": 64, "n_core": 1}
+    model = ByteLM(ModelConfig.from_dict(cfg)).eval()
+    auto = arg_parser().parse_args(["--preset", "tiny"])
+    b = start_batcher(batcher_mod.GraphedBatcher, auto, model, torch.device("cpu"), False)
+    try:
+        assert type(b) is batcher_mod.Batcher and b.counters["serve.graphed_start_failed"] == 1 and b.alive()
+    finally:
+        b.stop()
+    graphed = arg_parser().parse_args(["--preset", "tiny", "--decode", "graphed"])
+    with pytest.raises(RuntimeError, match="capture failed"):
+        start_batcher(batcher_mod.GraphedBatcher, graphed, model, torch.device("cpu"), False)

@@ -609,6 +609,25 @@ def batcher_class(decode: str, device) -> type[Batcher]:
     return GraphedBatcher if decode == "graphed" or (decode == "auto" and device.type == "cuda") else Batcher
 
 
+def start_batcher(cls: type[Batcher], args, model, device, bf16: bool) -> Batcher:
+    """The batcher started. Under --decode auto a graphed step that cannot start (a capture or compile that fails on
+    this GPU) falls back to the eager batcher, said and counted (serve.graphed_start_failed in /health)."""
+    extra = {"compile": True} if args.compile == "cuda" else {}
+    batcher = cls(model, device, bf16, max_batch=args.max_batch, prefill_chunk=args.prefill_chunk, **extra)
+    try:
+        batcher.start()
+        return batcher
+    except Exception as e:
+        if not (cls is GraphedBatcher and args.decode == "auto"):
+            raise
+        print(f"[serve] the graphed decode did not start ({type(e).__name__}: {e}); serving with the eager decode "
+              "(--decode eager skips the attempt, --decode graphed makes it fatal)", flush=True)
+    batcher = Batcher(model, device, bf16, max_batch=args.max_batch, prefill_chunk=args.prefill_chunk)
+    batcher.counters["serve.graphed_start_failed"] += 1
+    batcher.start()
+    return batcher
+
+
 def check_port_free(host: str, port: int) -> None:
     """Fails in one line before a minute of loading the model, not after it."""
     import socket
@@ -637,9 +656,7 @@ def main(argv=None) -> int:
     if args.compile == "cuda" and not (cls is GraphedBatcher and device.type == "cuda"):
         ap.error(f"--compile cuda compiles the graphed decode on CUDA; this server would run {cls.__name__} on "
                  f"{device} (--decode {args.decode})")
-    extra = {"compile": True} if args.compile == "cuda" else {}
-    batcher = cls(model, device, bf16, max_batch=args.max_batch, prefill_chunk=args.prefill_chunk, **extra)
-    batcher.start()
+    batcher = start_batcher(cls, args, model, device, bf16)
     allowed = args.allowed_hosts.split(",") if args.allowed_hosts else default_allowed_hosts(args.host)
     max_connections = raise_file_limit(args.max_connections)
     if max_connections < args.max_connections:
