@@ -28,12 +28,17 @@ from dormouse.model.config import ModelConfig
 from dormouse.model.gpt import ByteLM
 from dormouse.model.regions import compile_regions
 from dormouse.posttrain.decode import DecodeStep, prefill_prompts
+from dormouse.serve.weights import cast_for_autocast
 from dormouse.train.runtime import autocast
 
 
-def at_init(preset: str, device: torch.device) -> ByteLM:
+def at_init(preset: str, device: torch.device, cast: bool) -> ByteLM:
+    """The preset's model at init (seed 0); on CUDA with `cast`, its weights cast once as `dormouse serve` does."""
     torch.manual_seed(0)
-    return ByteLM(ModelConfig.from_dict(load_preset(preset, ROOT)["model"])).to(device).eval()
+    model = ByteLM(ModelConfig.from_dict(load_preset(preset, ROOT)["model"])).to(device).eval()
+    if cast and device.type == "cuda":
+        cast_for_autocast(model, device)
+    return model
 
 
 def ready_step(model: ByteLM, rows: int, graphed: bool, bf16: bool, prompt_bytes: int = 64) -> DecodeStep:
@@ -95,6 +100,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--warmup", type=int, default=10)
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--profile", action="store_true", help="kernels a step and the costliest ones (CUDA)")
+    ap.add_argument("--fp32-weights", action="store_true",
+                    help="keep every weight fp32 (autocast casts them in each step), not cast once as serve does; "
+                         "session 26's record ran so")
     ap.add_argument("--compile", action="store_true", help="add the mode with the model's regions compiled")
     ap.add_argument("--compile-backend", default="inductor", help="torch.compile backend of --compile (tests: aot_eager)")
     ap.add_argument("--out", default=None, help="append each row as a JSON line")
@@ -108,10 +116,10 @@ def main(argv: list[str] | None = None) -> int:
           flush=True)
     rows_out = []
     for preset in args.presets.split(","):
-        models = {m: at_init(preset, device) for m in modes}
+        models = {m: at_init(preset, device, not args.fp32_weights) for m in modes}
         if args.compile:  # its own instance: compile_regions binds compiled methods to the modules it is given
             torch._dynamo.reset()  # compiled regions are per class: another preset's graphs would count to its limit
-            models["compiled"] = at_init(preset, device)
+            models["compiled"] = at_init(preset, device, not args.fp32_weights)
             regions = compile_regions(models["compiled"], backend=args.compile_backend)
             print(f"[decode_step] {preset}: {len(regions)} regions compiled ({args.compile_backend})", flush=True)
         for n in [int(x) for x in args.rows.split(",")]:

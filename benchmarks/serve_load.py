@@ -44,11 +44,17 @@ def start_server(model, device, max_batch: int, keep_end: bool, arm: str = "batc
     from dormouse.serve import batcher as batcher_mod
     from dormouse.serve.app import create_app
 
+    from dormouse.serve.weights import cast_for_autocast
+
     if arm == "compiled":
-        b = batcher_mod.GraphedBatcher(copy.deepcopy(model), device, bf16=True, max_batch=max_batch, compile=True)
+        model = copy.deepcopy(model)
+    cast = cast_for_autocast(model, device) if device.type == "cuda" else {}  # as `dormouse serve` does (in place)
+    if arm == "compiled":
+        b = batcher_mod.GraphedBatcher(model, device, bf16=True, max_batch=max_batch, compile=True)
     else:
         b = (batcher_mod.GraphedBatcher if arm == "graphed" else batcher_mod.Batcher)(model, device, bf16=True,
                                                                                       max_batch=max_batch)
+    b.counters.update(cast)
     b.bench_streams = []  # every stream submitted: their new_bytes are the bytes decoded, finished or not
 
     def submit(s, submit=b.submit):

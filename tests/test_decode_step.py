@@ -226,6 +226,41 @@ def test_the_compiled_graphed_batcher_compiles_at_start_and_serves_without_a_rec
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (CUDA graphs, FLA's recurrent kernel)")
+def test_weights_cast_once_for_serving_give_the_same_bits_on_cuda():
+    """`dormouse serve` casts the weights autocast would cast every step once (dormouse/serve/weights.py): with FLA's
+    and our Triton kernels reading what they read, a prefill, a continued prefill and a step under bf16 autocast
+    give the same bits as before, and a graphed step's replay too."""
+    import copy
+
+    from dormouse.serve.weights import cast_for_autocast
+
+    m = live_model(CONFIGS["all_on_conv4"]).cuda().eval()
+    before = copy.deepcopy(m)
+    done = cast_for_autocast(m, torch.device("cuda"))
+    assert done["serve.weights_cast_once"] > 0
+    idx = torch.tensor([list(rand_prompt(40, s)) for s in range(3)], device="cuda")
+
+    def run(model):
+        with torch.inference_mode(), torch.autocast("cuda", dtype=torch.bfloat16):
+            a, st = model.prefill(idx)
+            b, st = model.prefill(idx[:, :7], st)
+            c, _ = model.step(idx[:, 0], st)
+            step = DecodeStep(model, 4, buckets=[4])
+            step.put([0, 1, 2], step.begin(c, st, [1, 2, 3], [1.0] * 3, [None] * 3, [()] * 3))
+            reads = []
+            for _ in range(8):
+                step(3)
+                reads.append(step.read(3))
+            return a, b, c, reads
+
+    got, want = run(m), run(before)
+    for x, y in zip(got[:3], want[:3]):
+        assert torch.equal(x, y)
+    assert got[3] == want[3]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (CUDA graphs, FLA's recurrent kernel)")
 @pytest.mark.parametrize("optimizer", ["adamw", "muon"])
 def test_a_reused_graphed_step_decodes_the_weights_an_optimizer_updated(optimizer):
     """rl samples every step through one DecodeStep captured once: after an optimizer step (fused AdamW, StackedMuon)

@@ -44,6 +44,7 @@ from dormouse.serve.batcher import PREFILL_CHUNK, Batcher, GraphedBatcher, Strea
 from dormouse.serve.guard import Guard, default_allowed_hosts, error_body, raise_file_limit
 from dormouse.serve.mailbox import mailbox_of
 from dormouse.serve.page import PAGE
+from dormouse.serve.weights import cast_for_autocast
 
 MAX_NEW_BYTES = 4096  # max_tokens ceiling (bytes)
 MAX_STOPS, MAX_STOP_CHARS = 4, 64  # OpenAI's up-to-4 stop sequences; a stop is matched on every byte decoded
@@ -613,7 +614,9 @@ def start_batcher(cls: type[Batcher], args, model, device, bf16: bool) -> Batche
     """The batcher started. Under --decode auto a graphed step that cannot start (a capture or compile that fails on
     this GPU) falls back to the eager batcher, said and counted (serve.graphed_start_failed in /health)."""
     extra = {"compile": True} if args.compile == "cuda" else {}
+    cast = cast_for_autocast(model, device) if bf16 and device.type == "cuda" else {}  # same bits, no per-step casts
     batcher = cls(model, device, bf16, max_batch=args.max_batch, prefill_chunk=args.prefill_chunk, **extra)
+    batcher.counters.update(cast)
     try:
         batcher.start()
         return batcher
@@ -623,6 +626,7 @@ def start_batcher(cls: type[Batcher], args, model, device, bf16: bool) -> Batche
         print(f"[serve] the graphed decode did not start ({type(e).__name__}: {e}); serving with the eager decode "
               "(--decode eager skips the attempt, --decode graphed makes it fatal)", flush=True)
     batcher = Batcher(model, device, bf16, max_batch=args.max_batch, prefill_chunk=args.prefill_chunk)
+    batcher.counters.update(cast)
     batcher.counters["serve.graphed_start_failed"] += 1
     batcher.start()
     return batcher
