@@ -31,6 +31,7 @@ _CASTS = {_aten._to_copy.default, _aten.to.dtype, _aten.to.dtype_layout, _aten.t
 
 
 def _storage(t: torch.Tensor) -> int:
+    """Its memory's address; 0 for an empty tensor (all share it: never counted as a parameter's)."""
     return t.untyped_storage().data_ptr()
 
 
@@ -49,14 +50,14 @@ class _ParamUses(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         out = func(*args, **kwargs)
-        ins = [t for t in torch.utils._pytree.tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
+        ins = [t for t in torch.utils._pytree.tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor) and _storage(t)]
         sources = set().union(*(self.derived.get(_storage(t), set()) for t in ins))
         if not sources:
             return out
-        outs = [t for t in torch.utils._pytree.tree_leaves(out) if isinstance(t, torch.Tensor)]
+        outs = [t for t in torch.utils._pytree.tree_leaves(out) if isinstance(t, torch.Tensor) and _storage(t)]
         if func in _CASTS and outs and all(t.dtype == self.dtype for t in outs):
             self.cast |= sources
-        elif func in _MOVES or (outs and all(_storage(t) in {_storage(i) for i in ins} for t in outs)):  # or a view
+        elif (func in _MOVES or func.is_view) and not func._schema.is_mutable:
             for t in outs:
                 self.derived.setdefault(_storage(t), set()).update(sources)
                 self.kept.append(t)
