@@ -91,3 +91,18 @@ def test_a_saved_model_that_reloads_otherwise_is_refused(train_file, tmp_path, m
     monkeypatch.setattr(fasttext.FastText._FastText, "save_model", corrupt_save)
     with pytest.raises(SystemExit, match=rf"^{tmp_path}/bad.bin: the fastText model reloaded from it differs"):
         quality.save(model, tmp_path / "bad.bin")
+
+
+def test_trainings_in_one_process_are_the_fresh_process_training_every_time(train_file, tmp_path):
+    """fasttext 0.9.3 trained again and again in one process came to diverge at lr 0.5 and every halving (both of two
+    tries of 16 in a row, before each training got its own process); now every training is the same model."""
+    import hashlib
+
+    digests, nans = set(), 0
+    for _ in range(16):
+        c = Counter()
+        model, lr = quality.train(train_file, {**CFG, "bucket": 20_000, "lr": 0.5}, c, "examples")
+        nans += c["quality.train_nan"]
+        model.save_model(str(tmp_path / "m.bin"))
+        digests.add(hashlib.sha256((tmp_path / "m.bin").read_bytes()).hexdigest())
+    assert nans == 0 and len(digests) == 1
