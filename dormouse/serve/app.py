@@ -572,7 +572,8 @@ def arg_parser() -> argparse.ArgumentParser:
                     help="graphed: the static-shape step (dormouse/posttrain/decode.py DecodeStep), one CUDA graph "
                          "replay per byte on CUDA (eager on CPU), sampling on the device with a per-stream seed; a "
                          "seed gives other bytes than eager's (another generator). auto (default): graphed on CUDA "
-                         "(7.5x eager's bytes/s at 64 streams on an H100), eager on CPU")
+                         "(small at 64 streams on one H100: 17 678 bytes/s against eager's 2 358, two runs on one machine; "
+                         "benchmarks/records/2026-12-06-serve-h100), eager on CPU")
     ap.add_argument("--compile", choices=("never", "cuda"), default="never",
                     help="cuda: torch.compile the model's regions (dormouse/model/regions.py) for the graphed decode on "
                          "CUDA, every prefill and step shape compiled at start (minutes cold; $DORMOUSE_COMPILE_CACHE "
