@@ -284,9 +284,8 @@ def test_gates_inside_fla_kernel_match_our_gates_region_on_gpu():
 
 _INTERPRETED_CONV = r"""
 import json, torch
-import triton.runtime.autotuner as autotuner
-# the interpreter has no benchmarker: every config times the same and the first one wins
-autotuner.Autotuner._bench = lambda self, *a, **kw: [1.0, 1.0, 1.0]
+from benchmarks import triton_interpret
+triton_interpret.apply()  # no benchmarker; scalar loop bounds under numpy 2
 from dormouse.model.kda import short_conv, short_conv_fla
 
 torch.manual_seed(0)
@@ -350,6 +349,62 @@ def test_fla_short_conv_matches_the_torch_path_under_triton_interpreter():
         assert r["counters"] == {"conv_path.torch": 1} and r["cache_is_last_inputs"], (name, r)
     assert res["bf16"]["dtype"] == res["strided"]["dtype"] == "torch.bfloat16" and len(res) == 6
     assert res["strided"]["same_as_contiguous"] is True
+
+
+_INTERPRETED_DECODE = r"""
+import json, torch
+from benchmarks import triton_interpret
+triton_interpret.apply()  # no benchmarker; scalar loop bounds under numpy 2
+from dormouse.model import kda as kda_module
+from dormouse.model.config import ModelConfig
+from dormouse.model.kda import KDAMixer
+
+cfg = ModelConfig.from_dict({"d_model": 48, "n_heads": 3, "head_dim": 16, "ffn_hidden": 64, "n_core": 1})
+torch.manual_seed(0)
+mixer = KDAMixer(cfg).eval()
+with torch.no_grad():  # weights away from init: gates and decays of every size
+    for p in mixer.parameters():
+        p.add_(torch.randn(p.shape) * 0.3)
+x = torch.randn(3, 12, 48)
+out = {}
+with torch.no_grad():
+    _, state = mixer(x[:, :10])  # the prompt on the torch path
+    ref = []
+    st = state
+    for t in (10, 11):  # two decode steps on the torch path: our gates, the torch recurrence
+        y, st = mixer(x[:, t:t + 1], state=st)
+        ref.append((y, st))
+    kda_module.on_gpu = lambda t: True  # the CUDA branches, FLA's kernels interpreted on the CPU
+    c = {}
+    st = state
+    for i, t in enumerate((10, 11)):
+        y, st = mixer(x[:, t:t + 1], state=st, counters=c)
+        ry, rst = ref[i]
+        out[f"step{i}"] = {"y": (y - ry).abs().max().item() / ry.abs().max().item(),
+                           "S": (st.recurrent - rst.recurrent).abs().max().item() / rst.recurrent.abs().max().item(),
+                           "conv": max((a - b).abs().max().item() for a, b in zip(st.conv, rst.conv))}
+out["counters"] = c
+print(json.dumps(out))
+"""
+
+
+def test_fla_decode_step_with_the_gates_in_the_kernel_matches_the_torch_path_under_triton_interpreter():
+    """A decode step on the CUDA branches runs FLA's `fused_recurrent_kda` with the L2 norms, the decay gate and
+    beta's sigmoid inside the kernel (no gates of ours): under TRITON_INTERPRET=1 on the CPU its output and state
+    are the torch path's (our gates, then the torch recurrence), over two steps from a prompt's state."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    proc = subprocess.run([sys.executable, "-c", _INTERPRETED_DECODE], env=env, capture_output=True, text=True,
+                          timeout=300, cwd=Path(__file__).resolve().parent.parent)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    res = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert res["counters"] == {"kda_gates.fla": 2, "kda_path.fla_recurrent": 2, "conv_path.fla": 6}, res
+    for name in ("step0", "step1"):
+        assert res[name]["y"] <= 1e-5 and res[name]["S"] <= 1e-5 and res[name]["conv"] == 0.0, (name, res[name])
 
 
 def test_optional_imports_hide_a_missing_dependency_not_a_broken_module_of_ours(tmp_path, monkeypatch):

@@ -13,7 +13,7 @@ import torch.nn.functional as F
 
 from dormouse.model import kda as kda_mod
 from dormouse.model.config import ModelConfig
-from dormouse.model.kda import KDAMixer, chunk_kda_torch, l2norm, recurrent_kda_torch
+from dormouse.model.kda import KDAMixer, KDAState, chunk_kda_torch, l2norm, recurrent_kda_torch
 from dormouse.model.regions import silu_conv
 
 fla_kda = pytest.importorskip("fla.ops.kda", reason="fla-core (with triton) gives the real signatures")
@@ -29,19 +29,25 @@ def bound(real, *args, **kwargs):
     return {**a, **a.pop("kwargs", {})}
 
 
+def in_kernel(a):
+    """(q, k, g, beta) after what the kernel's flags ask it to apply itself, as FLA's kernels do."""
+    q, k, g, beta = (a[n] for n in ("q", "k", "g", "beta"))
+    if a["use_qk_l2norm_in_kernel"]:
+        q, k = l2norm(q), l2norm(k)
+    if a["use_gate_in_kernel"]:
+        H, K = q.shape[2], q.shape[3]
+        g = -a["A_log"].float().exp()[:, None] * F.softplus(g.float() + a["dt_bias"].float().view(H, K))
+    if a.get("use_beta_sigmoid_in_kernel"):
+        beta = beta.sigmoid()
+    return q, k, g, beta
+
+
 def chunk_kda_standin(calls):
     def op(*args, **kwargs):
         a = bound(fla_kda.chunk_kda, *args, **kwargs)
         calls.append(("chunk_kda", a))
-        q, k, v, g, beta = (a[n] for n in ("q", "k", "v", "g", "beta"))
-        if a["use_qk_l2norm_in_kernel"]:
-            q, k = l2norm(q), l2norm(k)
-        if a["use_gate_in_kernel"]:
-            H, K = q.shape[2], q.shape[3]
-            g = -a["A_log"].float().exp()[:, None] * F.softplus(g.float() + a["dt_bias"].float().view(H, K))
-        if a.get("use_beta_sigmoid_in_kernel"):
-            beta = beta.sigmoid()
-        return chunk_kda_torch(q, k, v, g, beta, initial_state=a["initial_state"],
+        q, k, g, beta = in_kernel(a)
+        return chunk_kda_torch(q, k, a["v"], g, beta, initial_state=a["initial_state"],
                                output_final_state=a["output_final_state"], chunk_size=16)
     return op
 
@@ -50,8 +56,9 @@ def recurrent_standin(calls):
     def op(*args, **kwargs):
         a = bound(fla_kda.fused_recurrent_kda, *args, **kwargs)
         calls.append(("fused_recurrent_kda", a))
-        assert not a["use_qk_l2norm_in_kernel"] and not a["use_gate_in_kernel"]
-        return recurrent_kda_torch(a["q"], a["k"], a["v"], a["g"], a["beta"], initial_state=a["initial_state"])
+        assert a["use_qk_l2norm_in_kernel"] == a["use_gate_in_kernel"] == a["use_beta_sigmoid_in_kernel"]
+        q, k, g, beta = in_kernel(a)
+        return recurrent_kda_torch(q, k, a["v"], g, beta, initial_state=a["initial_state"])
     return op
 
 
@@ -131,7 +138,7 @@ def test_kda_recurrent_takes_fla_op_only_without_grad(on_gpu):
 
 def test_mixer_prefill_and_decode_on_the_cuda_branches_match_the_cpu_path(on_gpu, monkeypatch):
     """A mixer's prefill (FLA's chunk kernel with the gates inside, our Triton conv) and a decode step (FLA's
-    recurrent kernel and causal_conv1d continuing the caches) give what the CPU path gives."""
+    recurrent kernel with the gates inside, causal_conv1d continuing the caches) give what the CPU path gives."""
     cfg = ModelConfig.from_dict({"d_model": 32, "n_heads": 2, "head_dim": 8, "ffn_hidden": 64, "n_core": 1,
                                  "kda_chunk_size": 16})
     torch.manual_seed(0)
@@ -144,10 +151,25 @@ def test_mixer_prefill_and_decode_on_the_cuda_branches_match_the_cpu_path(on_gpu
         monkeypatch.undo()
         want_y, want_state = mixer(x[:, :8])
         want_y1, want_state1 = mixer(x[:, 8:], state=want_state)
-    assert c["kda_gates.fla"] == 1 and c["kda_gates.torch"] == 1  # the decode step's gates are ours
-    assert c["kda_path.fla"] == 1 and c["kda_path.fla_recurrent"] == 1
-    assert c["conv_path.triton"] == 3 and c["conv_path.fla"] == 3
+    assert c == Counter({"kda_gates.fla": 2, "kda_path.fla": 1, "kda_path.fla_recurrent": 1,  # gates in the kernels
+                         "conv_path.triton": 3, "conv_path.fla": 3})
+    assert [a["use_gate_in_kernel"] for n, a in on_gpu if n in ("chunk_kda", "fused_recurrent_kda")] == [True] * 2
     assert sorted({n for n, _ in on_gpu}) == ["causal_conv1d", "chunk_kda", "conv_triton", "fused_recurrent_kda"]
     torch.testing.assert_close(y, want_y, rtol=1e-4, atol=1e-5)
     torch.testing.assert_close(y1, want_y1, rtol=1e-4, atol=1e-5)
     torch.testing.assert_close(state1.recurrent, want_state1.recurrent, rtol=1e-4, atol=1e-5)
+
+
+def test_a_decode_step_wanting_gradients_keeps_our_gates_and_the_torch_recurrence(on_gpu):
+    """FLA's recurrent kernel has no backward: a one-token call with autograd on (none in serving, rl or bench
+    today) takes our gates and the torch recurrence on CUDA too, and its gradients reach A_log and dt_bias."""
+    cfg = ModelConfig.from_dict({"d_model": 32, "n_heads": 2, "head_dim": 8, "ffn_hidden": 64, "n_core": 1})
+    torch.manual_seed(0)
+    mixer = KDAMixer(cfg)
+    c = Counter()
+    state = KDAState(conv=None, recurrent=torch.randn(2, 2, 8, 8))  # a state to decay: the gate's gradient
+    y, _ = mixer(torch.randn(2, 1, 32), counters=c, state=state)
+    y.square().sum().backward()
+    assert c == Counter({"kda_gates.torch": 1, "kda_path.torch_recurrent": 1, "conv_path.triton": 3})
+    assert [n for n, _ in on_gpu] == ["conv_triton"] * 3
+    assert mixer.A_log.grad.abs().sum() > 0 and mixer.dt_bias.grad.abs().sum() > 0

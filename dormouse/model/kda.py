@@ -257,18 +257,34 @@ def kda(
 
 
 def fused_gates_available(q: torch.Tensor) -> bool:
-    """Whether FLA's `chunk_kda` will apply the layer's activations itself (`kda_fused_gates`): CUDA, fla
-    importable, and a chunk of tokens (a decode step, T == 1, runs the recurrent kernel instead)."""
-    return on_gpu(q) and q.shape[1] > 1 and fla_op("chunk_kda") is not None
+    """Whether FLA's kernel will apply the layer's activations itself (`kda_fused_gates`): CUDA, fla importable,
+    and either a chunk of tokens (`chunk_kda`) or a decode step (T == 1) wanting no gradient (`fused_recurrent_kda`,
+    which has no backward). In a decode step the activations are ~20 small kernels a layer otherwise, and a graphed
+    step is launch-bound (benchmarks/records/2026-12-06-serve-h100)."""
+    if not on_gpu(q):
+        return False
+    if q.shape[1] > 1:
+        return fla_op("chunk_kda") is not None
+    return not (torch.is_grad_enabled() and q.requires_grad) and fla_op("fused_recurrent_kda") is not None
 
 
 def kda_fused_gates(q, k, v, f, b, A_log, dt_bias, *, initial_state=None, counters=None):
-    """The KDA core on the raw activations, as FLA's own `KimiDeltaAttention` calls it: `chunk_kda` applies
+    """The KDA core on the raw activations, as FLA's own `KimiDeltaAttention` calls it: `chunk_kda` (a decode
+    step, T == 1: `fused_recurrent_kda`, counted `kda_path.fla_recurrent`) applies
     the q/k L2 norms, the decay gate -exp(A_log) * softplus(f + dt_bias) (fused into its chunk cumsum) and
     beta's sigmoid itself, in fp32, with the gradients of A_log and dt_bias. What `KDAMixer.gates` computes,
     with fewer passes over [B, T, H, K] (7.13 against 7.45 ms a medium layer, benchmarks/records/2026-12-04-throughput-h200-run6). CUDA + fla only (callers check
     `fused_gates_available`); the CPU tests check `gates` and the GPU test checks the two against each other.
-    Counts `kda_path.fla` once per call. Returns (o [B, T, H, V], final state fp32)."""
+    Counts its path once per call. Returns (o [B, T, H, V], final state fp32)."""
+    if q.shape[1] == 1:  # a decode step: FLA's recurrent kernel, the same activations inside
+        if counters is not None:
+            counters["kda_path.fla_recurrent"] = counters.get("kda_path.fla_recurrent", 0) + 1
+        if initial_state is None:
+            initial_state = q.new_zeros(q.shape[0], q.shape[2], q.shape[3], v.shape[-1], dtype=torch.float32)
+        return fla_op("fused_recurrent_kda")(
+            q, k, v, f, b, A_log=A_log, dt_bias=dt_bias, initial_state=initial_state.float(),
+            output_final_state=True, use_qk_l2norm_in_kernel=True, use_gate_in_kernel=True,
+            use_beta_sigmoid_in_kernel=True)
     if counters is not None:
         counters["kda_path.fla"] = counters.get("kda_path.fla", 0) + 1
     return fla_op("chunk_kda")(
@@ -502,8 +518,9 @@ class KDAMixer(nn.Module):
     def prepare(self, x: torch.Tensor, conv: tuple | None = None, counters=None, norm: nn.Module | None = None):
         """Everything before the KDA core: `project`, then `gates` -> (q, k [B, T, H, K] L2-normed, v
         [B, T, H, V], g fp32 log-decay, beta [B, T, H], output-gate logits [B, T, H*K], the convs' new caches).
-        Where `gates_in_kernel` (CUDA + FLA, T > 1) q, k, g and beta stay raw (un-normed q/k, decay-gate
-        logits f, beta logits) and `core` hands them to FLA's kernel, which applies the activations itself.
+        Where `gates_in_kernel` (CUDA + FLA: a chunk, or a decode step without gradient) q, k, g and beta stay
+        raw (un-normed q/k, decay-gate logits f, beta logits) and `core` hands them to FLA's kernel, which applies
+        the activations itself.
         Counts `kda_gates.fla` / `kda_gates.torch` once per call."""
         q, k, v, f, b, gate, conv_state = self.project(x, conv, counters, norm)
         fused = self.gates_in_kernel(q)
@@ -516,8 +533,8 @@ class KDAMixer(nn.Module):
 
     def core(self, q, k, v, g, beta, h0: torch.Tensor | None = None, counters=None):
         """The KDA recurrence (FLA's kernels on CUDA; not compiled): a decode step (T == 1) runs the plain
-        recurrence, longer inputs the chunked form (on CUDA with the activations inside FLA's kernel: g and
-        beta are then the raw logits `prepare` left). Returns (o [B, T, H, V], final state fp32)."""
+        recurrence, longer inputs the chunked form (on CUDA with the activations inside FLA's kernel, either form:
+        g and beta are then the raw logits `prepare` left). Returns (o [B, T, H, V], final state fp32)."""
         if self.gates_in_kernel(q):
             return kda_fused_gates(q, k, v, g, beta, self.A_log, self.dt_bias, initial_state=h0, counters=counters)
         if q.shape[1] == 1:
