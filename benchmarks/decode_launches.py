@@ -33,6 +33,7 @@ from benchmarks import triton_interpret  # noqa: E402
 from benchmarks.decode_step import at_init, ready_step  # noqa: E402
 from dormouse.model import kda as kda_module  # noqa: E402
 from dormouse.posttrain import decode as decode_module  # noqa: E402
+from dormouse.posttrain import rowrng  # noqa: E402
 from dormouse.serve.weights import cast_for_autocast  # noqa: E402
 
 _aten = torch.ops.aten
@@ -100,7 +101,8 @@ def count_step(preset: str, rows: int, steps: int) -> dict:
     with mock.patch.object(decode_module, "autocast", _cpu_autocast), \
             mock.patch.object(decode_step_module, "autocast", _cpu_autocast):
         step = ready_step(model, rows, graphed=False, bf16=True)  # the prompts' prefill on the torch path
-        with mock.patch.object(kda_module, "on_gpu", lambda t: True):
+        with mock.patch.object(kda_module, "on_gpu", lambda t: True), \
+                mock.patch.object(rowrng, "on_gpu", lambda t: True):
             step(rows)  # warm: Triton's autotuner runs its configs on a first call
             counter = Launches()
             t0 = time.perf_counter()

@@ -25,6 +25,7 @@ def test_a_tiny_step_counts_its_launches_and_leaves_the_gates_to_the_kernel(tmp_
     depth = 2  # tiny's applied blocks
     assert ops["triton.fused_recurrent_kda_fwd_kernel"] == depth and ops["triton.causal_conv1d_fwd_kernel"] == 3 * depth
     assert "aten.softplus" not in ops and "aten.exp" not in ops  # the decay gate and norms run inside FLA's kernel
+    assert ops["triton._uniforms"] == 1 and "aten.__xor__" not in ops  # the sampler's hash: one kernel, not ~200
     assert row["triton_per_step"] == sum(v for k, v in ops.items() if k.startswith("triton."))
     assert row["launches_per_step"] == pytest.approx(sum(ops.values()))
     assert row["weights_cast_once"] > 0  # serve's bf16 weights, as on CUDA

@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 
-from dormouse.posttrain.rowrng import mix32, row_uniforms, sample_rows
+from dormouse.posttrain.rowrng import mix32, row_uniforms, row_uniforms_torch, sample_rows
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -118,7 +118,45 @@ def test_the_uniforms_are_the_same_bits_on_cuda():
     draws are the CPU's (the Gumbel noise may differ in an ulp of its log, which flips only exact near-ties)."""
     seed, counter = torch.arange(-50, 50) * 7919, torch.arange(100) * 31
     u_cpu = row_uniforms(seed, counter, 256)
-    assert torch.equal(row_uniforms(seed.cuda(), counter.cuda(), 256).cpu(), u_cpu)
+    c = {}
+    assert torch.equal(row_uniforms(seed.cuda(), counter.cuda(), 256, c).cpu(), u_cpu)  # the Triton kernel
+    assert c == {"rng_path.triton": 1}
+    assert torch.equal(row_uniforms_torch(seed.cuda(), counter.cuda(), 256).cpu(), u_cpu)  # and the torch ops
     logits = torch.randn(100, 256, generator=torch.Generator().manual_seed(3)) * 2
     on_gpu = sample_rows(logits.cuda(), seed.cuda(), counter.cuda(), 1.0, 50).cpu()
     assert (on_gpu == sample_rows(logits, seed, counter, 1.0, 50)).float().mean() >= 0.99
+
+
+_INTERPRETED = r"""
+import json, torch
+from benchmarks import triton_interpret
+triton_interpret.apply()
+from dormouse.posttrain.rowrng import row_uniforms
+from dormouse.posttrain.rowrng_triton import row_uniforms_triton
+
+seed = torch.tensor([0, 1, -1, 2**63 - 1, -(2**63), 12345, 0x7FFFFFFF, 0x80000000, -0x80000001])
+counter = torch.tensor([0, 0, 5, 9, 2**40, 3, 2**32 - 1, 2**32, 2**62 + 7])
+out = {}
+for n in (256, 300, 1):  # one block, a partial second block, one column
+    want, got = row_uniforms(seed, counter, n), row_uniforms_triton(seed, counter, n)
+    out[n] = {"equal": torch.equal(want, got), "differ": int((want != got).sum()), "shape": list(got.shape)}
+print(json.dumps(out))
+"""
+
+
+def test_the_triton_kernel_draws_the_torch_forms_bits_under_triton_interpreter():
+    """The CUDA path's one-kernel hash (`rowrng_triton`) gives the torch form's uniforms bit for bit, over seeds and
+    counters that reach every 32-bit half's edge (negative seeds, 2**63 - 1, counters past 2**32)."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    pytest.importorskip("triton", reason="the kernel is Triton")
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    proc = subprocess.run([sys.executable, "-c", _INTERPRETED], env=env, capture_output=True, text=True, timeout=300,
+                          cwd=Path(__file__).resolve().parent.parent)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    res = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert res == {str(n): {"equal": True, "differ": 0, "shape": [9, n]} for n in (256, 300, 1)}, res

@@ -235,7 +235,8 @@ class DecodeStep:
         state = self.buf.state.map(lambda t: t[:b])
         with autocast(self.device, self.dtype, cache=False):  # a graph must not keep autocast's cached weight casts
             logits, new = self.model.step(self.buf.byte[:b], state, counters)
-        nxt = sample_rows(logits, self.buf.seed[:b], self.buf.counter[:b], self.buf.temperature[:b], self.buf.top_k[:b])
+        nxt = sample_rows(logits, self.buf.seed[:b], self.buf.counter[:b], self.buf.temperature[:b], self.buf.top_k[:b],
+                          counters)
         for dst, src in zip(state.tensors(), new.tensors()):  # after the step: it read the old state and bytes
             dst.copy_(src)
         self.buf.counter[:b].add_(1)

@@ -49,8 +49,37 @@ def _halves(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return x & _M32, (x >> 32) & _M32
 
 
-def row_uniforms(seed: torch.Tensor, counter: torch.Tensor, n: int) -> torch.Tensor:
-    """seed, counter int64 [B] -> fp32 [B, n] uniforms in (0, 1), element [i, j] a function of (seed_i, counter_i, j) only."""
+def on_gpu(t: torch.Tensor) -> bool:
+    """Whether the CUDA path runs (a seam: benchmarks/decode_launches.py drives it on the CPU, Triton interpreted)."""
+    return t.is_cuda
+
+
+def _triton_kernel():
+    """`rowrng_triton.row_uniforms_triton`, or None where triton is not installed (CPU-only set-ups)."""
+    try:
+        from dormouse.posttrain.rowrng_triton import row_uniforms_triton
+    except ModuleNotFoundError as e:
+        if e.name != "triton" and not (e.name or "").startswith("triton."):
+            raise
+        return None
+    return row_uniforms_triton
+
+
+def row_uniforms(seed: torch.Tensor, counter: torch.Tensor, n: int, counters=None) -> torch.Tensor:
+    """seed, counter int64 [B] -> fp32 [B, n] uniforms in (0, 1), element [i, j] a function of (seed_i, counter_i, j) only.
+    On CUDA one Triton kernel (`rowrng_triton`, the same bits); otherwise the torch ops below. Counts `rng_path.triton`
+    / `rng_path.torch` once per call."""
+    kernel = _triton_kernel() if on_gpu(seed) else None
+    if counters is not None:
+        key = "rng_path.triton" if kernel is not None else "rng_path.torch"
+        counters[key] = counters.get(key, 0) + 1
+    if kernel is not None:
+        return kernel(seed, counter, n)
+    return row_uniforms_torch(seed, counter, n)
+
+
+def row_uniforms_torch(seed: torch.Tensor, counter: torch.Tensor, n: int) -> torch.Tensor:
+    """`row_uniforms` in torch ops (the definition; exact and identical on any device)."""
     s_lo, s_hi = _halves(seed.long())
     c_lo, c_hi = _halves(counter.long())
     keys = []
@@ -70,7 +99,8 @@ def _per_row(x, b: int, dtype: torch.dtype, device: torch.device) -> torch.Tenso
 
 
 def sample_rows(logits: torch.Tensor, seed: torch.Tensor, counter: torch.Tensor,
-                temperature: torch.Tensor | float = 0.0, top_k: torch.Tensor | int | None = None) -> torch.Tensor:
+                temperature: torch.Tensor | float = 0.0, top_k: torch.Tensor | int | None = None,
+                counters=None) -> torch.Tensor:
     """logits [B, V] -> bytes [B] (long, on logits' device); see the module docstring. temperature and top_k per row
     (tensors [B]) or for all rows; top_k None or >= V keeps every byte. No host read: python-scalar arguments are
     checked here, tensors are not (a check would read them)."""
@@ -85,5 +115,5 @@ def sample_rows(logits: torch.Tensor, seed: torch.Tensor, counter: torch.Tensor,
     z = logits.float() / torch.where(greedy, 1.0, t)[:, None]
     kth = z.sort(dim=-1, descending=True).values.gather(1, (k - 1)[:, None])  # the k-th largest of each row
     z = z.masked_fill(z < kth, float("-inf"))
-    gumbel = -torch.log(-torch.log(row_uniforms(seed, counter, V)))
+    gumbel = -torch.log(-torch.log(row_uniforms(seed, counter, V, counters)))
     return torch.where(greedy, logits.argmax(-1), (z + gumbel).argmax(-1))
