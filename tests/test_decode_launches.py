@@ -23,7 +23,8 @@ def test_a_tiny_step_counts_its_launches_and_leaves_the_gates_to_the_kernel(tmp_
     (row,) = [json.loads(line) for line in out.read_text().splitlines()]
     ops = row["by_op"]
     depth = 2  # tiny's applied blocks
-    assert ops["triton.fused_recurrent_kda_fwd_kernel"] == depth and ops["triton.causal_conv1d_fwd_kernel"] == 3 * depth
+    assert ops["triton.fused_recurrent_kda_fwd_kernel"] == depth and ops["triton._step3"] == depth  # q, k, v convs: one
+    assert "triton.causal_conv1d_fwd_kernel" not in ops and "aten.pad" not in ops
     assert "aten.softplus" not in ops and "aten.exp" not in ops  # the decay gate and norms run inside FLA's kernel
     assert ops["triton._uniforms"] == 1 and "aten.__xor__" not in ops  # the sampler's hash: one kernel, not ~200
     assert row["triton_per_step"] == sum(v for k, v in ops.items() if k.startswith("triton."))

@@ -389,9 +389,10 @@ print(json.dumps(out))
 
 
 def test_fla_decode_step_with_the_gates_in_the_kernel_matches_the_torch_path_under_triton_interpreter():
-    """A decode step on the CUDA branches runs FLA's `fused_recurrent_kda` with the L2 norms, the decay gate and
-    beta's sigmoid inside the kernel (no gates of ours): under TRITON_INTERPRET=1 on the CPU its output and state
-    are the torch path's (our gates, then the torch recurrence), over two steps from a prompt's state."""
+    """A decode step on the CUDA branches runs q, k and v's convs in one launch (`conv_step_triton`) and FLA's
+    `fused_recurrent_kda` with the L2 norms, the decay gate and beta's sigmoid inside the kernel (no gates of ours):
+    under TRITON_INTERPRET=1 on the CPU its output, recurrent state and conv caches (bit for bit) are the torch
+    path's, over two steps from a prompt's state."""
     import json
     import os
     import subprocess
@@ -402,9 +403,55 @@ def test_fla_decode_step_with_the_gates_in_the_kernel_matches_the_torch_path_und
                           timeout=300, cwd=Path(__file__).resolve().parent.parent)
     assert proc.returncode == 0, proc.stderr[-3000:]
     res = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert res["counters"] == {"kda_gates.fla": 2, "kda_path.fla_recurrent": 2, "conv_path.fla": 6}, res
+    assert res["counters"] == {"kda_gates.fla": 2, "kda_path.fla_recurrent": 2, "conv_path.triton_step": 6}, res
     for name in ("step0", "step1"):
         assert res[name]["y"] <= 1e-5 and res[name]["S"] <= 1e-5 and res[name]["conv"] == 0.0, (name, res[name])
+
+
+_INTERPRETED_CONV_STEP = r"""
+import json, torch
+from benchmarks import triton_interpret
+triton_interpret.apply()
+from dormouse.model.conv_step_triton import silu_conv_step3
+from dormouse.model.kda import short_conv
+
+torch.manual_seed(0)
+out = {}
+for name, B, C, W, dtype in [("fp32", 3, 40, 4, torch.float32), ("bf16", 2, 300, 4, torch.bfloat16),
+                             ("w2", 2, 16, 2, torch.float32), ("w3_bf16", 2, 24, 3, torch.bfloat16)]:
+    prod = torch.randn(B, 1, 3 * C + 5).to(dtype)  # q, k, v as column views of one product, as in_proj gives them
+    xs = tuple(prod[..., i * C:(i + 1) * C] for i in range(3))
+    ws = tuple(torch.randn(C, 1, W) for _ in range(3))
+    caches = tuple(torch.randn(B, W - 1 + 2, C).to(dtype)[:, 2:] for _ in range(3))  # strided over time too
+    ys, ns = silu_conv_step3(xs, ws, caches)
+    ref = [short_conv(x, w, c) for x, w, c in zip(xs, ws, caches)]  # CPU tensors: the torch path
+    out[name] = {"y": max((y.float() - r[0].float()).abs().max().item() / r[0].float().abs().max().item()
+                          for y, r in zip(ys, ref)),
+                 "cache_equal": all(torch.equal(n, r[1].to(dtype)) for n, r in zip(ns, ref)),
+                 "dtypes": sorted({str(t.dtype) for t in (*ys, *ns)}), "shapes": [list(ys[0].shape), list(ns[0].shape)]}
+print(json.dumps(out))
+"""
+
+
+def test_the_decode_steps_one_launch_conv_matches_the_torch_path_under_triton_interpreter():
+    """`conv_step_triton.silu_conv_step3` (q, k and v's convs for one token, one launch) against `short_conv`'s
+    torch path: column views of one product, caches strided over time, W 2-4, fp32 and bf16; the new caches are the
+    last W - 1 inputs bit for bit."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    proc = subprocess.run([sys.executable, "-c", _INTERPRETED_CONV_STEP], env=env, capture_output=True, text=True,
+                          timeout=300, cwd=Path(__file__).resolve().parent.parent)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    res = json.loads(proc.stdout.strip().splitlines()[-1])
+    for name, r in res.items():
+        tol = 1e-2 if r["dtypes"] == ["torch.bfloat16"] else 1e-6
+        assert r["y"] <= tol and r["cache_equal"], (name, r)
+    assert res["bf16"]["dtypes"] == res["w3_bf16"]["dtypes"] == ["torch.bfloat16"] and len(res) == 4
+    assert res["w2"]["shapes"] == [[2, 1, 16], [2, 1, 16]]
 
 
 def test_optional_imports_hide_a_missing_dependency_not_a_broken_module_of_ours(tmp_path, monkeypatch):

@@ -87,6 +87,14 @@ def on_gpu(monkeypatch):
 
     triton_conv = SimpleNamespace(MAX_W=4, silu_conv_triton=silu_conv_triton)
     monkeypatch.setattr(kda_mod, "_conv_triton", lambda: triton_conv)
+
+    def silu_conv_step3(xs, weights, caches):  # one token continuing each cache
+        calls.append(("conv_step3", {}))
+        full = [torch.cat([c.to(x.dtype), x], 1) for x, c in zip(xs, caches)]
+        return tuple(silu_conv(f, w) for f, w in zip(full, weights)), tuple(f[:, 1:] for f in full)
+
+    conv_step = SimpleNamespace(MAX_W=4, silu_conv_step3=silu_conv_step3)
+    monkeypatch.setattr(kda_mod, "_conv_step_triton", lambda: conv_step)
     return calls
 
 
@@ -152,9 +160,9 @@ def test_mixer_prefill_and_decode_on_the_cuda_branches_match_the_cpu_path(on_gpu
         want_y, want_state = mixer(x[:, :8])
         want_y1, want_state1 = mixer(x[:, 8:], state=want_state)
     assert c == Counter({"kda_gates.fla": 2, "kda_path.fla": 1, "kda_path.fla_recurrent": 1,  # gates in the kernels
-                         "conv_path.triton": 3, "conv_path.fla": 3})
+                         "conv_path.triton": 3, "conv_path.triton_step": 3})  # the step's three convs: one launch
     assert [a["use_gate_in_kernel"] for n, a in on_gpu if n in ("chunk_kda", "fused_recurrent_kda")] == [True] * 2
-    assert sorted({n for n, _ in on_gpu}) == ["causal_conv1d", "chunk_kda", "conv_triton", "fused_recurrent_kda"]
+    assert [n for n, _ in on_gpu] == ["conv_triton"] * 3 + ["chunk_kda", "conv_step3", "fused_recurrent_kda"]
     torch.testing.assert_close(y, want_y, rtol=1e-4, atol=1e-5)
     torch.testing.assert_close(y1, want_y1, rtol=1e-4, atol=1e-5)
     torch.testing.assert_close(state1.recurrent, want_state1.recurrent, rtol=1e-4, atol=1e-5)
@@ -173,3 +181,27 @@ def test_a_decode_step_wanting_gradients_keeps_our_gates_and_the_torch_recurrenc
     assert c == Counter({"kda_gates.torch": 1, "kda_path.torch_recurrent": 1, "conv_path.triton": 3})
     assert [n for n, _ in on_gpu] == ["conv_triton"] * 3
     assert mixer.A_log.grad.abs().sum() > 0 and mixer.dt_bias.grad.abs().sum() > 0
+
+
+@pytest.mark.parametrize("why", ["not importable", "caches of another dtype"])
+def test_a_decode_step_without_the_step_kernel_takes_flas_conv_per_cache(on_gpu, monkeypatch, why):
+    """Where `conv_step_triton` is not importable (or the caches are not unit-stride, or not x's dtype: the kernel
+    moves them over unrounded), each conv continues its cache through FLA's causal_conv1d, counted per conv, with
+    what the CPU path gives."""
+    if why == "not importable":
+        monkeypatch.setattr(kda_mod, "_conv_step_triton", lambda: None)
+    cfg = ModelConfig.from_dict({"d_model": 32, "n_heads": 2, "head_dim": 8, "ffn_hidden": 64, "n_core": 1})
+    torch.manual_seed(0)
+    mixer = KDAMixer(cfg).eval()
+    x = torch.randn(2, 1, 32)
+    dtype = torch.float64 if why == "caches of another dtype" else torch.float32
+    state = KDAState(conv=tuple(torch.randn(2, 3, 16, dtype=dtype) for _ in range(3)), recurrent=torch.randn(2, 2, 8, 8))
+    c = Counter()
+    with torch.no_grad():
+        y, st = mixer(x, counters=c, state=state)
+        monkeypatch.undo()
+        want_y, want_st = mixer(x, state=state)
+    assert c["conv_path.fla"] == 3 and "conv_path.triton_step" not in c
+    assert [n for n, _ in on_gpu] == ["causal_conv1d"] * 3 + ["fused_recurrent_kda"]
+    torch.testing.assert_close(y, want_y, rtol=1e-4, atol=1e-5)
+    assert all(torch.equal(a, b) and a.dtype == torch.float32 for a, b in zip(st.conv, want_st.conv))

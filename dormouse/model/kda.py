@@ -308,6 +308,11 @@ def _conv_triton():
     return _optional("dormouse.model.conv_triton")
 
 
+def _conv_step_triton():
+    """`dormouse.model.conv_step_triton` (q, k and v's convs for one decode step in one launch), or None."""
+    return _optional("dormouse.model.conv_step_triton")
+
+
 def short_conv_fla(x: torch.Tensor, weight: torch.Tensor, cache: torch.Tensor | None, op=None) -> torch.Tensor:
     """`short_conv`'s output through FLA's `causal_conv1d` (SiLU fused): FLA keeps the last W inputs as a
     [B, C, W] state whose oldest slot a width-W kernel never reads, so our [B, W-1, C] cache goes in
@@ -495,10 +500,18 @@ class KDAMixer(nn.Module):
         conv_state = None
         if self.conv_size > 0:
             cq, ck, cv = conv if conv is not None else (None, None, None)
-            q, cq = short_conv(q, self.q_conv1d.weight, cq, counters)
-            k, ck = short_conv(k, self.k_conv1d.weight, ck, counters)
-            v, cv = short_conv(v, self.v_conv1d.weight, cv, counters)
-            conv_state = (cq, ck, cv)
+            weights = (self.q_conv1d.weight, self.k_conv1d.weight, self.v_conv1d.weight)
+            step = _conv_step_triton() if T == 1 and cq is not None and on_gpu(q) else None
+            if step is not None and 2 <= self.conv_size <= step.MAX_W and all(
+                    t.stride(-1) == 1 and t.dtype == q.dtype for t in (k, v, cq, ck, cv)):  # the three in one launch
+                (q, k, v), conv_state = step.silu_conv_step3((q, k, v), weights, (cq, ck, cv))
+                if counters is not None:
+                    counters["conv_path.triton_step"] = counters.get("conv_path.triton_step", 0) + 3
+            else:
+                q, cq = short_conv(q, weights[0], cq, counters)
+                k, ck = short_conv(k, weights[1], ck, counters)
+                v, cv = short_conv(v, weights[2], cv, counters)
+                conv_state = (cq, ck, cv)
         else:
             q, k, v = F.silu(q), F.silu(k), F.silu(v)
         return q.view(B, T, H, K), k.view(B, T, H, K), v.view(B, T, H, K), f.view(B, T, H, K), b, gate, conv_state
