@@ -12,9 +12,27 @@ import pytest
 import torch
 from test_decode import CONFIGS, live_model, rand_prompt
 
-from dormouse.posttrain.decode import DecodeStep, default_buckets, generate, generate_static, prefill_prompts
+from dormouse.posttrain.decode import DecodeStep, copy_state, default_buckets, generate, generate_static, prefill_prompts
 
 pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+def test_copy_state_writes_every_pair_whatever_its_dtype_or_layout(monkeypatch):
+    """The step's state write-back: dense pairs go through one foreach copy per dtype, strided sources and
+    in-place pairs are handled one by one; every destination ends equal to its source."""
+    g = torch.Generator().manual_seed(0)
+    wide = torch.randn(3, 6, 8, generator=g)
+    srcs = [torch.randn(3, 4, generator=g), torch.randn(3, 2, 2, generator=g).bfloat16(),
+            torch.randint(0, 255, (3, 5), generator=g), wide[:, 2:5], torch.randn(3, 4, generator=g)]
+    dsts = [torch.zeros(3, 4), torch.zeros(3, 2, 2, dtype=torch.bfloat16), torch.zeros(3, 5, dtype=torch.long),
+            torch.zeros(3, 3, 8), torch.zeros(3, 4)]
+    in_place = torch.randn(3, 7, generator=g)
+    seen = []
+    real = torch._foreach_copy_
+    monkeypatch.setattr(torch, "_foreach_copy_", lambda d, s: (seen.append(len(d)), real(d, s)))
+    copy_state(dsts + [in_place], srcs + [in_place])
+    assert all(torch.equal(d, s) for d, s in zip(dsts, srcs))
+    assert sorted(seen) == [1, 1, 2]  # fp32 (two), bf16, long; the strided source and the in-place pair apart
 
 
 @pytest.mark.parametrize("name", ["all_on_conv4", "plain"])
