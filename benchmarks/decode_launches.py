@@ -102,7 +102,7 @@ def count_step(preset: str, rows: int, steps: int) -> dict:
             mock.patch.object(decode_step_module, "autocast", _cpu_autocast):
         step = ready_step(model, rows, graphed=False, bf16=True)  # the prompts' prefill on the torch path
         with mock.patch.object(kda_module, "on_gpu", lambda t: True), \
-                mock.patch.object(rowrng, "on_gpu", lambda t: True):
+                mock.patch.object(rowrng, "on_gpu", lambda t: True, create=True):  # create: older trees
             step(rows)  # warm: Triton's autotuner runs its configs on a first call
             counter = Launches()
             t0 = time.perf_counter()
