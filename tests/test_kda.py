@@ -258,6 +258,27 @@ def test_fla_kernel_matches_torch_path_on_gpu(dtype, tol):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (FLA's Triton kernels)")
+def test_decode_steps_on_gpu_match_the_cpu_path():
+    """A decode step on CUDA (q, k and v's convs in one launch, FLA's recurrent kernel with the gates inside)
+    continues a prompt's state as the torch path does on the CPU: outputs, recurrent state, conv caches."""
+    torch.manual_seed(0)
+    mixer = KDAMixer(small_cfg(d_model=256, n_heads=4, head_dim=64)).eval()
+    x = torch.randn(3, 70, 256)
+    counters = collections.Counter()
+    with torch.no_grad():
+        _, st_cpu = mixer(x[:, :67])
+        gpu = copy.deepcopy(mixer).cuda()
+        _, st_gpu = gpu(x[:, :67].cuda())
+        for t in range(67, 70):
+            y_cpu, st_cpu = mixer(x[:, t:t + 1], state=st_cpu)
+            y_gpu, st_gpu = gpu(x[:, t:t + 1].cuda(), state=st_gpu, counters=counters)
+            assert rel(y_gpu.cpu(), y_cpu) <= 5e-3 and rel(st_gpu.recurrent.cpu(), st_cpu.recurrent) <= 5e-3, t
+            assert all(rel(a.cpu(), b) <= 1e-5 for a, b in zip(st_gpu.conv, st_cpu.conv)), t
+    assert counters == {"kda_gates.fla": 3, "kda_path.fla_recurrent": 3, "conv_path.triton_step": 9}
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (FLA's Triton kernels)")
 def test_gates_inside_fla_kernel_match_our_gates_region_on_gpu():
     """On CUDA the mixer leaves the q/k L2 norms, the decay gate and beta's sigmoid to chunk_kda
     (kda_fused_gates); the same mixer with our `gates` region instead: outputs, states and every parameter's
