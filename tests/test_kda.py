@@ -178,13 +178,13 @@ def test_mixer_trains_on_cpu_and_counts_torch_path():
     y, _ = mixer(x, counters=counters)
     assert y.shape == x.shape
     y.square().mean().backward()
-    assert counters == {"kda_path.torch": 1, "conv_path.torch": 3, "kda_gates.torch": 1}
+    assert counters == {"kda_path.torch": 1, "conv_path.torch": 3, "kda_gates.torch": 1, "norm_gate_path.torch": 1}
     for name, p in mixer.named_parameters():
         assert p.grad is not None and torch.isfinite(p.grad).all() and p.grad.abs().max() > 0, name
     q, k, v, g, beta, _ = make_inputs(1, 10, 2, 8, 8)
     kda(q, k, v, g, beta, counters=counters)
     kda(q, k, v, g, beta)  # counters optional
-    assert counters == {"kda_path.torch": 2, "conv_path.torch": 3, "kda_gates.torch": 1}
+    assert counters == {"kda_path.torch": 2, "conv_path.torch": 3, "kda_gates.torch": 1, "norm_gate_path.torch": 1}
 
 
 def test_mixer_core_inputs_follow_fla_layer_math():
@@ -274,7 +274,8 @@ def test_decode_steps_on_gpu_match_the_cpu_path():
             y_gpu, st_gpu = gpu(x[:, t:t + 1].cuda(), state=st_gpu, counters=counters)
             assert rel(y_gpu.cpu(), y_cpu) <= 5e-3 and rel(st_gpu.recurrent.cpu(), st_cpu.recurrent) <= 5e-3, t
             assert all(rel(a.cpu(), b) <= 1e-5 for a, b in zip(st_gpu.conv, st_cpu.conv)), t
-    assert counters == {"kda_gates.fla": 3, "kda_path.fla_recurrent": 3, "conv_path.triton_step": 9}
+    assert counters == {"kda_gates.fla": 3, "kda_path.fla_recurrent": 3, "conv_path.triton_step": 9,
+                        "norm_gate_path.fla": 3}
 
 
 @pytest.mark.gpu
@@ -298,6 +299,7 @@ def test_gates_inside_fla_kernel_match_our_gates_region_on_gpu():
         (y * dy).sum().backward()
         outs.append((y.detach(), s.recurrent))
     assert c1["kda_gates.fla"] == 1 and c2["kda_gates.torch"] == 1 and c1["kda_path.fla"] == c2["kda_path.fla"] == 1
+    assert c1["norm_gate_path.torch"] == c2["norm_gate_path.torch"] == 1  # training: `finish`, with its backward
     assert rel(outs[0][0], outs[1][0]) <= 5e-3 and rel(outs[0][1], outs[1][1]) <= 5e-3
     for (name, a), (_, b) in zip(fused.named_parameters(), ours.named_parameters()):
         assert rel(a.grad, b.grad) <= 1.5e-2, (name, rel(a.grad, b.grad))
@@ -410,8 +412,9 @@ print(json.dumps(out))
 
 
 def test_fla_decode_step_with_the_gates_in_the_kernel_matches_the_torch_path_under_triton_interpreter():
-    """A decode step on the CUDA branches runs q, k and v's convs in one launch (`conv_step_triton`) and FLA's
-    `fused_recurrent_kda` with the L2 norms, the decay gate and beta's sigmoid inside the kernel (no gates of ours):
+    """A decode step on the CUDA branches runs q, k and v's convs in one launch (`conv_step_triton`), FLA's
+    `fused_recurrent_kda` with the L2 norms, the decay gate and beta's sigmoid inside the kernel (no gates of ours)
+    and FLA's `rms_norm_gated` for the output's gated norm:
     under TRITON_INTERPRET=1 on the CPU its output, recurrent state and conv caches (bit for bit) are the torch
     path's, over two steps from a prompt's state."""
     import json
@@ -424,7 +427,8 @@ def test_fla_decode_step_with_the_gates_in_the_kernel_matches_the_torch_path_und
                           timeout=300, cwd=Path(__file__).resolve().parent.parent)
     assert proc.returncode == 0, proc.stderr[-3000:]
     res = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert res["counters"] == {"kda_gates.fla": 2, "kda_path.fla_recurrent": 2, "conv_path.triton_step": 6}, res
+    assert res["counters"] == {"kda_gates.fla": 2, "kda_path.fla_recurrent": 2, "conv_path.triton_step": 6,
+                               "norm_gate_path.fla": 2}, res
     for name in ("step0", "step1"):
         assert res[name]["y"] <= 1e-5 and res[name]["S"] <= 1e-5 and res[name]["conv"] == 0.0, (name, res[name])
 

@@ -18,6 +18,7 @@ from dormouse.model.regions import silu_conv
 
 fla_kda = pytest.importorskip("fla.ops.kda", reason="fla-core (with triton) gives the real signatures")
 fla_conv = pytest.importorskip("fla.modules.causal_conv1d.ops", reason="fla-core's causal_conv1d signature")
+fla_norm = pytest.importorskip("fla.modules.norm.fused_norm_gate", reason="fla-core's rms_norm_gated signature")
 
 
 def bound(real, *args, **kwargs):
@@ -72,6 +73,17 @@ def causal_conv1d_standin(calls):
     return op
 
 
+def norm_gate_standin(calls):
+    def op(*args, **kwargs):
+        a = bound(fla_norm.rms_norm_gated, *args, **kwargs)
+        calls.append(("rms_norm_gated", a))
+        assert a["activation"] == "sigmoid" and a["bias"] is None and a["residual"] is None
+        x, g = a["x"].float(), a["g"].float()
+        y = x * torch.rsqrt(x.square().mean(-1, keepdim=True) + a["eps"]) * a["weight"].float() * g.sigmoid()
+        return y.to(a["x"].dtype)
+    return op
+
+
 @pytest.fixture
 def on_gpu(monkeypatch):
     """The CUDA branches with stand-ins; returns the calls they saw."""
@@ -95,6 +107,7 @@ def on_gpu(monkeypatch):
 
     conv_step = SimpleNamespace(MAX_W=4, silu_conv_step3=silu_conv_step3)
     monkeypatch.setattr(kda_mod, "_conv_step_triton", lambda: conv_step)
+    monkeypatch.setattr(kda_mod, "_fla_norm_gate", lambda: norm_gate_standin(calls))
     return calls
 
 
@@ -160,9 +173,11 @@ def test_mixer_prefill_and_decode_on_the_cuda_branches_match_the_cpu_path(on_gpu
         want_y, want_state = mixer(x[:, :8])
         want_y1, want_state1 = mixer(x[:, 8:], state=want_state)
     assert c == Counter({"kda_gates.fla": 2, "kda_path.fla": 1, "kda_path.fla_recurrent": 1,  # gates in the kernels
-                         "conv_path.triton": 3, "conv_path.triton_step": 3})  # the step's three convs: one launch
+                         "conv_path.triton": 3, "conv_path.triton_step": 3,  # the step's three convs: one launch
+                         "norm_gate_path.fla": 2})  # no autograd: the output's gated norm in FLA's kernel
     assert [a["use_gate_in_kernel"] for n, a in on_gpu if n in ("chunk_kda", "fused_recurrent_kda")] == [True] * 2
-    assert [n for n, _ in on_gpu] == ["conv_triton"] * 3 + ["chunk_kda", "conv_step3", "fused_recurrent_kda"]
+    assert [n for n, _ in on_gpu] == ["conv_triton"] * 3 + ["chunk_kda", "rms_norm_gated", "conv_step3",
+                                                            "fused_recurrent_kda", "rms_norm_gated"]
     torch.testing.assert_close(y, want_y, rtol=1e-4, atol=1e-5)
     torch.testing.assert_close(y1, want_y1, rtol=1e-4, atol=1e-5)
     torch.testing.assert_close(state1.recurrent, want_state1.recurrent, rtol=1e-4, atol=1e-5)
@@ -178,7 +193,8 @@ def test_a_decode_step_wanting_gradients_keeps_our_gates_and_the_torch_recurrenc
     state = KDAState(conv=None, recurrent=torch.randn(2, 2, 8, 8))  # a state to decay: the gate's gradient
     y, _ = mixer(torch.randn(2, 1, 32), counters=c, state=state)
     y.square().sum().backward()
-    assert c == Counter({"kda_gates.torch": 1, "kda_path.torch_recurrent": 1, "conv_path.triton": 3})
+    assert c == Counter({"kda_gates.torch": 1, "kda_path.torch_recurrent": 1, "conv_path.triton": 3,
+                         "norm_gate_path.torch": 1})  # and `finish`, with its backward
     assert [n for n, _ in on_gpu] == ["conv_triton"] * 3
     assert mixer.A_log.grad.abs().sum() > 0 and mixer.dt_bias.grad.abs().sum() > 0
 
@@ -202,6 +218,6 @@ def test_a_decode_step_without_the_step_kernel_takes_flas_conv_per_cache(on_gpu,
         monkeypatch.undo()
         want_y, want_st = mixer(x, state=state)
     assert c["conv_path.fla"] == 3 and "conv_path.triton_step" not in c
-    assert [n for n, _ in on_gpu] == ["causal_conv1d"] * 3 + ["fused_recurrent_kda"]
+    assert [n for n, _ in on_gpu] == ["causal_conv1d"] * 3 + ["fused_recurrent_kda", "rms_norm_gated"]
     torch.testing.assert_close(y, want_y, rtol=1e-4, atol=1e-5)
     assert all(torch.equal(a, b) and a.dtype == torch.float32 for a, b in zip(st.conv, want_st.conv))

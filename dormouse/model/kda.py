@@ -308,6 +308,11 @@ def _conv_triton():
     return _optional("dormouse.model.conv_triton")
 
 
+def _fla_norm_gate():
+    """FLA's Triton `rms_norm_gated` (x * rsqrt(mean(x^2) + eps) * weight * act(gate), fp32 inside), or None."""
+    return _optional("fla.modules.norm.fused_norm_gate", "rms_norm_gated")
+
+
 def _conv_step_triton():
     """`dormouse.model.conv_step_triton` (q, k and v's convs for one decode step in one launch), or None."""
     return _optional("dormouse.model.conv_step_triton")
@@ -572,4 +577,20 @@ class KDAMixer(nn.Module):
         """x [B, T, D] (norm: applied to x first, inside `in_proj`) -> (y [B, T, D], the state after x)."""
         q, k, v, g, beta, gate, conv_state = self.prepare(x, None if state is None else state.conv, counters, norm)
         o, S = self.core(q, k, v, g, beta, None if state is None else state.recurrent, counters)
-        return self.finish(o, gate), KDAState(conv=conv_state, recurrent=S)
+        return self.output(o, gate, counters), KDAState(conv=conv_state, recurrent=S)
+
+    def output(self, o: torch.Tensor, gate: torch.Tensor, counters=None) -> torch.Tensor:
+        """`finish`, or on CUDA without autograd (decode, prefill, eval) its gated RMSNorm as FLA's one Triton kernel
+        (`rms_norm_gated`, what FLA's FusedRMSNormGated runs; ~11 elementwise launches a layer otherwise, and a
+        decode step is launch-bound) then o_proj. Training keeps `finish` (a compiled region, with its backward).
+        Counts `norm_gate_path.fla` / `norm_gate_path.torch` once per call."""
+        wants_grad = torch.is_grad_enabled() and (o.requires_grad or gate.requires_grad)
+        op = _fla_norm_gate() if on_gpu(o) and not wants_grad else None
+        if counters is not None:
+            key = "norm_gate_path.fla" if op is not None else "norm_gate_path.torch"
+            counters[key] = counters.get(key, 0) + 1
+        if op is None:
+            return self.finish(o, gate)
+        B, T, H, K = o.shape
+        y = op(o, gate.view(B, T, H, K), self.o_norm_weight, None, activation="sigmoid", eps=self.norm_eps)
+        return self.o_proj(y.reshape(B, T, H * K))
