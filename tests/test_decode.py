@@ -387,3 +387,58 @@ def test_fla_recurrent_matches_torch_recurrence_and_generate_runs_on_gpu():
     outs = generate(m, [rand_prompt(6, 50), rand_prompt(2, 51)], 10, temperature=1.0, top_k=20, stop_byte=None,
                     generator=torch.Generator().manual_seed(0), return_logprobs=True)  # bf16 autocast
     assert [len(o) for o, _ in outs] == [10, 10] and all(torch.isfinite(lp).all() for _, lp in outs)
+
+
+_INTERPRETED_STEPS = r"""
+import json, sys, torch
+from collections import Counter
+from benchmarks import triton_interpret
+triton_interpret.apply()
+sys.path.insert(0, "tests")
+from test_decode import CONFIGS, live_model
+from dormouse.model import kda
+from dormouse.posttrain import rowrng
+
+out = {}
+for name in ("all_on_conv4", "engram_order5_dense"):
+    m = live_model(CONFIGS[name]).eval()
+    idx = torch.randint(0, 256, (3, 12), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        _, state = m.prefill(idx[:, :9])  # the prompt on the torch path
+        ref, st = [], state
+        for t in range(9, 12):
+            lg, st = m.step(idx[:, t], st)
+            ref.append(lg)
+        kda.on_gpu = rowrng.on_gpu = lambda t: True  # every CUDA branch, Triton interpreted
+        c, st, errs = Counter(), state, []
+        for i, t in enumerate(range(9, 12)):
+            lg, st = m.step(idx[:, t], st, c)
+            errs.append((lg - ref[i]).abs().max().item())
+        kda.on_gpu = rowrng.on_gpu = lambda t: t.is_cuda
+    out[name] = {"err": max(errs), "counters": {k: v for k, v in c.items() if "path" in k}}
+print(json.dumps(out))
+"""
+
+
+def test_decode_steps_on_every_cuda_branch_give_the_torch_paths_logits_under_triton_interpreter():
+    """Whole-model decode steps with every CUDA branch taken (one-launch convs, FLA's recurrent kernel and gated
+    norm, Engram's one-kernel hash), Triton interpreted on the CPU, continue a prompt's state to the logits the
+    torch path gives (fp32; MoE, loop, Engram and an order-5 Engram model)."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    pytest.importorskip("fla.ops.kda", reason="fla-core (with triton): the CUDA branches' kernels")
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    proc = subprocess.run([sys.executable, "-c", _INTERPRETED_STEPS], env=env, capture_output=True, text=True,
+                          timeout=300, cwd=Path(__file__).resolve().parent.parent)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    res = json.loads(proc.stdout.strip().splitlines()[-1])
+    for name, r in res.items():
+        assert r["err"] <= 1e-4, (name, r)
+        c = r["counters"]
+        assert c.get("kda_gates.torch", 0) == 0 and c.get("norm_gate_path.torch", 0) == 0, (name, c)
+        assert c["conv_path.triton_step"] > 0 or CONFIGS[name].get("kda_conv_size") == 0, (name, c)
+    assert res["engram_order5_dense"]["counters"]["engram.hash_path.triton"] > 0

@@ -28,6 +28,7 @@ def test_a_tiny_step_counts_its_launches_and_leaves_the_gates_to_the_kernel(tmp_
     assert "aten.softplus" not in ops and "aten.exp" not in ops  # the decay gate and norms run inside FLA's kernel
     assert ops["triton._uniforms"] == 1 and "aten.__xor__" not in ops  # the sampler's hash: one kernel, not ~200
     assert ops["aten.copy_"] == 2 and ops["aten._foreach_copy_"] <= 3  # the state written back a dtype at a time
+    assert ops["triton.layer_norm_gated_fwd_kernel"] == depth and "aten.rsqrt" not in ops  # the output's gated norm
     assert row["triton_per_step"] == sum(v for k, v in ops.items() if k.startswith("triton."))
     assert row["launches_per_step"] == pytest.approx(sum(ops.values()))
     assert row["weights_cast_once"] > 0  # serve's bf16 weights, as on CUDA

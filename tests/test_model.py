@@ -311,6 +311,55 @@ def test_engram_ids_exact_bigram_hashed_heads_and_reserved_rows():
     assert not torch.equal(Engram(cfg, position=1).hash_multipliers, eg.hash_multipliers)
 
 
+_INTERPRETED_ENGRAM = r"""
+import json, torch
+from benchmarks import triton_interpret
+triton_interpret.apply()
+from dormouse.model.config import ModelConfig
+from dormouse.model.engram import Engram
+from dormouse.model.engram_triton import row_ids_triton
+
+out = {}
+g = torch.Generator().manual_seed(0)
+for name, orders, heads in [("1234", (1, 2, 3, 4), 3), ("23", (2, 3), 2), ("1", (1,), 1), ("5", (1, 5), 2)]:
+    cfg = ModelConfig.from_dict({"d_model": 32, "n_heads": 2, "head_dim": 16, "ffn_hidden": 64, "n_core": 1,
+                                 "engram": True, "engram_orders": list(orders), "engram_heads": heads,
+                                 "engram_rows": 211, "engram_dim": 4})
+    eg = Engram(cfg, position=1)
+    m1 = eg.max_order - 1
+    cases = {"fresh": (torch.randint(0, 256, (3, 70), generator=g), None, None)}
+    hist = torch.randint(0, 256, (5, m1 + 2), generator=g)[:, 2:]  # strided rows, as a state's slice
+    column = torch.randint(0, 256, (5, 2), generator=g)[:, :1]  # a step's bytes: a column of the step's output
+    cases["step"] = (column, hist, torch.tensor([0, 1, 2, 3, 1000]))
+    cases["piece"] = (torch.randint(0, 256, (2, 9), generator=g), hist[:2], torch.tensor([1, 64]))
+    for case, (idx, h, start) in cases.items():
+        want = eg.row_ids(idx, h, start)
+        got = row_ids_triton(idx, h, start, eg.hash_multipliers, eg.hash_moduli, eg.table_orders, eg.table_rows,
+                             eg.offsets, eg.vocab)
+        out[f"{name}/{case}"] = {"equal": torch.equal(want, got), "shape": list(got.shape)}
+print(json.dumps(out))
+"""
+
+
+def test_engram_row_ids_triton_kernel_gives_the_torch_forms_ids_under_triton_interpreter():
+    """The CUDA path's one-kernel hash (`engram_triton`) gives `row_ids` exactly: orders 1 to 5 (exact, bigram,
+    hashed heads), from the sequence start, one decode step continuing a state's history (strided, as a state's
+    slice) at positions before and past every order, and a prompt piece continuing one."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    pytest.importorskip("triton", reason="the kernel is Triton")
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    proc = subprocess.run([sys.executable, "-c", _INTERPRETED_ENGRAM], env=env, capture_output=True, text=True,
+                          timeout=300, cwd=Path(__file__).resolve().parent.parent)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    res = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert len(res) == 12 and all(r["equal"] for r in res.values()), res
+
+
 def test_engram_reads_exactly_the_rows_of_the_input_ngrams():
     cfg = tiny(engram=True, engram_layers=(0,))
     m = live_model(cfg)

@@ -59,3 +59,14 @@ def test_the_training_convs_compile_for_sm90(dtype):
     dx = compile_sm90(conv_triton._bwd_dx.fn, {"w": "*fp32", "g": "*" + dtype, "dx": "*" + dtype},
                       {"W": 4, "BT": 64, "BD": 64})
     assert all("cubin" in asm for asm in (fwd, g, dx))
+
+
+def test_the_engram_hash_compiles_for_sm90():
+    from dormouse.model import engram_triton
+
+    longs = ("idx", "hist", "start", "mult", "moduli", "orders", "nrows", "offsets", "out")
+    for has_hist in (True, False):
+        asm = compile_sm90(engram_triton._row_ids, {a: "*i64" for a in longs},
+                           {"HAS_HIST": has_hist, "HAS_START": has_hist, "N_TABLES": 5, "MAX_ORDER": 4,
+                            "BT": engram_triton.BT}, ints={"s_idx": "i64", "s_hist": "i64"})
+        assert "cubin" in asm

@@ -39,12 +39,19 @@ import numpy as np
 import torch
 from torch import nn
 
+from . import kda as _kda
 from .config import ModelConfig
 from .regions import silu_conv
 
 # Short causal conv on the gated value (as the Engram demo). There is no config field for it; a
 # ModelConfig.engram_conv_size, if one is ever added, is picked up here (0 turns the conv off).
 ENGRAM_CONV_SIZE = 4
+
+
+def _row_ids_kernel():
+    """`engram_triton.row_ids_triton`, or None where triton is not installed."""
+    m = _kda._optional("dormouse.model.engram_triton")
+    return None if m is None else m.row_ids_triton
 
 
 def engram_conv_size(cfg: ModelConfig) -> int:
@@ -134,6 +141,11 @@ class Engram(nn.Module):
         self.register_buffer("offsets", torch.tensor(offsets, dtype=torch.long))
         self.register_buffer("hash_multipliers", torch.from_numpy(mult))
         self.register_buffer("hash_moduli", torch.tensor([s.modulus for s in self.specs], dtype=torch.long))
+        # the specs as tensors for `engram_triton` (derived from the config: not in checkpoints)
+        self.register_buffer("table_orders", torch.tensor([s.order for s in self.specs], dtype=torch.long),
+                             persistent=False)
+        self.register_buffer("table_rows", torch.tensor([s.rows for s in self.specs], dtype=torch.long),
+                             persistent=False)
         self.table = nn.Embedding(sum(s.rows for s in self.specs), cfg.engram_dim)
         self.key_proj = nn.Linear(mem, d, bias=False)
         self.value_proj = nn.Linear(mem, d, bias=False)
@@ -189,20 +201,33 @@ class Engram(nn.Module):
         """x [B, T, D], idx [B, T] -> (branch output [B, T, D], the state after idx). state None = sequence start."""
         if counters is not None:
             counters["engram.rows_read"] += idx.numel() * self.n_tables  # one row per table per position
-        return self.compute(x, idx, state)
+        return self.compute(x, idx, state, self.rows(idx, state, counters))
+
+    def rows(self, idx: torch.Tensor, state: EngramState | None, counters: Counter | None = None) -> torch.Tensor:
+        """`row_ids` of idx continuing `state`: on CUDA one Triton kernel (`engram_triton`, the same ids; ~22 small
+        kernels a layer otherwise), else the torch form. Outside the compiled region: integers, no gradient.
+        Counts `engram.hash_path.triton` / `engram.hash_path.torch` once per call."""
+        hist, start = (None, None) if state is None else (state.bytes, state.n_seen)
+        kernel = _row_ids_kernel() if _kda.on_gpu(idx) else None
+        if counters is not None:
+            counters["engram.hash_path.triton" if kernel is not None else "engram.hash_path.torch"] += 1
+        if kernel is None:
+            return self.row_ids(idx, hist, start)
+        return kernel(idx.long(), hist, start, self.hash_multipliers, self.hash_moduli, self.table_orders,
+                      self.table_rows, self.offsets, self.vocab)
 
     def regions(self) -> tuple[str, ...]:
         return ("compute",)
 
-    def compute(self, x: torch.Tensor, idx: torch.Tensor,
-                state: EngramState | None = None) -> tuple[torch.Tensor, EngramState]:
-        """`forward` without the counter (a torch.compile region, see dormouse.model.regions)."""
+    def compute(self, x: torch.Tensor, idx: torch.Tensor, state: EngramState | None,
+                rows: torch.Tensor) -> tuple[torch.Tensor, EngramState]:
+        """`forward` past the row ids (a torch.compile region, see dormouse.model.regions): rows [B, T, n_tables]
+        are the global table rows to read (`rows`)."""
         B, T = idx.shape
         n_hist, n_conv = self.max_order - 1, (self.conv_size - 1) * self.max_order
         if state is None:
             state = EngramState(idx.new_zeros(B, n_hist, dtype=torch.long), idx.new_zeros(B, dtype=torch.long),
                                 x.new_zeros(B, n_conv, self.d_model, dtype=torch.float32) if self.conv_size else None)
-        rows = self.row_ids(idx, state.bytes, state.n_seen)
         e = self.table(rows).flatten(-2)
         # gate in fp32 (the norms also get fp32 inputs under autocast: torch's fused rms_norm wants them)
         key = self.key_norm(self.key_proj(e).float())
