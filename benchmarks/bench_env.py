@@ -70,6 +70,15 @@ def append_tsv(rows: list[dict]) -> None:
             f.write("\t".join(str(r.get(k, "")).replace("\t", " ").replace("\n", " ") for k in TSV_HEADER) + "\n")
 
 
+def append_jsonl(path: str | Path | None, rows: list[dict]) -> None:
+    """Each row as a JSON line at the end of `path` (nothing when path is None: the script's --out not given)."""
+    if path is None:
+        return
+    with open(path, "a", encoding="utf-8") as f:
+        for r in rows:
+            f.write(json.dumps(r) + "\n")
+
+
 def package_versions(names) -> dict:
     """{"python": ..., name: installed version or None} from the packages' metadata (nothing imported)."""
     from importlib import metadata

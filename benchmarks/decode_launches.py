@@ -27,7 +27,7 @@ from unittest import mock  # noqa: E402
 import torch  # noqa: E402
 from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
 
-from benchmarks.bench_env import git_rev, package_versions, rerun_command  # noqa: E402
+from benchmarks.bench_env import append_jsonl, git_rev, package_versions, rerun_command  # noqa: E402
 from benchmarks import decode_step as decode_step_module  # noqa: E402
 from benchmarks import triton_interpret  # noqa: E402
 from benchmarks.decode_step import at_init, ready_step  # noqa: E402
@@ -135,10 +135,7 @@ def main(argv: list[str] | None = None) -> int:
             row = {"date": time.strftime("%Y-%m-%d"), **count_step(preset, n, args.steps)}
             rows_out.append(row)
             print(f"[decode_launches] {json.dumps(row)}", flush=True)
-    if args.out:
-        with open(args.out, "a", encoding="utf-8") as f:
-            for r in rows_out:
-                f.write(json.dumps(r) + "\n")
+    append_jsonl(args.out, rows_out)
     return 0
 
 

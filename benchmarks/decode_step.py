@@ -21,7 +21,7 @@ from collections import Counter
 import torch
 import torch._dynamo
 
-from benchmarks.bench_env import ROOT, git_rev, package_versions, rerun_command
+from benchmarks.bench_env import append_jsonl, ROOT, git_rev, package_versions, rerun_command
 from benchmarks.timing import measure
 from dormouse.core.config import load_preset
 from dormouse.model.config import ModelConfig
@@ -142,10 +142,7 @@ def main(argv: list[str] | None = None) -> int:
         del models
         if cuda:
             torch.cuda.empty_cache()
-    if args.out:
-        with open(args.out, "a", encoding="utf-8") as f:
-            for r in rows_out:
-                f.write(json.dumps(r) + "\n")
+    append_jsonl(args.out, rows_out)
     return 0
 
 

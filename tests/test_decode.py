@@ -16,6 +16,7 @@ import pytest
 import torch
 from model_util import rand_bytes
 
+from interpret_util import run_interpreted
 from dormouse.model.config import ModelConfig
 from dormouse.model.engram import Engram
 from dormouse.model.gpt import ByteLM, LMState, cat_states
@@ -424,18 +425,8 @@ def test_decode_steps_on_every_cuda_branch_give_the_torch_paths_logits_under_tri
     """Whole-model decode steps with every CUDA branch taken (one-launch convs, FLA's recurrent kernel and gated
     norm, Engram's one-kernel hash), Triton interpreted on the CPU, continue a prompt's state to the logits the
     torch path gives (fp32; MoE, loop, Engram and an order-5 Engram model)."""
-    import json
-    import os
-    import subprocess
-    import sys
-    from pathlib import Path
-
     pytest.importorskip("fla.ops.kda", reason="fla-core (with triton): the CUDA branches' kernels")
-    env = dict(os.environ, TRITON_INTERPRET="1")
-    proc = subprocess.run([sys.executable, "-c", _INTERPRETED_STEPS], env=env, capture_output=True, text=True,
-                          timeout=300, cwd=Path(__file__).resolve().parent.parent)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    res = json.loads(proc.stdout.strip().splitlines()[-1])
+    res = run_interpreted(_INTERPRETED_STEPS)
     for name, r in res.items():
         assert r["err"] <= 1e-4, (name, r)
         c = r["counters"]

@@ -16,6 +16,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from interpret_util import run_interpreted
 from dormouse.model.config import ModelConfig
 from dormouse.model.kda import KDAMixer, chunk_kda_torch, kda, l2norm
 
@@ -356,16 +357,7 @@ print(json.dumps(out))
 def test_fla_short_conv_matches_the_torch_path_under_triton_interpreter():
     """FLA's causal_conv1d kernels (the CUDA path of `short_conv`) run on CPU under TRITON_INTERPRET=1: same
     taps, SiLU, cache hand-over (our last W-1 inputs -> FLA's [B, C, W] state) and gradients as the torch path."""
-    import json
-    import os
-    import subprocess
-    import sys
-
-    env = dict(os.environ, TRITON_INTERPRET="1")  # read when FLA's kernels are decorated: a fresh process
-    proc = subprocess.run([sys.executable, "-c", _INTERPRETED_CONV], env=env, capture_output=True, text=True,
-                          timeout=300, cwd=Path(__file__).resolve().parent.parent)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    res = json.loads(proc.stdout.strip().splitlines()[-1])
+    res = run_interpreted(_INTERPRETED_CONV)
     for name, r in res.items():
         tol = 2e-2 if name in ("bf16", "strided") else 1e-5
         assert r["y"] <= tol and r["dx"] <= tol and r["dw"] <= 10 * tol and r["dcache"] <= tol, (name, r)
@@ -417,16 +409,7 @@ def test_fla_decode_step_with_the_gates_in_the_kernel_matches_the_torch_path_und
     and FLA's `rms_norm_gated` for the output's gated norm:
     under TRITON_INTERPRET=1 on the CPU its output, recurrent state and conv caches (bit for bit) are the torch
     path's, over two steps from a prompt's state."""
-    import json
-    import os
-    import subprocess
-    import sys
-
-    env = dict(os.environ, TRITON_INTERPRET="1")
-    proc = subprocess.run([sys.executable, "-c", _INTERPRETED_DECODE], env=env, capture_output=True, text=True,
-                          timeout=300, cwd=Path(__file__).resolve().parent.parent)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    res = json.loads(proc.stdout.strip().splitlines()[-1])
+    res = run_interpreted(_INTERPRETED_DECODE)
     assert res["counters"] == {"kda_gates.fla": 2, "kda_path.fla_recurrent": 2, "conv_path.triton_step": 6,
                                "norm_gate_path.fla": 2}, res
     for name in ("step0", "step1"):
@@ -462,16 +445,7 @@ def test_the_decode_steps_one_launch_conv_matches_the_torch_path_under_triton_in
     """`conv_step_triton.silu_conv_step3` (q, k and v's convs for one token, one launch) against `short_conv`'s
     torch path: column views of one product, caches strided over time, W 2-4, fp32 and bf16; the new caches are the
     last W - 1 inputs bit for bit."""
-    import json
-    import os
-    import subprocess
-    import sys
-
-    env = dict(os.environ, TRITON_INTERPRET="1")
-    proc = subprocess.run([sys.executable, "-c", _INTERPRETED_CONV_STEP], env=env, capture_output=True, text=True,
-                          timeout=300, cwd=Path(__file__).resolve().parent.parent)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    res = json.loads(proc.stdout.strip().splitlines()[-1])
+    res = run_interpreted(_INTERPRETED_CONV_STEP)
     for name, r in res.items():
         tol = 1e-2 if r["dtypes"] == ["torch.bfloat16"] else 1e-6
         assert r["y"] <= tol and r["cache_equal"], (name, r)

@@ -12,6 +12,7 @@ import torch
 import torch.nn.functional as F
 from model_util import live_model, rand_bytes
 
+from interpret_util import run_interpreted
 from dormouse.model import ffn
 from dormouse.model.config import ModelConfig
 from dormouse.model.engram import Engram, _is_prime, engram_tables
@@ -345,18 +346,8 @@ def test_engram_row_ids_triton_kernel_gives_the_torch_forms_ids_under_triton_int
     """The CUDA path's one-kernel hash (`engram_triton`) gives `row_ids` exactly: orders 1 to 5 (exact, bigram,
     hashed heads), from the sequence start, one decode step continuing a state's history (strided, as a state's
     slice) at positions before and past every order, and a prompt piece continuing one."""
-    import json
-    import os
-    import subprocess
-    import sys
-    from pathlib import Path
-
     pytest.importorskip("triton", reason="the kernel is Triton")
-    env = dict(os.environ, TRITON_INTERPRET="1")
-    proc = subprocess.run([sys.executable, "-c", _INTERPRETED_ENGRAM], env=env, capture_output=True, text=True,
-                          timeout=300, cwd=Path(__file__).resolve().parent.parent)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    res = json.loads(proc.stdout.strip().splitlines()[-1])
+    res = run_interpreted(_INTERPRETED_ENGRAM)
     assert len(res) == 12 and all(r["equal"] for r in res.values()), res
 
 

@@ -8,6 +8,7 @@ import math
 import pytest
 import torch
 
+from interpret_util import run_interpreted
 from dormouse.posttrain.rowrng import mix32, row_uniforms, row_uniforms_torch, sample_rows
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -147,16 +148,6 @@ print(json.dumps(out))
 def test_the_triton_kernel_draws_the_torch_forms_bits_under_triton_interpreter():
     """The CUDA path's one-kernel hash (`rowrng_triton`) gives the torch form's uniforms bit for bit, over seeds and
     counters that reach every 32-bit half's edge (negative seeds, 2**63 - 1, counters past 2**32)."""
-    import json
-    import os
-    import subprocess
-    import sys
-    from pathlib import Path
-
     pytest.importorskip("triton", reason="the kernel is Triton")
-    env = dict(os.environ, TRITON_INTERPRET="1")
-    proc = subprocess.run([sys.executable, "-c", _INTERPRETED], env=env, capture_output=True, text=True, timeout=300,
-                          cwd=Path(__file__).resolve().parent.parent)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    res = json.loads(proc.stdout.strip().splitlines()[-1])
+    res = run_interpreted(_INTERPRETED)
     assert res == {str(n): {"equal": True, "differ": 0, "shape": [9, n]} for n in (256, 300, 1)}, res
