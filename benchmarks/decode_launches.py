@@ -34,6 +34,7 @@ from benchmarks.decode_step import at_init, ready_step  # noqa: E402
 from dormouse.model import kda as kda_module  # noqa: E402
 from dormouse.posttrain import decode as decode_module  # noqa: E402
 from dormouse.posttrain import rowrng  # noqa: E402
+from dormouse.serve import weights as serve_weights  # noqa: E402
 from dormouse.serve.weights import cast_for_autocast  # noqa: E402
 
 _aten = torch.ops.aten
@@ -96,8 +97,10 @@ def _cpu_autocast(device, dtype, cache=True):
 def count_step(preset: str, rows: int, steps: int) -> dict:
     """Launches a decode step of `rows` rows makes on the CUDA path (mean over `steps` steps after one warm step)."""
     device = torch.device("cpu")
-    model = at_init(preset, device, cast=False)
+    model = at_init(preset, device, cast=False, stack=False)
     cast = cast_for_autocast(model, device)  # on the CPU too: what serve does on CUDA
+    if hasattr(serve_weights, "stack_projections"):  # as serve does, where the tree has it (older trees: not)
+        serve_weights.stack_projections(model)
     with mock.patch.object(decode_module, "autocast", _cpu_autocast), \
             mock.patch.object(decode_step_module, "autocast", _cpu_autocast):
         step = ready_step(model, rows, graphed=False, bf16=True)  # the prompts' prefill on the torch path

@@ -28,16 +28,19 @@ from dormouse.model.config import ModelConfig
 from dormouse.model.gpt import ByteLM
 from dormouse.model.regions import compile_regions
 from dormouse.posttrain.decode import DecodeStep, prefill_prompts
-from dormouse.serve.weights import cast_for_autocast
+from dormouse.serve.weights import cast_for_autocast, stack_projections
 from dormouse.train.runtime import autocast
 
 
-def at_init(preset: str, device: torch.device, cast: bool) -> ByteLM:
-    """The preset's model at init (seed 0); on CUDA with `cast`, its weights cast once as `dormouse serve` does."""
+def at_init(preset: str, device: torch.device, cast: bool, stack: bool = True) -> ByteLM:
+    """The preset's model at init (seed 0); on CUDA with `cast`, its weights cast once as `dormouse serve` does; with
+    `stack`, its projections stacked once as `dormouse serve` does."""
     torch.manual_seed(0)
     model = ByteLM(ModelConfig.from_dict(load_preset(preset, ROOT)["model"])).to(device).eval()
     if cast and device.type == "cuda":
         cast_for_autocast(model, device)
+    if stack:
+        stack_projections(model)
     return model
 
 

@@ -44,11 +44,12 @@ def start_server(model, device, max_batch: int, keep_end: bool, arm: str = "batc
     from dormouse.serve import batcher as batcher_mod
     from dormouse.serve.app import create_app
 
-    from dormouse.serve.weights import cast_for_autocast
+    from dormouse.serve.weights import cast_for_autocast, stack_projections
 
     if arm == "compiled":
         model = copy.deepcopy(model)
     cast = cast_for_autocast(model, device) if device.type == "cuda" else {}  # as `dormouse serve` does (in place)
+    cast.update(stack_projections(model))
     if arm == "compiled":
         b = batcher_mod.GraphedBatcher(model, device, bf16=True, max_batch=max_batch, compile=True)
     else:

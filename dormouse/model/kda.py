@@ -462,6 +462,8 @@ class KDAMixer(nn.Module):
         self.g_proj = nn.Sequential(nn.Linear(D, K, bias=False), nn.Linear(K, HK, bias=True))  # output gate
         self.o_norm_weight = nn.Parameter(torch.empty(K))  # gated RMSNorm over head_dim
         self.o_proj = nn.Linear(HK, D, bias=False)
+        # `in_proj_weight` once, for a model whose weights no longer change (serve.weights.stack_projections)
+        self.register_buffer("frozen_in_proj", None, persistent=False)
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
@@ -487,12 +489,18 @@ class KDAMixer(nn.Module):
         if norm is not None:
             x = norm(x)
         H, K, HK = self.n_heads, self.head_dim, self.n_heads * self.head_dim
+        w = self.frozen_in_proj if self.frozen_in_proj is not None else self.in_proj_weight()
+        q, k, v, f, g, b, _ = F.linear(x, w).split([HK, HK, HK, K, K, H, w.shape[0] - 3 * HK - 2 * K - H], -1)
+        return q, k, v, self.f_proj[1](f), b, self.g_proj[1](g)  # strided views: the Triton convs read them as they are
+
+    def in_proj_weight(self) -> torch.Tensor:
+        """The six projections' weights stacked (q, k, v, decay and output gate down-projections, beta), rows
+        zero-padded to a multiple of 16: Triton vectorises the convs' loads of the product's columns."""
+        H, K, HK = self.n_heads, self.head_dim, self.n_heads * self.head_dim
         ws = [self.q_proj.weight, self.k_proj.weight, self.v_proj.weight, self.f_proj[0].weight,
               self.g_proj[0].weight, self.b_proj.weight]
-        pad = -(3 * HK + 2 * K + H) % 16  # rows of the product 16-element aligned: Triton vectorises the conv's loads
-        w = torch.cat(ws + [ws[0].new_zeros(pad, ws[0].shape[1])] if pad else ws)
-        q, k, v, f, g, b, _ = F.linear(x, w).split([HK, HK, HK, K, K, H, pad], -1)
-        return q, k, v, self.f_proj[1](f), b, self.g_proj[1](g)  # strided views: the Triton convs read them as they are
+        pad = -(3 * HK + 2 * K + H) % 16
+        return torch.cat(ws + [ws[0].new_zeros(pad, ws[0].shape[1])] if pad else ws)
 
     def project(self, x: torch.Tensor, conv: tuple | None = None, counters=None, norm: nn.Module | None = None):
         """`in_proj`, then the short convs (eager: the Triton conv kernels are opaque to the compiler): x [B, T, D],

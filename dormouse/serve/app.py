@@ -44,7 +44,7 @@ from dormouse.serve.batcher import PREFILL_CHUNK, Batcher, GraphedBatcher, Strea
 from dormouse.serve.guard import Guard, default_allowed_hosts, error_body, raise_file_limit
 from dormouse.serve.mailbox import mailbox_of
 from dormouse.serve.page import PAGE
-from dormouse.serve.weights import cast_for_autocast
+from dormouse.serve.weights import cast_for_autocast, stack_projections
 
 MAX_NEW_BYTES = 4096  # max_tokens ceiling (bytes)
 MAX_STOPS, MAX_STOP_CHARS = 4, 64  # OpenAI's up-to-4 stop sequences; a stop is matched on every byte decoded
@@ -616,6 +616,7 @@ def start_batcher(cls: type[Batcher], args, model, device, bf16: bool) -> Batche
     this GPU) falls back to the eager batcher, said and counted (serve.graphed_start_failed in /health)."""
     extra = {"compile": True} if args.compile == "cuda" else {}
     cast = cast_for_autocast(model, device) if bf16 and device.type == "cuda" else {}  # same bits, no per-step casts
+    cast.update(stack_projections(model))  # after the cast: the stacked copy in the served dtype
     batcher = cls(model, device, bf16, max_batch=args.max_batch, prefill_chunk=args.prefill_chunk, **extra)
     batcher.counters.update(cast)
     try:

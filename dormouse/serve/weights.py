@@ -17,6 +17,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from dormouse.model.gpt import ByteLM
+from dormouse.model.kda import KDAMixer
 
 
 _aten = torch.ops.aten
@@ -90,3 +91,16 @@ def cast_for_autocast(model: ByteLM, device: torch.device, dtype: torch.dtype = 
             p.data = p.data.to(dtype)
     return {"serve.weights_cast_once": len(names), "serve.weights_cast_bytes_saved": saved,
             "serve.weights_kept_fp32": sum(p.dtype == torch.float32 for p in params.values())}
+
+
+def stack_projections(model: ByteLM) -> dict:
+    """Each KDA mixer's six input projections stacked once (`KDAMixer.frozen_in_proj`), not on every call: a cat and
+    its zero pad, two launches a layer of a decode step and of every prefill. Only for a model whose weights no
+    longer change (a served one, after `cast_for_autocast`): a captured step reads the stacked copy, never the
+    parameters. The same matrix, so the same bits. Returns what was done, for the server's counters."""
+    mixers = [m for m in model.modules() if isinstance(m, KDAMixer)]
+    with torch.no_grad():
+        for m in mixers:
+            m.frozen_in_proj = m.in_proj_weight().detach().clone()
+    return {"serve.projections_stacked": len(mixers)}
+
