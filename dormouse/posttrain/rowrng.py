@@ -23,6 +23,8 @@ from __future__ import annotations
 
 import torch
 
+from dormouse.model.kda import _optional
+
 GREEDY_BELOW = 1e-5  # temperatures under this decode greedily (the limit they tend to)
 
 _M32 = 0xFFFFFFFF
@@ -56,13 +58,7 @@ def on_gpu(t: torch.Tensor) -> bool:
 
 def _triton_kernel():
     """`rowrng_triton.row_uniforms_triton`, or None where triton is not installed (CPU-only set-ups)."""
-    try:
-        from dormouse.posttrain.rowrng_triton import row_uniforms_triton
-    except ModuleNotFoundError as e:
-        if e.name != "triton" and not (e.name or "").startswith("triton."):
-            raise
-        return None
-    return row_uniforms_triton
+    return _optional("dormouse.posttrain.rowrng_triton", "row_uniforms_triton")
 
 
 def row_uniforms(seed: torch.Tensor, counter: torch.Tensor, n: int, counters=None) -> torch.Tensor:

@@ -101,6 +101,6 @@ def stack_projections(model: ByteLM) -> dict:
     mixers = [m for m in model.modules() if isinstance(m, KDAMixer)]
     with torch.no_grad():
         for m in mixers:
-            m.frozen_in_proj = m.in_proj_weight().detach().clone()
+            m.frozen_in_proj = m.in_proj_weight()  # a new tensor (a cat of the weights), made under no_grad
     return {"serve.projections_stacked": len(mixers)}
 
