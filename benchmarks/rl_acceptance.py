@@ -9,8 +9,10 @@ A seed passes when its shipped rl model answers the held-out items better than s
 BPB is within --max-bpb-rise (default 0.05) of sft's. The acceptance holds when every seed passes, there are at
 least --min-seeds (default 3) distinct rl runs of one sft model and, when --null is given (the same rl with
 rl.shuffle_rewards: the rewards permuted within each group), the null arm's held-out z is below --null-max-z (default
-1) on the same sft model: the gain is RL's, not the selection's. The pooled row sums the seeds' gained and lost items
-(the same held-out items in every seed, so it is a summary, not a test). Exit 0 when accepted, 1 when not, 2 on bad
+1) on the same sft model and its dev curve (bench.json's selection.curve) ran past step 0 and ends no higher than step
+0's: the gain is RL's, not the selection's, and the null arm trained rather than shipping an untouched model.
+The pooled row sums the seeds' gained and lost items (the same held-out items in every seed, so it is a summary,
+not a test). Exit 0 when accepted, 1 when not, 2 on bad
 input. --plot PNG draws every arm's dev curve (selection.curve from its bench.json's upstream rl: dev accuracy at
 step 0 and each checkpoint), the shipped step marked, the null arm dashed. When rl ran but no bench did (a device
 call's time ran out), `--logs <arm>_rl.log ... --plot PNG` draws the same curves from rl's logs alone (an arm named
@@ -64,8 +66,15 @@ def accept(benches: dict[Path, dict], min_z: float = 2.0, max_bpb_rise: float = 
     null_row = None
     if null is not None:
         null_row = seed_row(null[0], null[1], min_z, max_bpb_rise)
+        # it must have trained and learnt nothing: checks past step 0 (not a step-0 ship of an arm that never ran),
+        # the last no higher than step 0's dev accuracy
+        curve = [tuple(p) for p in ((null[1]["upstream"]["rl"].get("final") or {}).get("selection") or {}).get("curve", [])]
+        trained = len(curve) >= 2 and curve[0][0] == 0 and curve[-1][0] > 0
+        null_row["dev_curve"] = curve
         null_row["checks"] = {"z_below": null_row["z"] < null_max_z,
-                              "same_sft": null_row["sft"] in {r["sft"] for r in rows}}
+                              "same_sft": null_row["sft"] in {r["sft"] for r in rows},
+                              "trained": trained,
+                              "dev_not_up": trained and curve[-1][1] <= curve[0][1]}
         null_row["passes"] = all(null_row["checks"].values())
     return {
         "seeds": rows,
@@ -173,7 +182,8 @@ def main(argv=None) -> int:
     if result["null"] is not None:
         n = result["null"]
         print(f"null arm {n['rl']} (step {n['selected_step']}): greedy {n['greedy_sft']:.4f} -> {n['greedy_rl']:.4f} "
-              f"(+{n['gained']} -{n['lost']}, z {n['z']:+.2f}); {'PASS' if n['passes'] else 'FAIL'} {n['checks']}")
+              f"(+{n['gained']} -{n['lost']}, z {n['z']:+.2f}); dev "
+              + " ".join(f"{s}:{a:.4f}" for s, a in n["dev_curve"]) + f"; {'PASS' if n['passes'] else 'FAIL'} {n['checks']}")
     p = result["pooled"]
     print(f"pooled over {len(result['seeds'])} seeds: +{p['gained']} -{p['lost']}, z {p['z']:+.2f}; "
           f"{'one sft model' if result['one_sft'] else 'several sft models'}; "

@@ -10,7 +10,8 @@ import benchmarks.rl_acceptance as acc
 REPO = Path(__file__).resolve().parents[1]
 
 
-def bench(gained: int, lost: int, sampled_rl: float = 0.25, bpb_rl: float = 1.62, rl: str = "r0") -> dict:
+def bench(gained: int, lost: int, sampled_rl: float = 0.25, bpb_rl: float = 1.62, rl: str = "r0",
+          curve=((0, 0.2), (20, 0.22), (40, 0.25))) -> dict:
     def stage(greedy, sampled, bpb):
         return {"bpb": bpb, "tasks_gen": {"accuracy": greedy, "sampled": {"accuracy": sampled}}}
 
@@ -18,12 +19,17 @@ def bench(gained: int, lost: int, sampled_rl: float = 0.25, bpb_rl: float = 1.62
     return {"stages": {"sft": stage(0.208, 0.185, 1.60), "rl": stage(0.208 + (gained - lost) / 384, sampled_rl, bpb_rl)},
             "paired": {"rl_vs_sft": {"gained": gained, "lost": lost, "z": round(z, 3)}},
             "upstream": {"rl": {"digest": rl, "final": {"selection": {"selected_step": 40,
-                                                                     "curve": [[0, 0.2], [20, 0.22], [40, 0.25]]}}}, "sft": {"digest": "s", "final": {}}}}
+                                                                     "curve": [list(p) for p in curve]}}},
+                         "sft": {"digest": "s", "final": {}}}}
+
+
+NULL_CURVE = ((0, 0.2), (20, 0.19), (40, 0.18))  # a null arm that trained and learnt nothing
 
 
 def test_three_seeds_that_each_pass_with_a_null_arm_are_accepted_and_pool(tmp_path):
     files = []
-    for i, b in enumerate([bench(30, 10), bench(25, 8, rl="r1"), bench(28, 9, rl="r2"), bench(12, 11, rl="n0")]):
+    for i, b in enumerate([bench(30, 10), bench(25, 8, rl="r1"), bench(28, 9, rl="r2"),
+                              bench(12, 11, rl="n0", curve=NULL_CURVE)]):
         files.append(tmp_path / f"b{i}.json")
         files[-1].write_text(json.dumps(b))
     out = tmp_path / "acc.json"
@@ -36,8 +42,17 @@ def test_three_seeds_that_each_pass_with_a_null_arm_are_accepted_and_pool(tmp_pa
     assert r["accepted"] and r["one_sft"] and r["pooled"]["gained"] == 83 and r["pooled"]["lost"] == 27
     assert [s["selected_step"] for s in r["seeds"]] == [40, 40, 40] and r["null"]["passes"]
     # a null arm whose gain reaches z 1: the gain could be the selection's, not RL's
-    files[3].write_text(json.dumps(bench(20, 11, rl="n0")))
+    files[3].write_text(json.dumps(bench(20, 11, rl="n0", curve=NULL_CURVE)))
     assert acc.main(["--bench", *map(str, files[:3]), "--null", str(files[3])]) == 1
+
+
+def test_a_null_arm_must_have_trained_and_not_risen_on_dev():
+    seeds = {Path("a"): bench(30, 10), Path("b"): bench(25, 8, rl="r1"), Path("c"): bench(28, 9, rl="r2")}
+    assert acc.accept(seeds, null=(Path("n"), bench(12, 11, rl="n0", curve=NULL_CURVE)))["accepted"]
+    for curve, failed in ((((0, 0.2),), "trained"),  # step 0 alone: it never ran an update
+                          (((0, 0.2), (20, 0.19), (40, 0.21)), "dev_not_up")):  # its last check above step 0's
+        r = acc.accept(seeds, null=(Path("n"), bench(12, 11, rl="n0", curve=curve)))
+        assert not r["accepted"] and r["null"]["checks"][failed] is False, failed
 
 
 def test_each_criterion_fails_the_acceptance_alone():
