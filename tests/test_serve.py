@@ -36,10 +36,11 @@ def tiny_model(seed: int = 0) -> ByteLM:
 class Server:
     """The app under uvicorn on a free loopback port, in this process (its decode thread included)."""
 
-    def __init__(self, model: ByteLM, limits: Limits | None = None, max_batch: int = 64, batcher=Batcher, **app_kw):
+    def __init__(self, model: ByteLM, limits: Limits | None = None, max_batch: int = 64, batcher=Batcher,
+                 names=("dormouse-test",), **app_kw):
         self.batcher = batcher(model, torch.device("cpu"), bf16=False, max_batch=max_batch)
         self.batcher.start()
-        app = create_app(self.batcher, "dormouse-test", limits, **app_kw)
+        app = create_app(self.batcher, list(names), limits, **app_kw)
         self.server = uvicorn.Server(server_config(app, "127.0.0.1", 0, limits))
         self.thread = threading.Thread(target=self.server.run, daemon=True)
         self.thread.start()
@@ -438,6 +439,29 @@ def test_models_are_named_as_openai_names_them_and_what_is_not_supported_says_so
         r = httpx.post(server.url + path, json=body)
         assert r.status_code == 400 and r.json()["error"]["param"] == param
         assert "not supported" in r.json()["error"]["message"], r.text
+
+
+def test_the_model_answers_to_its_started_name_its_artifact_and_served_names(model):
+    """`--preset tiny` serves "tiny" (vLLM's served name defaults to its model argument), the artifact's name too, and
+    --served-model-name adds more; replies carry the first; any other name is a 404 that lists them."""
+    from dormouse.serve.app import arg_parser, served_names
+
+    args = arg_parser().parse_args(["--preset", "tiny", "--served-model-name", "mine", "tiny"])
+    names = served_names(args, "dormouse-tiny-0123abcd")
+    assert names == ["tiny", "dormouse-tiny-0123abcd", "mine"]
+    assert served_names(arg_parser().parse_args(["--model", "results/store/rl/x"]), "dormouse-rl-x") == \
+        ["results/store/rl/x", "dormouse-rl-x"]
+    s = Server(model, Limits(max_prompt_bytes=2000), names=names)
+    try:
+        assert [m["id"] for m in httpx.get(s.url + "/v1/models").json()["data"]] == names
+        for name in names:
+            assert httpx.get(f"{s.url}/v1/models/{name}").json()["id"] == name
+            r = httpx.post(s.url + "/v1/completions", json={"model": name, "prompt": "ab", "max_tokens": 2})
+            assert r.status_code == 200 and r.json()["model"] == "tiny", r.text
+        r = httpx.post(s.url + "/v1/completions", json={"model": "dormouse-test", "prompt": "ab", "max_tokens": 2})
+        assert r.status_code == 404 and all(n in r.json()["error"]["message"] for n in names)
+    finally:
+        s.close()
 
 
 def test_a_port_in_use_is_one_line_before_anything_loads(tmp_path):

@@ -202,14 +202,17 @@ class ServeState:
     """What the handlers share, on app.state.serve (one app per server; tests build several in one process)."""
 
     batcher: Batcher
-    model_id: str
+    names: tuple[str, ...]  # every name the model answers to; the first is the one replies carry
     limits: Limits
     info: dict | None
     api_key: str | None
 
     @property
-    def card(self) -> dict:
-        return {"id": self.model_id, "object": "model", "created": 0, "owned_by": "dormouse"}
+    def model_id(self) -> str:
+        return self.names[0]
+
+    def card(self, name: str) -> dict:
+        return {"id": name, "object": "model", "created": 0, "owned_by": "dormouse"}
 
 
 def serve_state(request: Request) -> ServeState:
@@ -269,10 +272,10 @@ def check_request_size(prompts: list[bytes], max_new: int, limits: Limits) -> No
                          "split the prompts)", "max_tokens", code="too_many_tokens")
 
 
-def check_model(req: Sampling, model_id: str) -> None:
-    if req.model not in (None, "", model_id):  # as vLLM and OpenAI: a model this server does not serve is a 404
-        raise BadRequest(f"the model {req.model!r} does not exist here; this server serves {model_id!r} "
-                         "(GET /v1/models)", "model", code="model_not_found", status=404)
+def check_model(name: str | None, names: tuple[str, ...]) -> None:
+    if name not in (None, "", *names):  # as vLLM and OpenAI: a model this server does not serve is a 404
+        raise BadRequest(f"the model {name!r} does not exist here; this server serves "
+                         f"{' or '.join(map(repr, names))} (GET /v1/models)", "model", code="model_not_found", status=404)
 
 
 def start(batcher: Batcher, prompt: bytes, req: Sampling, max_new: int, stop_bytes=frozenset({chat.END}),
@@ -386,7 +389,7 @@ def completion_chunk(base: dict, text, reason, first=False, usage_only=False) ->
 async def chat_completions(request: Request):
     s = serve_state(request)
     req = await parse(request, ChatRequest, s.limits)
-    check_model(req, s.model_id)
+    check_model(req.model, s.names)
     if req.logprobs or req.top_logprobs is not None:
         raise BadRequest("not supported: log-probs are not served", "logprobs" if req.logprobs else "top_logprobs")
     prompt = chat_prompt(req, s.limits)
@@ -409,7 +412,7 @@ async def chat_completions(request: Request):
 async def completions(request: Request):
     s = serve_state(request)
     req = await parse(request, CompletionRequest, s.limits)
-    check_model(req, s.model_id)
+    check_model(req.model, s.names)
     prompts = completion_prompts(req)
     for prompt in prompts:
         check_length(prompt, s.limits)
@@ -429,16 +432,15 @@ async def completions(request: Request):
     return streaming(stream, q, partial(completion_chunk, base), bool((req.stream_options or {}).get("include_usage")))
 
 
-async def models(request: Request):
-    return {"object": "list", "data": [serve_state(request).card]}
+async def models(request: Request):  # each name a card, as vLLM lists its served names
+    s = serve_state(request)
+    return {"object": "list", "data": [s.card(n) for n in s.names]}
 
 
 async def model(request: Request, name: str):  # client.models.retrieve
     s = serve_state(request)
-    if name != s.model_id:
-        raise BadRequest(f"the model {name!r} does not exist here; this server serves {s.model_id!r}", "model",
-                         code="model_not_found", status=404)
-    return s.card
+    check_model(name, s.names)
+    return s.card(name)
 
 
 async def health(request: Request):
@@ -475,12 +477,13 @@ async def on_client_gone(request: Request, e: ClientGone):
     return JSONResponse(error_body("client closed the request", code="client_closed_request"), status_code=499)
 
 
-def create_app(batcher: Batcher, model_id: str, limits: Limits | None = None, info: dict | None = None, *,
+def create_app(batcher: Batcher, names: str | list[str], limits: Limits | None = None, info: dict | None = None, *,
                api_key: str | None = None, allowed_hosts: list[str] | None = None):
     """The API behind Guard (dormouse/serve/guard.py): allowed_hosts None or ["*"] takes any Host; api_key None
-    takes requests without a key."""
+    takes requests without a key. `names`: what the model answers to, the first the one replies carry."""
     app = FastAPI(title="dormouse", docs_url=None, redoc_url=None)
-    app.state.serve = ServeState(batcher, model_id, limits or Limits(), info, api_key)
+    names = (names,) if isinstance(names, str) else tuple(dict.fromkeys(names))
+    app.state.serve = ServeState(batcher, names, limits or Limits(), info, api_key)
     app.state.counters = batcher.counters  # server_config's connection counters go to /health beside the rest
     app.add_middleware(Guard, counters=batcher.counters, api_key=api_key, allowed_hosts=allowed_hosts)
     app.add_exception_handler(BadRequest, on_bad_request)
@@ -563,6 +566,10 @@ def arg_parser() -> argparse.ArgumentParser:
     which.add_argument("--preset", help="serve this preset's finished rl model")
     which.add_argument("--model", type=Path, help="serve this model artifact (pretrain, sft or rl) instead")
     ap.add_argument("--rung", help="one of the preset's export rungs (bf16, int8, fp8, mxfp4, nvfp4, ternary)")
+    ap.add_argument("--served-model-name", nargs="+", default=[], metavar="NAME",
+                    help="more names the model answers to, beside the --preset or --model it was started with (the "
+                         "name replies carry, as vLLM's served name defaults to its model argument) and its artifact's "
+                         "name (dormouse-<preset or stage>-<digest>)")
     add_plan_arguments(ap)  # --config, and --set/--corpus to find a run made with those overrides
     ap.add_argument("--host", default="127.0.0.1")
     ap.add_argument("--port", type=int, default=8000)
@@ -634,6 +641,12 @@ def start_batcher(cls: type[Batcher], args, model, device, bf16: bool) -> Batche
     return batcher
 
 
+def served_names(args, artifact_name: str) -> list[str]:
+    """What the model answers to: the --preset or --model it was started with (the name replies carry), its
+    artifact's name, then --served-model-name's, each once."""
+    return list(dict.fromkeys([args.preset or str(args.model), artifact_name, *args.served_model_name]))
+
+
 def check_port_free(host: str, port: int) -> None:
     """Fails in one line before a minute of loading the model, not after it."""
     import socket
@@ -671,10 +684,11 @@ def main(argv=None) -> int:
     limits = Limits(max_prompt_bytes=args.max_prompt_bytes, max_body_bytes=args.max_body_bytes,
                     max_prompts=args.max_prompts, max_request_tokens=args.max_request_tokens,
                     read_timeout=args.read_timeout, max_connections=max_connections)
-    app = create_app(batcher, model_id, limits, info,
+    names = served_names(args, model_id)
+    app = create_app(batcher, names, limits, info,
                      api_key=args.api_key or None, allowed_hosts=[h.strip() for h in allowed if h.strip()])
     decode = "graphed" if isinstance(batcher, GraphedBatcher) else "eager"
-    print(f"[serve] {model_id} on {device}, {decode} decode: http://{args.host}:{args.port}/ (OpenAI API under /v1)",
+    print(f"[serve] {' = '.join(names)} on {device}, {decode} decode: http://{args.host}:{args.port}/ (OpenAI API under /v1)",
           flush=True)
     try:
         uvicorn.Server(server_config(app, args.host, args.port, limits)).run()
