@@ -579,6 +579,69 @@ def test_rl_replays_corpus_rows_in_every_update(chain, monkeypatch):
     assert any(not torch.equal(weights[0][k], weights[1][k]) for k in weights[0])
 
 
+def test_skip_anchor_holds_the_skipped_cells_at_the_sft_models_bytes():
+    """grpo.SkipAnchor: a pool of the skipped cells' rl-split prompts only, each drawn once before any comes back; its
+    KL is zero for the SFT weights themselves and grows, with a gradient, once the weights move."""
+    from dormouse.model.config import ModelConfig
+    from dormouse.model.gpt import ByteLM
+    from dormouse.posttrain.grpo import ANCHOR_PROMPTS_PER_CELL, SkipAnchor
+
+    torch.manual_seed(0)
+    model = ByteLM(ModelConfig.from_dict(TINY["model"]))
+    c = Counter()
+    cells = frozenset({("add", 1), ("reverse", 2)})
+    anchor = SkipAnchor(model, cells, 5, 0, 8, torch.device("cpu"), "float32", c)
+    for f, d in cells:
+        want = tasks.distinct_items("rl", f, d, ANCHOR_PROMPTS_PER_CELL)
+        assert c[f"rl.anchor_prompts.{f}.{d}"] == len(want) > 0
+    assert c["rl.anchor_prompts"] == len(anchor.x) == sum(c[f"rl.anchor_prompts.{f}.{d}"] for f, d in cells)
+    drawn = [i for _ in range(len(anchor.x) // 5) for i in anchor.next_rows().tolist()]
+    assert len(set(drawn)) == len(drawn)  # one pass through the pool: no prompt twice
+    model.train()
+    assert anchor.term(model, c, Counter()).item() < 1e-5  # the SFT weights: nothing to hold
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    kl = anchor.term(model, c, Counter())
+    kl.backward()
+    assert kl.item() > 1e-3 and any(p.grad is not None and p.grad.abs().sum() > 0 for p in model.parameters())
+    assert c["rl.anchor_rows_trained"] == 10  # the two terms taken
+
+
+def test_rl_anchor_rows_need_skipped_cells():
+    from dormouse.core.config import ConfigError, load_preset
+    from dormouse.planner.registry import stage_params
+
+    preset = load_preset("tiny", Path(__file__).resolve().parents[1])
+    preset["rl"] = {**preset["rl"], "anchor_rows": 8}
+    with pytest.raises(ConfigError, match="rl.anchor_rows .* rl.skip_cells names none"):
+        stage_params("rl", preset)
+    preset["rl"]["skip_cells"] = ["reverse@2"]
+    assert stage_params("rl", preset)["rl"]["anchor_rows"] == 8
+
+
+def test_rl_anchors_the_skipped_cells_in_every_update(chain, monkeypatch):
+    """rl.anchor_rows: every update adds the anchor's KL over that many skipped-cell prompts (counted, logged as
+    anchor_kl per step), so the weights differ from the same run without it."""
+    from safetensors.torch import load_file
+
+    monkeypatch.setattr(task_eval, "grade", lambda item, g: "correct" if g and g[0] % 2 == 0 else "wrong")
+    work, _ = chain
+    runs = {}
+    for rows in (0, 3):
+        m = run_rl_variant(chain, lambda rl, rows=rows: {**rl, "steps": 3, "prompts_per_step": 3, "group_size": 4,
+                                                         "select": {**rl["select"], "every": 0}, "skip_cells": ["reverse@2"],
+                                                         **({"anchor_rows": rows} if rows else {})})
+        c, metrics = m["counters"], (work / m["out"] / "metrics.jsonl").read_text().splitlines()
+        assert c["rl.updates"] > 0 and c.get("rl.anchor_rows_trained", 0) == c["rl.updates"] * rows
+        assert (c.get("rl.anchor_prompts.reverse.2", 0) > 0) == bool(rows) and "rl.anchor_prompts.add.1" not in c
+        trained = [json.loads(line) for line in metrics if json.loads(line)["groups_trained"]]
+        assert trained and all(("anchor_kl" in r) == bool(rows) for r in trained)
+        runs[rows] = load_file(work / m["out"] / "model.safetensors")
+    weights = list(runs.values())
+    assert any(not torch.equal(weights[0][k], weights[1][k]) for k in weights[0])
+
+
 def test_rl_with_pass_rate_prompts_and_dr_grpo_runs(chain):
     """The rl stage under prompts: pass_rate, advantage: mean, loss_norm: token: it trains, counts every cell and
     reports the sampler's view of each."""
@@ -586,7 +649,8 @@ def test_rl_with_pass_rate_prompts_and_dr_grpo_runs(chain):
                                           "pass_rate": {"window": 4, "floor": 0.05, "prior": 1.0}, "steps": 4})
     final, c = m["final"], m["counters"]
     assert final["algorithm"] == {"advantage": "mean", "loss_norm": "token", "prompts": "pass_rate", "shuffle_rewards": False,
-                                  "skip_cells": [], "replay_rows": 0, "replay_seq_len": 256, "replay_weight": 1.0}
+                                  "skip_cells": [], "replay_rows": 0, "replay_seq_len": 256, "replay_weight": 1.0,
+                                  "anchor_rows": 0, "anchor_weight": 1.0}
     assert set(final["pass_rate_cells"]) == {"add/1", "add/2", "reverse/1", "reverse/2"}
     groups = {k: v for k, v in c.items() if k.startswith("rl.cell_groups.")}
     assert sum(groups.values()) == c["rl.groups"] == 4 * 2 * 2  # steps x prompts_per_step x oversample

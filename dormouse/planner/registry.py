@@ -100,7 +100,8 @@ def _run(preset: dict) -> dict:
 # rl keys added after format 9 whose defaults run format 9's algorithm: at these values they stay out of the params,
 # so adding them rebuilt nothing (the stage reads them with these defaults; the schema holds the same, tested).
 RL_LATER_DEFAULTS = {"advantage": "mean_std", "loss_norm": "reply", "prompts": "curriculum", "shuffle_rewards": False,
-                     "skip_cells": [], "replay_rows": 0, "replay_seq_len": 256, "replay_weight": 1.0}
+                     "skip_cells": [], "replay_rows": 0, "replay_seq_len": 256, "replay_weight": 1.0,
+                     "anchor_rows": 0, "anchor_weight": 1.0}
 
 
 def rl_skip_cells(rl: dict, task_params: dict) -> set[tuple[str, int]]:
@@ -117,6 +118,8 @@ def rl_skip_cells(rl: dict, task_params: dict) -> set[tuple[str, int]]:
         skip.add((family, int(level)))
     if skip >= trained:
         raise ConfigError(f"rl.skip_cells {sorted(rl['skip_cells'])} leaves rl no cell to train")
+    if rl.get("anchor_rows") and not skip:
+        raise ConfigError("rl.anchor_rows holds the cells rl skips at the SFT model's answers: rl.skip_cells names none")
     if rl.get("prompts", "curriculum") == "curriculum":
         # a family moves up only after groups at its frontier: a skipped cell below an open one would freeze it there
         for family in task_params["families"]:

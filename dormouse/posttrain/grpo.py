@@ -14,12 +14,12 @@ import torch
 import torch.nn.functional as F
 
 from dormouse.data import chat
-from dormouse.posttrain import task_eval
+from dormouse.posttrain import task_eval, tasks
 from dormouse.posttrain.decode import generate_static
 from dormouse.posttrain.settings import CurriculumSettings, PassRateSettings
 from dormouse.train import qat
 from dormouse.train.optim import set_lr, wsd_multiplier
-from dormouse.train.runtime import LN2, autocast, pad_width, update, with_moe_aux
+from dormouse.train.runtime import LN2, autocast, pad_width, update, uses_bf16, with_moe_aux
 
 
 class Curriculum:
@@ -110,8 +110,8 @@ def grpo_loss(new_lp, old_lp, ref_lp, adv, mask, clip_eps: float, kl_coef: float
     return ((per_byte * m).sum(1) / m.sum(1)).mean()
 
 
-def reply_logprobs(model, prompts: list[bytes], replies: list[bytes], temperature: float, device, counters=None):
-    """Per reply byte, log p(byte | prompt + reply so far) at the sampling temperature: [N, L] and a mask."""
+def reply_rows(prompts: list[bytes], replies: list[bytes], device):
+    """prompt + reply rows padded to one width: inputs, next-byte targets and the mask of targets that are reply bytes."""
     seqs = [p + r for p, r in zip(prompts, replies)]
     width = pad_width(max(len(s) for s in seqs) - 1, device)
     x = torch.zeros(len(seqs), width, dtype=torch.long)
@@ -121,7 +121,12 @@ def reply_logprobs(model, prompts: list[bytes], replies: list[bytes], temperatur
         t = torch.tensor(list(s), dtype=torch.long)
         x[i, : len(s) - 1], tgt[i, : len(s) - 1] = t[:-1], t[1:]
         mask[i, len(p) - 1 : len(s) - 1] = True  # targets that are reply bytes
-    x, tgt, mask = x.to(device), tgt.to(device), mask.to(device)
+    return x.to(device), tgt.to(device), mask.to(device)
+
+
+def reply_logprobs(model, prompts: list[bytes], replies: list[bytes], temperature: float, device, counters=None):
+    """Per reply byte, log p(byte | prompt + reply so far) at the sampling temperature: [N, L] and a mask."""
+    x, tgt, mask = reply_rows(prompts, replies, device)
     logits, _ = model(x, counters=counters)
     lp = F.log_softmax(logits.float() / temperature, dim=-1).gather(-1, tgt.unsqueeze(-1)).squeeze(-1)
     return lp, mask
@@ -150,6 +155,7 @@ class GRPOSettings:
     dtype: str
     moe_aux_coef: float | None
     replay_weight: float
+    anchor_weight: float
 
     @classmethod
     def of(cls, section: dict, later: dict, params: dict) -> GRPOSettings:
@@ -160,7 +166,8 @@ class GRPOSettings:
                    clip_eps=rl["clip_eps"], kl_coef=rl["kl_coef"], grad_clip=rl["grad_clip"],
                    advantage=later["advantage"], loss_norm=later["loss_norm"],
                    shuffle_rewards=later["shuffle_rewards"], dtype=params["dtype"],
-                   moe_aux_coef=params.get("moe_aux_coef"), replay_weight=later["replay_weight"])
+                   moe_aux_coef=params.get("moe_aux_coef"), replay_weight=later["replay_weight"],
+                   anchor_weight=later["anchor_weight"])
 
 
 def prompt_sampler(families: tuple[str, ...], difficulties: range, seed: int, cur: CurriculumSettings,
@@ -208,6 +215,60 @@ def frozen_copy(model):
     return ref
 
 
+ANCHOR_PROMPTS_PER_CELL = 64  # rl-split prompts of each skipped cell in the anchor's pool: 8 cells give 512, one decode
+
+
+class SkipAnchor:
+    """rl.anchor_rows: holds the cells rl skips where the SFT model left them. rl trains none of their prompts, yet its
+    updates moved their greedy answers (records/2026-12-08-rl-acceptance-h100: count@1 +12 -27 held-out items in one
+    seed, which sank its paired z to 1.3 while the trained cells gave z 3.9). At the start, a pool of each skipped
+    cell's rl-split prompts, the SFT model's greedy reply to each and its byte distributions along that reply; each
+    update adds anchor_weight x KL(SFT || policy) over the reply bytes of the next `rows` pool prompts (averaged over
+    each reply's bytes, then the rows). No reward enters it, so the null arm keeps its meaning. Counted
+    rl.anchor_prompts (the pool), rl.anchor_rows_trained; `kl` the last term, in nats a byte."""
+
+    def __init__(self, model, cells: frozenset, rows: int, seed: int, max_new: int, device, dtype: str,
+                 counters: Counter):
+        items = [it for f, d in sorted(cells) for it in tasks.distinct_items("rl", f, d, ANCHOR_PROMPTS_PER_CELL)]
+        if not items:
+            raise ValueError(f"rl.anchor_rows: the skipped cells {sorted(cells)} hold no rl prompts")
+        prompts = [chat.prompt_bytes(it.prompt) for it in items]
+        was_training = model.training
+        model.eval()
+        with torch.no_grad():
+            replies = generate_static(model, prompts, max_new, temperature=0.0, bf16=uses_bf16(dtype))
+            self.x, _, self.mask = reply_rows(prompts, replies, device)
+            with autocast(device, dtype):
+                logits, _ = model(self.x)
+            self.ref_lp = F.log_softmax(logits.float(), dim=-1)  # [N, W, 256]: the SFT model's bytes, temperature 1
+        model.train(was_training)
+        self.rows, self.device, self.dtype = min(rows, len(items)), device, dtype
+        self.gen = torch.Generator().manual_seed(seed)
+        self.order: list[int] = []
+        self.kl: torch.Tensor | None = None
+        counters["rl.anchor_prompts"] = len(items)
+        for it in items:
+            counters[f"rl.anchor_prompts.{it.family}.{it.difficulty}"] += 1
+
+    def next_rows(self) -> torch.Tensor:
+        """The next `rows` pool indices: the pool in a seeded order, each prompt once before any comes back."""
+        while len(self.order) < self.rows:
+            self.order += torch.randperm(len(self.x), generator=self.gen).tolist()
+        idx, self.order = self.order[: self.rows], self.order[self.rows :]
+        return torch.tensor(idx, device=self.device)
+
+    def term(self, model, c, train_counters) -> torch.Tensor:
+        idx = self.next_rows()
+        x, mask, ref_lp = self.x[idx], self.mask[idx].float(), self.ref_lp[idx]
+        logits, _ = model(x, counters=train_counters)
+        lp = F.log_softmax(logits.float(), dim=-1)
+        per_byte = (ref_lp.exp() * (ref_lp - lp)).sum(-1)  # KL(SFT || policy) at each position
+        kl = ((per_byte * mask).sum(1) / mask.sum(1).clamp(min=1)).mean()
+        c["rl.anchor_rows_trained"] += len(idx)
+        self.kl = kl.detach()
+        return kl
+
+
 class GroupUpdate:
     """One step's learning from its kept groups: advantages (rewards permuted within each group first in the null
     arm), the sampling policy's and the reference's log-probs, then `ppo_epochs` clipped updates, each through the
@@ -216,9 +277,9 @@ class GroupUpdate:
     `replay_loss` the last one, in nats)."""
 
     def __init__(self, model, ref, fq, opts: list, cfg, s: GRPOSettings, device, null_gen: torch.Generator,
-                 replay=None):
+                 replay=None, anchor: SkipAnchor | None = None):
         self.model, self.ref, self.fq, self.opts, self.cfg, self.s, self.device = model, ref, fq, opts, cfg, s, device
-        self.params, self.null_gen, self.replay = list(model.parameters()), null_gen, replay
+        self.params, self.null_gen, self.replay, self.anchor = list(model.parameters()), null_gen, replay, anchor
         self.replay_loss: torch.Tensor | None = None  # the last one, read when the step's row is written
 
     def __call__(self, prompts: list[bytes], replies: list[bytes], rewards: torch.Tensor, step: int, c,
@@ -242,6 +303,9 @@ class GroupUpdate:
             if self.replay is not None:
                 with qat.through(self.fq), autocast(self.device, s.dtype):
                     total = total + s.replay_weight * self.replay_term(c, train_counters)
+            if self.anchor is not None:
+                with qat.through(self.fq), autocast(self.device, s.dtype):
+                    total = total + s.anchor_weight * self.anchor.term(model, c, train_counters)
             update(total, self.params, self.opts, s.grad_clip, "rl", step)
             c["rl.updates"] += 1
         return loss
@@ -297,6 +361,8 @@ class GRPOStep:
                "decode_s": round(t_decoded - t_step, 3), "train_s": round(time.perf_counter() - t_decoded, 3)}
         if keep and self.learn.replay is not None:
             row["replay_bpb"] = round(self.learn.replay_loss.item() / LN2, 5)
+        if keep and self.learn.anchor is not None:
+            row["anchor_kl"] = round(self.learn.anchor.kl.item(), 6)
         if self.fq is not None:
             train_counters["qat.steps"] += 1
         if self.select.due(step + 1, s.steps):

@@ -29,6 +29,8 @@ if it beats step 0 on all the dev prompts at p <= alpha (one planned test). Each
 step 0 at most ~alpha of the time (benchmarks/rl_selection_sim.py). rl stops early when dev accuracy reaches its
 plateau (`select.plateau`). `shuffle_rewards`: the null arm (each group's rewards permuted before the advantages).
 `skip_cells`: cells whose groups never teach, left out of rl's prompts (the dev and held-out sets still ask them).
+`anchor_rows`: each update also adds `anchor_weight` x KL(SFT || policy) along the SFT model's greedy replies to that
+many prompts of the skipped cells (grpo.SkipAnchor), so the cells rl does not train keep the SFT model's answers.
 Sampling runs through one `decode.DecodeStep` of every step's rows, kept for the whole stage: on CUDA one graph replay
 per byte (the optimizers update the weights in place, so each replay reads the current policy), eager on the CPU and
 under `rl.qat` (its fake-quantized weights are new tensors at every step, which a graph would not see); each row draws
@@ -56,7 +58,7 @@ from dormouse.planner.registry import RL_LATER_DEFAULTS, rl_difficulties, rl_ski
 from dormouse.planner.job import input_artifact, parse_job, summary, writer
 from dormouse.posttrain import task_eval
 from dormouse.posttrain.decode import DecodeStep
-from dormouse.posttrain.grpo import GroupUpdate, GRPOSettings, GRPOStep, frozen_copy, prompt_sampler
+from dormouse.posttrain.grpo import GroupUpdate, GRPOSettings, GRPOStep, SkipAnchor, frozen_copy, prompt_sampler
 from dormouse.posttrain.selection import Selection, selection_line
 from dormouse.posttrain.settings import CurriculumSettings, PassRateSettings, SelectSettings, TaskSettings
 from dormouse.train import qat
@@ -94,9 +96,12 @@ def main(argv=None) -> int:
     s = GRPOSettings.of(rl, later, params)
     replay = (TrainStream(layout.train_bins(shards), later["replay_rows"], later["replay_seq_len"], rl["seed"] + 2)
               if later["replay_rows"] else None)  # corpus rows in every update, against the BPB drifting (as sft's)
-    learn = GroupUpdate(model, ref, fq, opts, cfg, s, device,
-                        torch.Generator().manual_seed(rl["seed"] + 1), replay)  # the null arm's permutations apart
     max_new, n_rows = task_set.max_new_bytes, rl["prompts_per_step"] * rl["oversample"] * s.group_size
+    anchor_counts = Counter()  # the SFT model's greedy replies to the skipped cells, made before any update
+    anchor = (SkipAnchor(model, skip, later["anchor_rows"], rl["seed"] + 3, max_new, device, params["dtype"],
+                         anchor_counts) if later["anchor_rows"] else None)
+    learn = GroupUpdate(model, ref, fq, opts, cfg, s, device,
+                        torch.Generator().manual_seed(rl["seed"] + 1), replay, anchor)  # the null arm's permutations apart
     select_set = SelectSettings.of(rl["select"])
     dev = task_eval.dev_items(task_set, select_set.items_per_cell) if select_set.every else []
     bf16 = uses_bf16(params["dtype"])
@@ -108,6 +113,7 @@ def main(argv=None) -> int:
                        device, ex, ey, eval_counters)  # task accuracy and corpus BPB, at the start and the end
     with writer(job) as art:
         c = art.counters
+        c.update(anchor_counts)
         with qat.through(fq):
             start = held_out()
         progress.note(f"[rl] start: {task_eval.held_out_line(start)}")
