@@ -140,6 +140,58 @@ def test_byte_k_of_a_row_is_drawn_with_its_seed_and_counter_k_and_the_stop_test_
     assert [f for _, f in got] == [int(b in stops) for b in want]
 
 
+def test_k_steps_between_host_reads_give_each_row_its_bytes_in_order_and_a_paused_row_keeps_its_unread_ones():
+    """max_steps > 1: steps(n, k) then read_drawn(n) gives each row the k bytes it drew, oldest first, the same bytes
+    as one read a step (any mix of k); a row taken out between steps takes its unread bytes along and hands them over
+    when put back in another slot; a row that just joined has its first byte unread."""
+    m = live_model(CONFIGS["all_on_conv4"])
+    prompts = [rand_prompt(6, 60), rand_prompt(3, 61), rand_prompt(9, 62)]
+    seeds, temps, top_ks = [3, 4, 5], [1.0, 1.3, 0.0], [None, 20, None]
+    stops = [(), (), ()]
+
+    def started(step):
+        logits, state = prefill_prompts(m, prompts)
+        step.put([0, 1, 2], step.begin(logits, state, seeds, temps, top_ks, stops))
+
+    one = DecodeStep(m, 4, bf16=False)
+    started(one)
+    ref = drive(one, 3, 12)  # 13 bytes a row: the first and 12 steps'
+    for ks in ([4, 4, 4], [1, 3, 4, 4], [2, 1, 1, 4, 4]):
+        step = DecodeStep(m, 4, bf16=False, max_steps=4)
+        started(step)
+        got = [[b for b, _ in r] for r in step.read_drawn(3)]
+        for k in ks:
+            step.steps(3, k)
+            for g, r in zip(got, step.read_drawn(3)):
+                assert len(r) == k
+                g += [b for b, _ in r]
+        assert got == ref, ks
+    step = DecodeStep(m, 4, bf16=False, max_steps=4)
+    started(step)
+    got = [[b for b, _ in r] for r in step.read_drawn(3)]
+    step.steps(3, 3)
+    paused = step.take([1])  # its 3 bytes unread
+    step.compact([0, 2])
+    for _ in range(2):
+        for g, r in zip([got[0], got[2]], step.read_drawn(2)):
+            g += [b for b, _ in r]  # rows 0 and 2: 3, then 2
+        step.steps(2, 2)
+    step.put([2], paused)
+    step.compact([0, 2, 1])
+    step.steps(3, 1)
+    back = step.read_drawn(3)
+    assert [len(r) for r in back] == [3, 4, 3]  # row 1: its 3 from before the pause and this step's
+    for g, r in zip(got, back):
+        g += [b for b, _ in r]
+    assert got[1] == ref[1][:5] and got[0] == ref[0][:9] and got[2] == ref[2][:9]
+    with pytest.raises(ValueError, match="k=5"):
+        step.steps(3, 5)
+    step.steps(3, 4)
+    step.steps(3, 1)
+    with pytest.raises(RuntimeError, match="drew 5 bytes since its last read"):
+        step.read_drawn(3)
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (CUDA graphs, FLA's recurrent kernel)")
 @pytest.mark.parametrize("name", ["all_on_conv4", "plain"])

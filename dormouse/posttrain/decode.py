@@ -162,6 +162,8 @@ class Rows(NamedTuple):
     temperature: torch.Tensor  # fp32 [n]
     top_k: torch.Tensor  # long [n]; vocab_size = no cut
     stop: torch.Tensor  # bool [n, vocab]: the bytes that stop the row
+    drawn: torch.Tensor  # long [n, max_steps, 2]: (byte, stopped) drawn since the host last read them (max_steps > 1)
+    n_drawn: torch.Tensor  # long [n]: how many of `drawn` are unread
 
 
 def int64_seed(seed: int) -> int:
@@ -205,18 +207,24 @@ class DecodeStep:
         step.put(slots, step.begin(logits, state, seeds, temperatures, top_ks, stop_sets))  # rows from a prefill
         step(n)            # rows [0, n): feed each row's byte, update its state in place, draw the next byte
         step.read(n)       # [(byte, stopped)] * n: the one host read of a step
+        step.steps(n, k); step.read_drawn(n)  # max_steps > 1: k steps, then each row's k bytes in one host read
 
     A step feeds rows [0, b) for the smallest bucket b >= n (rows n..b-1 are padding: computed, never read), then
     draws each row's next byte on the device with `rowrng.sample_rows` from (its seed, its counter, its logits), so
     a row's bytes do not depend on the rows beside it, and tests it against the row's stop bytes. The caller keeps
     its live rows in slots [0, n): `take` / `put` / `compact` move rows (a stream leaving, pausing, resuming).
+    With max_steps > 1 every step also writes its (byte, stopped) into the row's `drawn` history (inside the graph),
+    so the host reads once per up to max_steps steps (vLLM's multi-step scheduling); a row moved or paused takes its
+    unread bytes with it.
     Counters: eager, the model's own per call; graphed, the warm-up's per-call counts (per bucket) added on every
     replay, MoE routing excepted (it differs step to step and a replay cannot read it on the host)."""
 
     def __init__(self, model: ByteLM, max_batch: int, *, buckets: Sequence[int] | None = None,
-                 graphed: bool | None = None, bf16: bool = True):
+                 graphed: bool | None = None, bf16: bool = True, max_steps: int = 1):
         assert not model.training, "DecodeStep: put the model in eval mode first (model.eval())"
-        self.model, self.max_batch = model, max_batch
+        if max_steps < 1:
+            raise ValueError(f"DecodeStep: max_steps must be >= 1, got {max_steps}")
+        self.model, self.max_batch, self.max_steps = model, max_batch, max_steps
         self.device = next(model.parameters()).device
         self.graphed = self.device.type == "cuda" if graphed is None else graphed
         if self.graphed and self.device.type != "cuda":
@@ -239,7 +247,8 @@ class DecodeStep:
             B, V = max_batch, self.vocab
             self.buf = Rows(one.map(lambda t: t.new_zeros((B, *t.shape[1:]))), self.out[:, 0], zeros(B, dtype=torch.long),
                             zeros(B, dtype=torch.long), zeros(B, dtype=torch.float32), zeros(B, dtype=torch.long),
-                            zeros(B, V, dtype=torch.bool))
+                            zeros(B, V, dtype=torch.bool), zeros(B, max_steps, 2, dtype=torch.long),
+                            zeros(B, dtype=torch.long))
             if self.graphed:
                 self._capture()
 
@@ -259,6 +268,10 @@ class DecodeStep:
         self.buf.counter[:b].add_(1)
         self.out[:b, 0].copy_(nxt)
         self.out[:b, 1].copy_(self.buf.stop[:b].gather(1, nxt[:, None])[:, 0])
+        if self.max_steps > 1:  # the byte into each row's history at its unread count (fixed addresses: graphed too)
+            at = self.buf.n_drawn[:b].clamp(max=self.max_steps - 1)
+            self.buf.drawn[:b].scatter_(1, at[:, None, None].expand(b, 1, 2), self.out[:b, None, :])
+            self.buf.n_drawn[:b].add_(1)
 
     def _capture(self) -> None:
         """Each bucket's step as a CUDA graph, torch's documented way: warm-up calls on a side stream (lazy
@@ -314,6 +327,26 @@ class DecodeStep:
         """The (byte, stopped) of rows [0, n) on the host: one small device-to-host copy."""
         return [tuple(r) for r in self.out[:n].tolist()]
 
+    def steps(self, n: int, k: int, counters: Counter | None = None) -> None:
+        """k steps of rows [0, n) with no host read between them (k <= max_steps: the history holds that many)."""
+        if not 1 <= k <= self.max_steps:
+            raise ValueError(f"DecodeStep.steps: k={k}, this step holds 1 to {self.max_steps} unread bytes a row")
+        for _ in range(k):
+            self(n, counters)
+
+    def read_drawn(self, n: int) -> list[list[tuple[int, int]]]:
+        """Each of rows [0, n)'s unread (byte, stopped), oldest first, in one device-to-host copy; then none is unread.
+        With max_steps 1 it is `read` (each row's one byte)."""
+        if self.max_steps == 1:
+            return [[r] for r in self.read(n)]
+        with torch.inference_mode():
+            flat = torch.cat([self.buf.n_drawn[:n, None], self.buf.drawn[:n].flatten(1)], 1).tolist()
+            self.buf.n_drawn[:n].zero_()
+        if any(row[0] > self.max_steps for row in flat):  # its history kept only the first max_steps: bytes lost
+            raise RuntimeError(f"DecodeStep.read_drawn: a row drew {max(r[0] for r in flat)} bytes since its last read, "
+                               f"over max_steps={self.max_steps}")
+        return [[(row[1 + 2 * j], row[2 + 2 * j]) for j in range(row[0])] for row in flat]
+
     def begin(self, logits: torch.Tensor, state: LMState, seeds: Sequence[int], temperatures: Sequence[float],
               top_ks: Sequence[int | None], stops: Sequence[Iterable[int]]) -> Rows:
         """Rows starting after a prefill (logits [n, vocab] of each row's next byte, the state after the prompt):
@@ -335,7 +368,11 @@ class DecodeStep:
             top_k = torch.tensor([V if k is None else min(k, V) for k in top_ks], dtype=torch.long, device=dev)
             counter = torch.zeros(n, dtype=torch.long, device=dev)
             byte = sample_rows(logits, seed, counter, temperature, top_k)
-            return Rows(state, byte, counter + 1, seed, temperature, top_k, stop.to(dev))
+            stop = stop.to(dev)
+            drawn = torch.zeros(n, self.max_steps, 2, dtype=torch.long, device=dev)  # the first byte: unread
+            drawn[:, 0, 0], drawn[:, 0, 1] = byte, stop.gather(1, byte[:, None])[:, 0]
+            return Rows(state, byte, counter + 1, seed, temperature, top_k, stop, drawn,
+                        torch.ones(n, dtype=torch.long, device=dev))
 
     def put(self, slots: Sequence[int] | torch.Tensor, rows: Rows) -> None:
         """Write `rows` into slots (row i into slots[i]), their (byte, stopped) into the output buffer."""
