@@ -608,6 +608,37 @@ def test_skip_anchor_holds_the_skipped_cells_at_the_sft_models_bytes():
     assert c["rl.anchor_rows_trained"] == 10  # the two terms taken
 
 
+def test_skip_anchor_term_is_the_masked_kl_from_the_sft_bytes():
+    """The term against torch's own KL (F.kl_div with log targets): over reply positions only, each row's mean, then
+    the rows'; logits at prompt and padding positions change nothing."""
+    import torch.nn.functional as F
+
+    from dormouse.posttrain.grpo import SkipAnchor
+
+    torch.manual_seed(1)
+    n, w, v = 3, 7, 256
+    anchor = SkipAnchor.__new__(SkipAnchor)
+    anchor.x = torch.zeros(n, w, dtype=torch.long)
+    anchor.mask = torch.zeros(n, w, dtype=torch.bool)
+    for i, (a, b) in enumerate([(2, 5), (0, 7), (4, 5)]):
+        anchor.mask[i, a:b] = True
+    anchor.ref_lp = F.log_softmax(torch.randn(n, w, v), -1)
+    anchor.rows, anchor.device, anchor.order, anchor.gen = n, torch.device("cpu"), [0, 1, 2], torch.Generator()
+    logits = torch.randn(n, w, v)
+
+    class Fixed(torch.nn.Module):
+        def forward(self, x, counters=None):
+            return logits, None
+
+    kl = anchor.term(Fixed(), Counter(), Counter())
+    per = F.kl_div(F.log_softmax(logits, -1), anchor.ref_lp, log_target=True, reduction="none").sum(-1)
+    want = torch.stack([per[i][anchor.mask[i]].mean() for i in range(n)]).mean()
+    assert torch.allclose(kl, want, atol=1e-6)
+    logits[~anchor.mask] = torch.randn(int((~anchor.mask).sum()), v)  # outside the replies: the same term
+    anchor.order = [0, 1, 2]
+    assert torch.allclose(anchor.term(Fixed(), Counter(), Counter()), want, atol=1e-6)
+
+
 def test_rl_anchor_rows_need_skipped_cells():
     from dormouse.core.config import ConfigError, load_preset
     from dormouse.planner.registry import stage_params

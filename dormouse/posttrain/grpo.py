@@ -215,7 +215,7 @@ def frozen_copy(model):
     return ref
 
 
-ANCHOR_PROMPTS_PER_CELL = 64  # rl-split prompts of each skipped cell in the anchor's pool: 8 cells give 512, one decode
+ANCHOR_PROMPTS_PER_CELL = 64  # rl-split prompts of each skipped cell in the anchor's pool: 8 cells up to 512, one decode
 
 
 class SkipAnchor:
@@ -224,11 +224,13 @@ class SkipAnchor:
     seed, which sank its paired z to 1.3 while the trained cells gave z 3.9). At the start, a pool of each skipped
     cell's rl-split prompts, the SFT model's greedy reply to each and its byte distributions along that reply; each
     update adds anchor_weight x KL(SFT || policy) over the reply bytes of the next `rows` pool prompts (averaged over
-    each reply's bytes, then the rows). No reward enters it, so the null arm keeps its meaning. Counted
+    each reply's bytes, then the rows). No reward enters it, so the null arm keeps its meaning. Built inside
+    qat.through under rl.qat (eager: fake-quantized weights are new tensors), so the SFT model is the rung there as
+    everywhere in the stage and the term starts at 0. Counted
     rl.anchor_prompts (the pool), rl.anchor_rows_trained; `kl` the last term, in nats a byte."""
 
     def __init__(self, model, cells: frozenset, rows: int, seed: int, max_new: int, device, dtype: str,
-                 counters: Counter):
+                 counters: Counter, graphed: bool | None = None):
         items = [it for f, d in sorted(cells) for it in tasks.distinct_items("rl", f, d, ANCHOR_PROMPTS_PER_CELL)]
         if not items:
             raise ValueError(f"rl.anchor_rows: the skipped cells {sorted(cells)} hold no rl prompts")
@@ -236,7 +238,7 @@ class SkipAnchor:
         was_training = model.training
         model.eval()
         with torch.no_grad():
-            replies = generate_static(model, prompts, max_new, temperature=0.0, bf16=uses_bf16(dtype))
+            replies = generate_static(model, prompts, max_new, temperature=0.0, bf16=uses_bf16(dtype), graphed=graphed)
             self.x, _, self.mask = reply_rows(prompts, replies, device)
             with autocast(device, dtype):
                 logits, _ = model(self.x)
@@ -305,7 +307,8 @@ class GroupUpdate:
                     total = total + s.replay_weight * self.replay_term(c, train_counters)
             if self.anchor is not None:
                 with qat.through(self.fq), autocast(self.device, s.dtype):
-                    total = total + s.anchor_weight * self.anchor.term(model, c, train_counters)
+                    total = total + s.anchor_weight * with_moe_aux(self.anchor.term(model, c, train_counters), model,
+                                                                   self.cfg, s.moe_aux_coef)
             update(total, self.params, self.opts, s.grad_clip, "rl", step)
             c["rl.updates"] += 1
         return loss

@@ -98,8 +98,11 @@ def main(argv=None) -> int:
               if later["replay_rows"] else None)  # corpus rows in every update, against the BPB drifting (as sft's)
     max_new, n_rows = task_set.max_new_bytes, rl["prompts_per_step"] * rl["oversample"] * s.group_size
     anchor_counts = Counter()  # the SFT model's greedy replies to the skipped cells, made before any update
-    anchor = (SkipAnchor(model, skip, later["anchor_rows"], rl["seed"] + 3, max_new, device, params["dtype"],
-                         anchor_counts) if later["anchor_rows"] else None)
+    anchor = None
+    if later["anchor_rows"]:
+        with qat.through(fq):  # the SFT model as the stage's policy runs: through the rung under rl.qat
+            anchor = SkipAnchor(model, skip, later["anchor_rows"], rl["seed"] + 3, max_new, device, params["dtype"],
+                                anchor_counts, graphed=None if fq is None else False)
     learn = GroupUpdate(model, ref, fq, opts, cfg, s, device,
                         torch.Generator().manual_seed(rl["seed"] + 1), replay, anchor)  # the null arm's permutations apart
     select_set = SelectSettings.of(rl["select"])
