@@ -459,9 +459,10 @@ def report(rows: list[dict], states: list, contexts: list[int]) -> None:
         return (r["total_bytes_per_s"], r["status"] == "cut") if ok else None
 
     for model, conc in dict.fromkeys((r["model"], r["concurrency"]) for r in rows):
-        ours = max(filter(None, (tput(model, conc, "batched"), tput(model, conc, "graphed"))), default=None)
+        ours = max(filter(None, (tput(model, conc, a) for a in ("batched", "graphed", "compiled"))), default=None)
         parts = [f"{what} {a[0] / b[0]:.2f}x{' (a cut arm: its rate until its limit)' if a[1] or b[1] else ''}"
                  for what, a, b in (("batched / unbatched", tput(model, conc, "batched"), tput(model, conc, "unbatched")),
+                                    ("graphed / graphed_k1", tput(model, conc, "graphed"), tput(model, conc, "graphed_k1")),
                                     ("ours best / hf_static", ours, tput(model, conc, "hf_static")),
                                     ("ours best / hf_dynamic", ours, tput(model, conc, "hf_dynamic"))) if a and b]
         if parts:

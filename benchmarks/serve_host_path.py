@@ -5,6 +5,8 @@ one run: the clients in a process of their own (as serve_bench's timed load), th
 serve_bench measured before: the clients' Python shares the server's GIL). Prints both rows and their ratio.
 
     .venv/bin/python -m benchmarks.serve_host_path --concurrency 64 --requests 256 --max-tokens 256
+    .venv/bin/python -m benchmarks.serve_host_path --decode-steps   # the graphed step (eager on the CPU), clients in
+        # their own process, a host read a step (graphed_k1) against --decode-steps' default (graphed): issue #57
 
 On a GPU box the graphed step (one CUDA graph replay a byte) leaves the host path as the ceiling the same way; a
 target of 50 000 bytes/s at 64 streams is ~1.3 ms a step for all of it.
@@ -44,6 +46,8 @@ def main(argv=None) -> int:
     ap.add_argument("--requests", type=int, default=256)
     ap.add_argument("--max-tokens", type=int, default=256)
     ap.add_argument("--arm-timeout-s", type=float, default=120)
+    ap.add_argument("--decode-steps", action="store_true",
+                    help="rows: the graphed batcher at --decode-steps 1 and at its default, clients in their own process")
     args = ap.parse_args(argv)
     torch.manual_seed(0)
     torch.set_num_threads(1)  # the decode thread's ops on one core; the event loop and the clients take the rest
@@ -53,8 +57,10 @@ def main(argv=None) -> int:
           f"{git_rev() or '?'}; model step alone at {args.concurrency} rows: {step_ms(model, args.concurrency):.3f} ms")
     rates = {}
     start_clients()
-    for where in ("process", "in-process"):
-        b, server, thread, url = start_server(model, torch.device("cpu"), args.concurrency, keep_end=False)
+    runs = ([("process", "graphed_k1"), ("process", "graphed")] if args.decode_steps
+            else [("process", "batched"), ("in-process", "batched")])
+    for where, arm in runs:
+        b, server, thread, url = start_server(model, torch.device("cpu"), args.concurrency, keep_end=False, arm=arm)
         try:
             steps0 = b.counters["serve.steps"]
             deadline = Deadline(args.arm_timeout_s)
@@ -68,10 +74,15 @@ def main(argv=None) -> int:
             thread.join(timeout=10)
             b.stop()
         n = sum(r["bytes"] for r in recs)
-        rates[where] = n / wall
-        print(f"clients {where:10s}: {n} bytes in {wall:.2f} s = {n / wall:,.0f} bytes/s in total, {steps} steps "
-              f"({1e3 * wall / max(steps, 1):.2f} ms a step){', cut' if cut else ''}")
-    print(f"clients in a process of their own / in the server's: {rates['process'] / rates['in-process']:.2f} x")
+        rates[where, arm] = n / wall
+        reads = b.counters["serve.host_reads"] or steps  # the eager batcher reads once a step
+        print(f"{arm} clients {where:10s}: {n} bytes in {wall:.2f} s = {n / wall:,.0f} bytes/s in total, {steps} steps "
+              f"({1e3 * wall / max(steps, 1):.2f} ms a step), {reads} host reads{', cut' if cut else ''}")
+    if args.decode_steps:
+        print(f"graphed / graphed_k1: {rates['process', 'graphed'] / rates['process', 'graphed_k1']:.2f} x")
+    else:
+        print(f"clients in a process of their own / in the server's: "
+              f"{rates['process', 'batched'] / rates['in-process', 'batched']:.2f} x")
     return 0
 
 

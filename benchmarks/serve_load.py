@@ -15,8 +15,9 @@ import time
 
 import httpx
 
-ARMS = ("batched", "graphed", "compiled", "unbatched")  # ours: graphed = `dormouse serve --decode graphed`, compiled
-# = the same with `--compile cuda` (on a copy of the model: compiling binds to the modules it is given)
+ARMS = ("batched", "graphed", "graphed_k1", "compiled", "unbatched")  # ours: graphed = `dormouse serve --decode
+# graphed`, graphed_k1 = the same with `--decode-steps 1` (a host read a step, as before #57), compiled = graphed with
+# `--compile cuda` (on a copy of the model: compiling binds to the modules it is given)
 
 
 class Deadline:
@@ -52,9 +53,11 @@ def start_server(model, device, max_batch: int, keep_end: bool, arm: str = "batc
     cast.update(stack_projections(model))
     if arm == "compiled":
         b = batcher_mod.GraphedBatcher(model, device, bf16=True, max_batch=max_batch, compile=True)
+    elif arm in ("graphed", "graphed_k1"):
+        b = batcher_mod.GraphedBatcher(model, device, bf16=True, max_batch=max_batch,
+                                       **({"decode_steps": 1} if arm == "graphed_k1" else {}))
     else:
-        b = (batcher_mod.GraphedBatcher if arm == "graphed" else batcher_mod.Batcher)(model, device, bf16=True,
-                                                                                      max_batch=max_batch)
+        b = batcher_mod.Batcher(model, device, bf16=True, max_batch=max_batch)
     b.counters.update(cast)
     b.bench_streams = []  # every stream submitted: their new_bytes are the bytes decoded, finished or not
 

@@ -8,6 +8,7 @@ import threading
 import time
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
+from functools import partial
 
 import httpx
 import pytest
@@ -162,13 +163,15 @@ def test_streams_decode_together_and_each_gets_its_own_reply(model):
         s.close()
 
 
-def test_the_graphed_decode_serves_generates_greedy_bytes_and_a_seeds_bytes_whatever_the_company(model):
+@pytest.mark.parametrize("decode_steps", [1, 4])
+def test_the_graphed_decode_serves_generates_greedy_bytes_and_a_seeds_bytes_whatever_the_company(model, decode_steps):
     """serve --decode graphed (on CPU the same static step, eagerly): concurrent greedy replies are generate's, and a
-    seeded sampled reply is generate_static's for that seed, alone or among other streams (rows of a padded bucket)."""
+    seeded sampled reply is generate_static's for that seed, alone or among other streams (rows of a padded bucket);
+    with --decode-steps 4 the same bytes, several steps a host read under load."""
     from dormouse.posttrain.decode import generate_static
     from dormouse.serve.batcher import GraphedBatcher
 
-    s = Server(model, max_batch=8, batcher=GraphedBatcher)
+    s = Server(model, max_batch=8, batcher=partial(GraphedBatcher, decode_steps=decode_steps))
     try:
         assert s.batcher.step.buckets == [1, 2, 4, 8]
 
@@ -185,6 +188,7 @@ def test_the_graphed_decode_serves_generates_greedy_bytes_and_a_seeds_bytes_what
             assert r == want.decode("utf-8", "replace")
         c = s.health()["counters"]
         assert c["serve.max_batch_seen"] >= 2 and c["serve.steps"] < 6 * 30
+        assert (c["serve.host_reads"] < c["serve.steps"]) == (decode_steps > 1) and c["serve.decode_k.1"] > 0
         seeded = dict(temperature=1.0, top_k=60, seed=2**64 - 3)
         want = generate_static(model, [b"tell me"], 30, temperature=1.0, top_k=60, seeds=[2**64 - 3], bf16=False)[0]
         alone = ask("tell me", **seeded)
@@ -275,6 +279,32 @@ def test_text_goes_out_as_whole_characters_and_never_part_of_a_stop():
     assert s.take(ord("D")) == "stop" and "".join(got) == "é€ab"
     t = Stream(b"p", 3, emit=got.append, finish=lambda *a: None)
     assert [t.take(x) for x in b"xyz"] == [None, None, "length"]
+
+
+def test_bytes_taken_in_blocks_give_the_text_and_finish_of_bytes_taken_one_by_one():
+    """Stream.take_many (the bytes of k decode steps at once) against take a byte at a time: the same text, finish
+    reason and byte count whatever the block edges (split characters, stop strings across blocks, a stop byte or the
+    length limit mid-block), and at most one emit a block."""
+    import random
+
+    rng = random.Random(0)
+    text = "aé€b END x😀yEND ab\x03zz".encode()
+    for trial in range(300):
+        data = bytes(rng.choice(text) for _ in range(rng.randint(1, 40)))
+        kw = dict(stops=rng.choice([(), ("END",), ("ab", "€b")]), stop_bytes=frozenset({3}),
+                  max_new_bytes=rng.randint(1, 45))
+        one, many = [], []
+        a = Stream(b"p", emit=one.append, finish=lambda *x: None, **kw)
+        b = Stream(b"p", emit=many.append, finish=lambda *x: None, **kw)
+        ra = next((r for r in map(a.take, data) if r is not None), None)
+        rb, at, blocks = None, 0, 0
+        while at < len(data) and rb is None:
+            k = rng.randint(1, 8)
+            n_before = len(many)
+            rb = b.take_many(data[at:at + k])
+            assert len(many) - n_before <= 1
+            at, blocks = at + k, blocks + 1
+        assert ("".join(one), ra, a.new_bytes, bytes(a.out)) == ("".join(many), rb, b.new_bytes, bytes(b.out)), trial
 
 
 def test_the_chat_page_is_served(server):

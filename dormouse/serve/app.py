@@ -40,7 +40,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from dormouse.data import chat
-from dormouse.serve.batcher import PREFILL_CHUNK, Batcher, GraphedBatcher, Stream
+from dormouse.serve.batcher import DECODE_STEPS, PREFILL_CHUNK, Batcher, GraphedBatcher, Stream
 from dormouse.serve.guard import Guard, default_allowed_hosts, error_body, raise_file_limit
 from dormouse.serve.mailbox import mailbox_of
 from dormouse.serve.page import PAGE
@@ -585,6 +585,11 @@ def arg_parser() -> argparse.ArgumentParser:
                     help="cuda: torch.compile the model's regions (dormouse/model/regions.py) for the graphed decode on "
                          "CUDA, every prefill and step shape compiled at start (minutes cold; $DORMOUSE_COMPILE_CACHE "
                          "keeps them), so a step's elementwise chains fuse. Off until a GPU run measures it (#42)")
+    ap.add_argument("--decode-steps", type=int, default=DECODE_STEPS,
+                    help="graphed decode: at most this many steps between two host reads while two or more streams "
+                         "decode and none waits or is prefilled (a lone stream: 1), each stream's bytes of those steps "
+                         "one SSE event (default %(default)s, vLLM's multi-step default; its GPU figures are not yet "
+                         "measured, issue #57)")
     ap.add_argument("--prefill-chunk", type=int, default=PREFILL_CHUNK,
                     help="prefill a new prompt at most this many bytes at a time, one piece between two decode steps "
                          "of the running streams, so a long prompt does not stall them for its whole prefill "
@@ -621,7 +626,8 @@ def batcher_class(decode: str, device) -> type[Batcher]:
 def start_batcher(cls: type[Batcher], args, model, device, bf16: bool) -> Batcher:
     """The batcher started. Under --decode auto a graphed step that cannot start (a capture or compile that fails on
     this GPU) falls back to the eager batcher, said and counted (serve.graphed_start_failed in /health)."""
-    extra = {"compile": True} if args.compile == "cuda" else {}
+    extra = ({"decode_steps": args.decode_steps} | ({"compile": True} if args.compile == "cuda" else {})
+             if cls is GraphedBatcher else {})
     cast = cast_for_autocast(model, device) if bf16 and device.type == "cuda" else {}  # same bits, no per-step casts
     cast.update(stack_projections(model))  # after the cast: the stacked copy in the served dtype
     batcher = cls(model, device, bf16, max_batch=args.max_batch, prefill_chunk=args.prefill_chunk, **extra)
@@ -667,6 +673,8 @@ def main(argv=None) -> int:
         ap.error("--set/--corpus choose which run of --preset to serve; --model names the artifact itself")
     if args.prefill_chunk < 0:
         ap.error(f"--prefill-chunk must be >= 0 (0: whole prompts), got {args.prefill_chunk}")
+    if args.decode_steps < 1:
+        ap.error(f"--decode-steps must be >= 1, got {args.decode_steps}")
     import uvicorn
 
     check_port_free(args.host, args.port)
