@@ -215,6 +215,14 @@ def test_graphed_and_eager_decode_give_the_same_bytes_on_cuda(name):
     eager = DecodeStep(m, 4, graphed=False)
     eager.put([0, 1, 2], rows)
     assert drive(eager, 3, 16) == graphed
+    multi = DecodeStep(m, 4, max_steps=4)  # the per-row history written inside the captured graph
+    multi.put([0, 1, 2], multi.begin(logits, state, [1, 2, 3], [1.0] * 3, [None] * 3, [()] * 3))
+    got = [[b for b, _ in r] for r in multi.read_drawn(3)]
+    for k in (4, 4, 3, 4, 1):
+        multi.steps(3, k)
+        for g, r in zip(got, multi.read_drawn(3)):
+            g += [b for b, _ in r]
+    assert got == graphed
 
 
 @pytest.mark.gpu
