@@ -612,12 +612,14 @@ def rand_prompt(n: int, seed: int) -> bytes:
     return bytes(rand_bytes(1, n, seed)[0].tolist())
 
 
-def make_batcher(kind: str, model: ByteLM, max_batch: int, prefill_chunk: int, thread: bool = True):
+def make_batcher(kind: str, model: ByteLM, max_batch: int, prefill_chunk: int, thread: bool = True,
+                 prefill_ms: float | None = None):
+    """prefill_ms None (default here): one piece's bytes a turn in all, so a test counts its turns' pieces exactly."""
     from dormouse.posttrain.decode import DecodeStep
     from dormouse.serve.batcher import GraphedBatcher
 
-    b = (GraphedBatcher if kind == "graphed" else Batcher)(model, torch.device("cpu"), bf16=False,
-                                                           max_batch=max_batch, prefill_chunk=prefill_chunk)
+    b = (GraphedBatcher if kind == "graphed" else Batcher)(model, torch.device("cpu"), bf16=False, max_batch=max_batch,
+                                                           prefill_chunk=prefill_chunk, prefill_ms=prefill_ms)
     if thread:
         b.start()
     elif kind == "graphed":
@@ -754,6 +756,32 @@ def test_pieces_go_round_robin_over_requests_and_fill_the_turn(one_thread):
     assert progress[-1] == [200, 100, 150, 10, 10, 10] and b.counters["serve.prefill_bytes"] == 480
     for i, s in enumerate(xs + ys + zs):
         assert all(p[i] % 64 == 0 or p[i] == len(s.prompt) for p in progress)
+
+
+def test_a_turns_prefill_is_bounded_by_time_while_streams_decode_and_takes_every_piece_when_none_do(one_thread):
+    """--prefill-ms: with streams decoding, a turn takes the pieces the measured rate prefills in prefill_ms (at
+    least one; one piece's bytes before any rate is measured), with none decoding every prompt's next piece; each
+    prompt is still cut at multiples of prefill_chunk, and the rate is measured from the turns that ran."""
+    model = live_tiny()
+    b = make_batcher("eager", model, 8, 64, thread=False, prefill_ms=10)
+    streams = [greedy(rand_prompt(200, 20 + i), 1, group=object()) for i in range(5)]  # five requests
+    for s in streams:
+        b.prefilling.setdefault(s.group, deque()).append(s)
+    assert b.turn_budget(live=True) == 64 and b.turn_budget(live=False) == 64 * 8
+    with torch.inference_mode():
+        b._prefill_turn(live=True)  # no rate yet: one piece
+        assert [s.prefilled for s in streams] == [64, 0, 0, 0, 0] and b.prefill_rate > 0
+        b._measured = lambda n, s: None  # hold the rate at 19 200 bytes/s: 192 bytes in 10 ms, three pieces
+        b.prefill_rate = 19_200
+        assert b.turn_budget(live=True) == 192
+        b._prefill_turn(live=True)
+        assert [s.prefilled for s in streams] == [64, 64, 64, 64, 0]
+        b._prefill_turn(live=False)  # nothing decodes: every prompt's next piece
+        assert [s.prefilled for s in streams] == [128, 128, 128, 128, 64]
+        b.prefill_rate = 1.0  # a slow device: still one piece a turn
+        b._prefill_turn(live=True)
+        assert sum(s.prefilled for s in streams) == 576 + 64
+    assert all(s.prefilled % 64 == 0 for s in streams)
 
 
 @pytest.mark.parametrize("decode", ["eager", "graphed"])

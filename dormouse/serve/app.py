@@ -40,7 +40,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from dormouse.data import chat
-from dormouse.serve.batcher import DECODE_STEPS, PREFILL_CHUNK, Batcher, GraphedBatcher, Stream
+from dormouse.serve.batcher import DECODE_STEPS, PREFILL_CHUNK, PREFILL_MS, Batcher, GraphedBatcher, Stream
 from dormouse.serve.guard import Guard, default_allowed_hosts, error_body, raise_file_limit
 from dormouse.serve.mailbox import mailbox_of
 from dormouse.serve.page import PAGE
@@ -449,7 +449,8 @@ async def health(request: Request):
     alive = batcher.alive()  # the decode thread: without it nothing decodes
     body = {"status": "ok" if alive else "error", "model": s.model_id, **(s.info or {}), "live_streams": batcher.live,
             "waiting_streams": batcher.waiting_streams(), "prefilling_streams": batcher.prefilling_now,
-            "max_batch": batcher.max_batch, "prefill_chunk": batcher.prefill_chunk,
+            "max_batch": batcher.max_batch, "prefill_chunk": batcher.prefill_chunk, "prefill_ms": batcher.prefill_ms,
+            "prefill_bytes_per_s": None if batcher.prefill_rate is None else round(batcher.prefill_rate),
             "state_bytes_per_stream": batcher.state_bytes_per_stream,
             "last_error": batcher.last_error,
             "counters": {k: v for k, v in sorted(batcher.counters.items()) if k.startswith("serve.")}}
@@ -594,6 +595,11 @@ def arg_parser() -> argparse.ArgumentParser:
                     help="prefill a new prompt at most this many bytes at a time, one piece between two decode steps "
                          "of the running streams, so a long prompt does not stall them for its whole prefill "
                          "(default %(default)s; 0: each prompt whole before the next step)")
+    ap.add_argument("--prefill-ms", type=float, default=PREFILL_MS,
+                    help="while streams decode, a loop turn prefills the waiting prompts' next pieces that fit in about "
+                         "this many milliseconds at the measured prefill rate (at least one piece), so the decoding "
+                         "streams wait at most about that long a turn; with none decoding, every prompt's next piece "
+                         "(up to --max-batch of them) at once (default %(default)s)")
     ap.add_argument("--max-prompt-bytes", type=int, default=Limits().max_prompt_bytes)
     ap.add_argument("--max-body-bytes", type=int, default=Limits().max_body_bytes,
                     help="a request body over this gets a 413 as soon as that many bytes are read (default 1 MiB)")
@@ -630,7 +636,8 @@ def start_batcher(cls: type[Batcher], args, model, device, bf16: bool) -> Batche
              if cls is GraphedBatcher else {})
     cast = cast_for_autocast(model, device) if bf16 and device.type == "cuda" else {}  # same bits, no per-step casts
     cast.update(stack_projections(model))  # after the cast: the stacked copy in the served dtype
-    batcher = cls(model, device, bf16, max_batch=args.max_batch, prefill_chunk=args.prefill_chunk, **extra)
+    batcher = cls(model, device, bf16, max_batch=args.max_batch, prefill_chunk=args.prefill_chunk,
+                  prefill_ms=args.prefill_ms, **extra)
     batcher.counters.update(cast)
     try:
         batcher.start()
@@ -640,7 +647,8 @@ def start_batcher(cls: type[Batcher], args, model, device, bf16: bool) -> Batche
             raise
         print(f"[serve] the graphed decode did not start ({type(e).__name__}: {e}); serving with the eager decode "
               "(--decode eager skips the attempt, --decode graphed makes it fatal)", flush=True)
-    batcher = Batcher(model, device, bf16, max_batch=args.max_batch, prefill_chunk=args.prefill_chunk)
+    batcher = Batcher(model, device, bf16, max_batch=args.max_batch, prefill_chunk=args.prefill_chunk,
+                      prefill_ms=args.prefill_ms)
     batcher.counters.update(cast)
     batcher.counters["serve.graphed_start_failed"] += 1
     batcher.start()
@@ -673,6 +681,8 @@ def main(argv=None) -> int:
         ap.error("--set/--corpus choose which run of --preset to serve; --model names the artifact itself")
     if args.prefill_chunk < 0:
         ap.error(f"--prefill-chunk must be >= 0 (0: whole prompts), got {args.prefill_chunk}")
+    if args.prefill_ms <= 0:
+        ap.error(f"--prefill-ms must be > 0, got {args.prefill_ms}")
     if args.decode_steps < 1:
         ap.error(f"--decode-steps must be >= 1, got {args.decode_steps}")
     import uvicorn

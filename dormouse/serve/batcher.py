@@ -21,9 +21,10 @@ state is a fixed size (counted serve.preempted). So a small request starts withi
 request of 2 000 prompts fills the batch (it once waited for all 2 000).
 
 Chunked prefill: an admitted prompt is prefilled in pieces of at most `prefill_chunk` bytes (the chunked KDA kernel,
-each piece continuing the state the last one left: `ByteLM.prefill`), and a loop turn prefills at most
-`prefill_chunk` bytes in all before it steps the running rows, so an 8 KB prompt no longer stalls every stream for
-its whole prefill: the streams get a byte per piece. A stream joins the batch when its prompt is whole. The pieces
+each piece continuing the state the last one left: `ByteLM.prefill`), and a loop turn prefills the pieces that fit in
+`prefill_ms` at the measured prefill rate before it steps the running rows (one piece's bytes until a rate is
+measured; every prompt's next piece when no stream decodes), so an 8 KB prompt no longer stalls every stream for
+its whole prefill, and many long prompts go in together rather than 2 048 bytes a turn in all. A stream joins the batch when its prompt is whole. The pieces
 go round-robin over the requests prefilling (a request's own prompts first come first served), each turn filled
 with the pieces that fit. A prompt is cut at multiples of `prefill_chunk` whatever else is served, so its state does
 not depend on its company. A stream being prefilled holds a row (it counts toward its request's share) and is the
@@ -52,6 +53,8 @@ from dormouse.train import compile_cache
 
 DECODE_STEPS = 8  # graphed decode steps between two host reads under load (`dormouse serve --decode-steps`; vLLM's
 # multi-step scheduling default): the host's cost, an event and an SSE write per stream, is paid once per 8 bytes
+PREFILL_MS = 25  # while streams decode, a turn's prefill runs about this long (`--prefill-ms`): at the measured prefill
+# rate, every prompt's next piece that fits, so 64 long prompts go in together instead of 2 048 bytes a turn in all
 PREFILL_CHUNK = 2048  # bytes of prompt prefilled between two decode steps (`dormouse serve --prefill-chunk`): an 8 KB
 # prompt goes in 4 pieces with a decode step of the running streams after each; ~20 chat prompts of 100 bytes share one
 
@@ -152,11 +155,15 @@ class Batcher:
     """The decode loop on its own thread (`start`/`stop`); `submit` from any thread."""
 
     def __init__(self, model: ByteLM, device: torch.device, bf16: bool, max_batch: int = 64,
-                 prefill_chunk: int = PREFILL_CHUNK):
+                 prefill_chunk: int = PREFILL_CHUNK, prefill_ms: float | None = PREFILL_MS):
         assert not model.training
         if prefill_chunk < 0:
             raise ValueError(f"prefill_chunk must be >= 0 (0: whole prompts), got {prefill_chunk}")
+        if prefill_ms is not None and prefill_ms <= 0:
+            raise ValueError(f"prefill_ms must be > 0 (None: prefill_chunk bytes a turn in all), got {prefill_ms}")
         self.model, self.device, self.max_batch, self.prefill_chunk = model, device, max_batch, prefill_chunk
+        self.prefill_ms = prefill_ms
+        self.prefill_rate: float | None = None  # prompt bytes a second prefill measured (a running mean)
         self.amp = torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" and bf16 else nullcontext()
         self.waiting: OrderedDict[object, deque[Stream]] = OrderedDict()  # per request, served round-robin
         # admitted streams whose prompts are not whole yet, per request, served round-robin (the decode thread's own)
@@ -286,22 +293,41 @@ class Batcher:
                 s.paused = None
         for s in fresh:  # a stream paused while prefilling goes on from where it was (s.prefilled)
             self.prefilling.setdefault(s.group, deque()).append(s)
-        whole = self._prefill_turn()
+        whole = self._prefill_turn(live=bool(rows))
         if whole is not None:
             rows, logits, state = self._join(rows, logits, state, *whole)
         self.prefilling_now = sum(len(q) for q in self.prefilling.values())
         return rows, logits, state
 
-    def _prefill_turn(self) -> tuple[list[Stream], torch.Tensor, LMState] | None:
+    def turn_budget(self, live: bool) -> int | None:
+        """Prompt bytes one turn may prefill in all (None: no bound). While streams decode (`live`), what the measured
+        rate prefills in prefill_ms, at least one piece; with none decoding nothing waits on the turn, so every
+        prompt's next piece up to max_batch pieces (a memory bound); prefill_ms None: one piece's bytes in all."""
+        if not self.prefill_chunk:
+            return None
+        if self.prefill_ms is None:
+            return self.prefill_chunk
+        most = self.prefill_chunk * self.max_batch
+        if not live:
+            return most
+        if self.prefill_rate is None:
+            return self.prefill_chunk
+        return max(self.prefill_chunk, min(most, int(self.prefill_rate * self.prefill_ms / 1e3)))
+
+    def _measured(self, n_bytes: int, seconds: float) -> None:
+        rate = n_bytes / max(seconds, 1e-6)
+        self.prefill_rate = rate if self.prefill_rate is None else 0.5 * (self.prefill_rate + rate)
+
+    def _prefill_turn(self, live: bool = True) -> tuple[list[Stream], torch.Tensor, LMState] | None:
         """One loop turn's prefill: the next piece (at most prefill_chunk bytes, the rest of the prompt at 0) of the
-        streams picked round-robin over the requests prefilling, every piece that fits in prefill_chunk bytes in all
-        (all of them at 0), in one `prefill_prompts` call. Returns the streams whose prompts are now whole, with their
-        next-byte logits and states, or None."""
+        streams picked round-robin over the requests prefilling, every piece that fits in `turn_budget` bytes in all
+        (all of them at 0), in one `prefill_prompts` call (equal lengths share a batch). Returns the streams whose
+        prompts are now whole, with their next-byte logits and states, or None."""
         for s in [s for s in self._prefilling_streams() if s.cancelled]:
             self._unqueue_prefill(s)
             s.prefill_state = None
             self._drop_cancelled(s)
-        budget = self.prefill_chunk or None
+        budget = self.turn_budget(live)
         picked: list[tuple[Stream, int]] = []
         for tier in zip_longest(*self.prefilling.values()):  # each request's first stream, then each one's second, ...
             for s in tier:
@@ -317,15 +343,19 @@ class Batcher:
         for group in dict.fromkeys(s.group for s, _ in picked):  # the requests served go to the back of the line
             self.prefilling.move_to_end(group)
         streams = [s for s, _ in picked]
+        t0 = time.perf_counter()
         try:
             lg, st = prefill_prompts(self.model, [s.prompt[s.prefilled:s.prefilled + n] for s, n in picked],
                                      self.counters, [s.prefill_state for s in streams])
+            if self.device.type == "cuda":  # the rate is the device's, not the launches'
+                torch.cuda.synchronize(self.device)
         except Exception as e:  # noqa: BLE001 - a failed prefill (out of memory on long prompts) fails those streams only
             for s in streams:
                 self._unqueue_prefill(s)
                 s.prefill_state = None
             self._fail(streams, e)
             return None
+        self._measured(sum(n for _, n in picked), time.perf_counter() - t0)
         self.counters["serve.prefills"] += 1
         self.counters["serve.prefill_chunks"] += len(picked)
         self.counters["serve.prefill_bytes"] += sum(n for _, n in picked)
@@ -468,8 +498,9 @@ class GraphedBatcher(Batcher):
 
     def __init__(self, model: ByteLM, device: torch.device, bf16: bool, max_batch: int = 64,
                  prefill_chunk: int = PREFILL_CHUNK, buckets: list[int] | None = None, compile: bool = False,
-                 compile_backend: str = "inductor", decode_steps: int = DECODE_STEPS):
-        super().__init__(model, device, bf16, max_batch, prefill_chunk)
+                 compile_backend: str = "inductor", decode_steps: int = DECODE_STEPS,
+                 prefill_ms: float | None = PREFILL_MS):
+        super().__init__(model, device, bf16, max_batch, prefill_chunk, prefill_ms)
         if decode_steps < 1:
             raise ValueError(f"decode_steps must be >= 1, got {decode_steps}")
         self.bf16, self.buckets, self.compile, self.compile_backend = bf16, buckets, compile, compile_backend
