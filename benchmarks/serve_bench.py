@@ -319,7 +319,10 @@ def main(argv=None) -> int:
     ap.add_argument("--concurrency", default="32", help="streams at a time; comma-separated for several rows")
     ap.add_argument("--requests", type=int, default=64, help="requests per row (at least the concurrency)")
     ap.add_argument("--max-tokens", type=int, default=128)
-    ap.add_argument("--prompt-bytes", type=int, default=64)
+    ap.add_argument("--prompt-bytes", default="64", help="prompt bytes of each request; comma-separated for several rows")
+    ap.add_argument("--long-prompts", default=None,
+                    help="extra rows BYTES:c1,c2,... (prompts of BYTES at those concurrencies); default on CUDA "
+                         "8192:1,8,64 (issue #57: TTFB and bytes/s with long prompts), none on the CPU; '' for none")
     ap.add_argument("--keep-end", action="store_true")
     ap.add_argument("--arms", default="batched,unbatched", help=f"comma-separated, in order, of {', '.join(ALL_ARMS)}")
     ap.add_argument("--arm-timeout-s", default="120",
@@ -339,6 +342,15 @@ def main(argv=None) -> int:
     if not 1 <= args.max_tokens <= MAX_NEW_BYTES:  # the server answers 400 above its max_tokens ceiling
         ap.error(f"--max-tokens {args.max_tokens}: 1 to {MAX_NEW_BYTES}")
     levels = [int(c) for c in args.concurrency.split(",")]
+    long_spec = args.long_prompts if args.long_prompts is not None else ("8192:1,8,64" if args.device.startswith("cuda") else "")
+    try:
+        cases = [(int(b), c) for b in args.prompt_bytes.split(",") for c in levels]
+        if long_spec:
+            long_bytes, long_levels = long_spec.split(":")
+            cases += [(int(long_bytes), int(c)) for c in long_levels.split(",")]
+    except ValueError:
+        ap.error(f"--prompt-bytes {args.prompt_bytes!r} / --long-prompts {long_spec!r}: integers, BYTES:c1,c2,...")
+    cases = list(dict.fromkeys(cases))  # (prompt bytes, concurrency) rows, in order
     contexts = [int(c) for c in args.state_contexts.split(",")]
     device = torch.device(args.device)
     dev_name = f"cuda ({torch.cuda.get_device_name(device)})" if device.type == "cuda" else str(device)
@@ -364,11 +376,11 @@ def main(argv=None) -> int:
         ours_state: dict[int, int] = {}
         failed = peer_failed = None  # set-up errors: the arms they stop still get their rows
         if run_end - time.perf_counter() < 1.0:  # no set-up either (a first prefill may autotune for minutes)
-            for conc in levels:
+            for pb, conc in cases:
                 for arm in arms:
                     emit({"date": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "device": dev_name, "versions": vers,
-                          "model": name, "preset": preset or "", "arm": arm, "concurrency": conc, "status": "skipped",
-                          "note": "the run's --budget-s was spent"})
+                          "model": name, "preset": preset or "", "arm": arm, "concurrency": conc, "prompt_bytes": pb,
+                          "status": "skipped", "note": "the run's --budget-s was spent"})
             continue
         try:
             if args.model:
@@ -384,7 +396,7 @@ def main(argv=None) -> int:
             failed = f"set-up: {type(e).__name__}: {e}"[:300]
         if not failed and any(a in PEER_ARMS for a in arms):
             try:
-                peer, lay = build_peer(model.cfg, device, max(contexts + [args.prompt_bytes + args.max_tokens]) + 1)
+                peer, lay = build_peer(model.cfg, device, max(contexts + [pb + args.max_tokens for pb, _ in cases]) + 1)
                 kv = {ctx: peer_kv_bytes(peer, ctx) for ctx in contexts}
                 measured = {ctx: peer_kv_measured(peer, ctx) for ctx in contexts}
                 if measured != kv:  # the formula is what the rows report: it must be the cache's real size
@@ -395,14 +407,14 @@ def main(argv=None) -> int:
                       f"{lay['ffn_hidden']})", flush=True)
             except Exception as e:  # noqa: BLE001 - the peer's arms get error rows, ours run
                 peer_failed, peer = f"peer set-up: {type(e).__name__}: {e}"[:300], None
-        for conc in levels:
-            prompts = prompts_for(max(args.requests, conc), args.prompt_bytes)
+        for pb, conc in cases:
+            prompts = prompts_for(max(args.requests, conc), pb)
             for arm in arms:
                 limit = own_timeout.get(arm, default_timeout)
                 deadline = Deadline(limit, run_end)
                 row = {"date": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "device": dev_name, "versions": vers,
                        "model": name, "preset": preset or "", "arm": arm, "concurrency": conc,
-                       "requests": len(prompts), "max_tokens": args.max_tokens, "prompt_bytes": args.prompt_bytes,
+                       "requests": len(prompts), "max_tokens": args.max_tokens, "prompt_bytes": pb,
                        "arm_timeout_s": limit}
                 peer_arm = arm in PEER_ARMS
                 if failed or (peer_arm and peer_failed):
@@ -423,7 +435,7 @@ def main(argv=None) -> int:
                         if peer_arm:
                             row.update(run_peer(peer, arm, conc, prompts, args.max_tokens, deadline))
                             # static: allocated for the whole request; dynamic: grows to this by its last byte
-                            row["state_bytes_per_stream"] = peer_kv_bytes(peer, args.prompt_bytes + args.max_tokens)
+                            row["state_bytes_per_stream"] = peer_kv_bytes(peer, pb + args.max_tokens)
                         else:
                             row.update(run_ours(model, device, arm, conc, prompts, args.max_tokens, args.keep_end,
                                                 deadline))
@@ -442,31 +454,33 @@ def main(argv=None) -> int:
 
 
 def report(rows: list[dict], states: list, contexts: list[int]) -> None:
-    print(f"\n{'model':<16} {'conc':>4} {'arm':<10} {'status':<7} {'total B/s':>10} {'stream B/s p50':>14} "
+    print(f"\n{'model':<16} {'prompt':>6} {'conc':>4} {'arm':<10} {'status':<7} {'total B/s':>10} {'stream B/s p50':>14} "
           f"{'TTFB p50 ms':>11} {'TTFB p99 ms':>11} {'steps':>6} {'state B/stream':>14} {'peak GiB':>8}")
     for r in rows:
-        print(f"{r['model']:<16} {r['concurrency']:>4} {r['arm']:<10} {r['status']:<7} {r.get('total_bytes_per_s', ''):>10} "
-              f"{r.get('stream_bytes_per_s_p50', ''):>14} {r.get('ttfb_p50_ms', ''):>11} {r.get('ttfb_p99_ms', ''):>11} "
-              f"{r.get('steps', ''):>6} {r.get('state_bytes_per_stream') or '':>14} {r.get('peak_gib', ''):>8}")
+        print(f"{r['model']:<16} {r.get('prompt_bytes', ''):>6} {r['concurrency']:>4} {r['arm']:<10} {r['status']:<7} "
+              f"{r.get('total_bytes_per_s', ''):>10} {r.get('stream_bytes_per_s_p50', ''):>14} {r.get('ttfb_p50_ms', ''):>11} "
+              f"{r.get('ttfb_p99_ms', ''):>11} {r.get('steps', ''):>6} {r.get('state_bytes_per_stream') or '':>14} "
+              f"{r.get('peak_gib', ''):>8}")
     print(f"\nstate bytes per stream at context (bytes): {' '.join(f'{c:>12}' for c in contexts)}")
     for name, what, by_ctx in states:
         print(f"  {name:<16} {what:<40} {' '.join(f'{by_ctx[c]:>12}' for c in contexts)}")
-    by = {(r["model"], r["concurrency"], r["arm"]): r for r in rows}
+    by = {(r["model"], r.get("prompt_bytes"), r["concurrency"], r["arm"]): r for r in rows}
 
-    def tput(model, conc, arm):  # (bytes/s, cut) of a row that timed something
-        r = by.get((model, conc, arm))
+    def tput(case, arm):  # (bytes/s, cut) of a row that timed something
+        r = by.get((*case, arm))
         ok = r and r.get("status") in ("ok", "cut") and r.get("total_bytes_per_s")
         return (r["total_bytes_per_s"], r["status"] == "cut") if ok else None
 
-    for model, conc in dict.fromkeys((r["model"], r["concurrency"]) for r in rows):
-        ours = max(filter(None, (tput(model, conc, a) for a in ("batched", "graphed", "compiled"))), default=None)
+    for case in dict.fromkeys((r["model"], r.get("prompt_bytes"), r["concurrency"]) for r in rows):
+        ours = max(filter(None, (tput(case, a) for a in ("batched", "graphed", "compiled"))), default=None)
         parts = [f"{what} {a[0] / b[0]:.2f}x{' (a cut arm: its rate until its limit)' if a[1] or b[1] else ''}"
-                 for what, a, b in (("batched / unbatched", tput(model, conc, "batched"), tput(model, conc, "unbatched")),
-                                    ("graphed / graphed_k1", tput(model, conc, "graphed"), tput(model, conc, "graphed_k1")),
-                                    ("ours best / hf_static", ours, tput(model, conc, "hf_static")),
-                                    ("ours best / hf_dynamic", ours, tput(model, conc, "hf_dynamic"))) if a and b]
+                 for what, a, b in (("batched / unbatched", tput(case, "batched"), tput(case, "unbatched")),
+                                    ("graphed / graphed_k1", tput(case, "graphed"), tput(case, "graphed_k1")),
+                                    ("ours best / hf_static", ours, tput(case, "hf_static")),
+                                    ("ours best / hf_dynamic", ours, tput(case, "hf_dynamic"))) if a and b]
         if parts:
-            print(f"{model} at {conc} streams, total bytes/s: " + "; ".join(parts), flush=True)
+            print(f"{case[0]} at {case[2]} streams, {case[1]}-byte prompts, total bytes/s: " + "; ".join(parts), flush=True)
+
 
 if __name__ == "__main__":
     sys.exit(main())
