@@ -281,6 +281,27 @@ def test_text_goes_out_as_whole_characters_and_never_part_of_a_stop():
     assert [t.take(x) for x in b"xyz"] == [None, None, "length"]
 
 
+def test_k_steps_a_read_unless_a_waiting_stream_could_join_at_the_next_turn(model):
+    """GraphedBatcher's k: 1 for a lone stream, while a stream could join at the next turn (a free row, or a row
+    paused for a request under its share) or is prefilled; decode_steps while the waiting line gets no row (overload:
+    every row held by the one request that also waits), never past what the rows may still take."""
+    from dormouse.serve.batcher import GraphedBatcher
+
+    b = GraphedBatcher(model, torch.device("cpu"), bf16=False, max_batch=2, decode_steps=4)
+    big, other = object(), object()
+    rows = [greedy(b"a", 100, group=big), greedy(b"b", 100, group=big)]
+    assert b._steps_this_turn(rows[:1]) == 1 and b._steps_this_turn(rows) == 4
+    b.waiting[big] = deque([greedy(b"c", 100, group=big)])  # over its share already: no row for it
+    assert b._steps_this_turn(rows) == 4
+    b.waiting[other] = deque([greedy(b"d", 100, group=other)])  # under its share: a row pauses for it
+    assert b._steps_this_turn(rows) == 1
+    del b.waiting[other]
+    rows[0].new_bytes, rows[1].new_bytes = 98, 99  # two and one bytes left: two steps
+    assert b._steps_this_turn(rows) == 2
+    b.prefilling[other] = deque([greedy(b"e" * 10, 1, group=other)])
+    assert b._steps_this_turn(rows) == 1
+
+
 def test_bytes_taken_in_blocks_give_the_text_and_finish_of_bytes_taken_one_by_one():
     """Stream.take_many (the bytes of k decode steps at once) against take a byte at a time: the same text, finish
     reason and byte count whatever the block edges (split characters, stop strings across blocks, a stop byte or the
@@ -623,7 +644,7 @@ def make_batcher(kind: str, model: ByteLM, max_batch: int, prefill_chunk: int, t
     if thread:
         b.start()
     elif kind == "graphed":
-        b.step = DecodeStep(model, max_batch, bf16=False)  # what start() builds, without the decode thread
+        b.step = DecodeStep(model, max_batch, bf16=False, max_steps=b.decode_steps)  # as start() builds it, no thread
     return b
 
 

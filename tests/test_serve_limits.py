@@ -411,3 +411,32 @@ def test_a_graphed_decode_that_cannot_start_falls_back_to_eager_under_auto_only(
     graphed = arg_parser().parse_args(["--preset", "tiny", "--decode", "graphed"])
     with pytest.raises(RuntimeError, match="capture failed"):
         start_batcher(batcher_mod.GraphedBatcher, graphed, model, torch.device("cpu"), False)
+
+
+def test_a_compile_that_fails_at_start_is_unbound_before_the_fallback_serves(monkeypatch):
+    """A compiled graphed step whose compile fails at start: its regions are unbound (else every later prefill would
+    try the failing compile again and each request end in an error), the next decode serves, counted."""
+    from dormouse.model.config import ModelConfig
+    from dormouse.model.gpt import ByteLM
+    from dormouse.serve import batcher as batcher_mod
+    from dormouse.serve.app import arg_parser, start_batcher
+
+    import torch
+
+    def warm_fails(self):
+        raise RuntimeError("inductor: no C compiler")
+
+    monkeypatch.setattr(batcher_mod.GraphedBatcher, "_warm_prefill_shapes", warm_fails)
+    cfg = {"d_model": 32, "n_heads": 2, "head_dim": 16, "ffn_hidden": 64, "n_core": 1}
+    model = ByteLM(ModelConfig.from_dict(cfg)).eval()
+    args = arg_parser().parse_args(["--preset", "tiny", "--compile", "cuda"])
+    b = start_batcher(batcher_mod.GraphedBatcher, args, model, torch.device("cpu"), False)
+    try:
+        assert type(b) is batcher_mod.Batcher and b.counters["serve.compiled_start_failed"] == 1 and b.alive()
+        assert not any(r in m.__dict__ for m in model.modules() for r in getattr(m, "regions", lambda: ())())
+        out = []
+        done = threading.Event()
+        b.submit(batcher_mod.Stream(b"hi", 4, emit=out.append, finish=lambda reason, usage: done.set(), temperature=0.0))
+        assert done.wait(timeout=30) and b.counters.get("serve.finished.error", 0) == 0
+    finally:
+        b.stop()

@@ -48,6 +48,17 @@ def silu_conv(x: torch.Tensor, weight: torch.Tensor, dilation: int = 1) -> torch
 _COMPILED: dict[tuple, object] = {}  # (class, region, backend, mode) -> the compiled function, shared by instances
 
 
+def uncompile_regions(model: nn.Module) -> int:
+    """The compiled regions unbound again (each module's own methods run eagerly): how many were. For a caller that
+    compiled and then failed to use them (serve's fallback)."""
+    n = 0
+    for m in model.modules():
+        hook = getattr(m, "regions", None)
+        for r in hook() if callable(hook) else ():
+            n += m.__dict__.pop(r, None) is not None
+    return n
+
+
 def compile_regions(model: nn.Module, backend: str = "inductor", mode: str | None = None) -> list[str]:
     """Compile every region of every submodule in place (see the module docstring). Returns the qualified
     names compiled, e.g. ["logits", "blocks.0.mix_ffn", ...]. Idempotent: a compiled region is left as it is."""

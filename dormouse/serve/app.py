@@ -29,6 +29,7 @@ import json
 import os
 import time
 import uuid
+from collections import Counter
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -40,6 +41,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from dormouse.data import chat
+from dormouse.model.regions import uncompile_regions
 from dormouse.serve.batcher import DECODE_STEPS, PREFILL_CHUNK, PREFILL_MS, Batcher, GraphedBatcher, Stream
 from dormouse.serve.guard import Guard, default_allowed_hosts, error_body, raise_file_limit
 from dormouse.serve.mailbox import mailbox_of
@@ -633,30 +635,42 @@ def batcher_class(decode: str, device) -> type[Batcher]:
 
 
 def start_batcher(cls: type[Batcher], args, model, device, bf16: bool) -> Batcher:
-    """The batcher started. Under --decode auto a graphed step that cannot start (a capture or compile that fails on
-    this GPU) falls back to the eager batcher, said and counted (serve.graphed_start_failed in /health)."""
+    """The batcher started. A compiled graphed step that cannot start (a compile that fails on this machine) falls back
+    to the graphed step uncompiled under --compile auto; a graphed step that cannot start (a capture that fails) to the
+    eager batcher under --decode auto; each said, its compiled regions unbound first, and counted in /health
+    (serve.compiled_start_failed, serve.graphed_start_failed). A failure nothing may fall back from is raised."""
     compile_on = args.compile == "cuda" or (args.compile == "auto" and device.type == "cuda")
-    extra = ({"decode_steps": args.decode_steps} | ({"compile": True} if compile_on else {})
-             if cls is GraphedBatcher else {})
     cast = cast_for_autocast(model, device) if bf16 and device.type == "cuda" else {}  # same bits, no per-step casts
     cast.update(stack_projections(model))  # after the cast: the stacked copy in the served dtype
-    batcher = cls(model, device, bf16, max_batch=args.max_batch, prefill_chunk=args.prefill_chunk,
-                  prefill_ms=args.prefill_ms, **extra)
-    batcher.counters.update(cast)
-    try:
-        batcher.start()
+    graphed = {"decode_steps": args.decode_steps}
+    tries = []  # (what, batcher class, its extra arguments, the counter its failure leaves)
+    if cls is GraphedBatcher:
+        if compile_on:
+            tries.append(("compiled graphed", GraphedBatcher, graphed | {"compile": True}, "serve.compiled_start_failed"))
+        if not compile_on or args.compile == "auto":
+            tries.append(("graphed", GraphedBatcher, graphed, "serve.graphed_start_failed"))
+        if args.decode == "auto":
+            tries.append(("eager", Batcher, {}, None))
+    else:
+        tries.append(("eager", Batcher, {}, None))
+    failed = Counter()
+    for i, (what, kind, extra, counter) in enumerate(tries):
+        batcher = kind(model, device, bf16, max_batch=args.max_batch, prefill_chunk=args.prefill_chunk,
+                       prefill_ms=args.prefill_ms, **extra)
+        batcher.counters.update(cast)
+        try:
+            batcher.start()
+        except Exception as e:
+            if i == len(tries) - 1:
+                raise
+            uncompile_regions(model)  # a failed compile must not stay bound under the next try
+            failed[counter] += 1
+            print(f"[serve] the {what} decode did not start ({type(e).__name__}: {e}); serving with the {tries[i + 1][0]} "
+                  "decode (--decode and --compile choose explicitly)", flush=True)
+            continue
+        batcher.counters.update(failed)
         return batcher
-    except Exception as e:
-        if not (cls is GraphedBatcher and args.decode == "auto"):
-            raise
-        print(f"[serve] the graphed decode did not start ({type(e).__name__}: {e}); serving with the eager decode "
-              "(--decode eager skips the attempt, --decode graphed makes it fatal)", flush=True)
-    batcher = Batcher(model, device, bf16, max_batch=args.max_batch, prefill_chunk=args.prefill_chunk,
-                      prefill_ms=args.prefill_ms)
-    batcher.counters.update(cast)
-    batcher.counters["serve.graphed_start_failed"] += 1
-    batcher.start()
-    return batcher
+    raise AssertionError("unreachable: the last try raises")
 
 
 def served_names(args, artifact_name: str) -> list[str]:

@@ -343,11 +343,14 @@ class Batcher:
         for group in dict.fromkeys(s.group for s, _ in picked):  # the requests served go to the back of the line
             self.prefilling.move_to_end(group)
         streams = [s for s, _ in picked]
+        cuda = self.device.type == "cuda"
+        if cuda:  # the decode steps queued before it are not the prefill's time
+            torch.cuda.synchronize(self.device)
         t0 = time.perf_counter()
         try:
             lg, st = prefill_prompts(self.model, [s.prompt[s.prefilled:s.prefilled + n] for s, n in picked],
                                      self.counters, [s.prefill_state for s in streams])
-            if self.device.type == "cuda":  # the rate is the device's, not the launches'
+            if cuda:  # the rate is the device's, not the launches'
                 torch.cuda.synchronize(self.device)
         except Exception as e:  # noqa: BLE001 - a failed prefill (out of memory on long prompts) fails those streams only
             for s in streams:
@@ -355,7 +358,8 @@ class Batcher:
                 s.prefill_state = None
             self._fail(streams, e)
             return None
-        self._measured(sum(n for _, n in picked), time.perf_counter() - t0)
+        if sum(n for _, n in picked) >= self.prefill_chunk:  # a turn of a few short prompts is mostly fixed cost: its
+            self._measured(sum(n for _, n in picked), time.perf_counter() - t0)  # rate would understate a long prompt's
         self.counters["serve.prefills"] += 1
         self.counters["serve.prefill_chunks"] += len(picked)
         self.counters["serve.prefill_bytes"] += sum(n for _, n in picked)
@@ -588,9 +592,13 @@ class GraphedBatcher(Batcher):
         return rows, None, None
 
     def _steps_this_turn(self, rows: list[Stream]) -> int:
-        """Decode steps before the next host read: 1 for a lone stream (its bytes as they come) or while a stream
-        waits or is prefilled (it joins at the next read); under load `decode_steps`, no more than the rows may
-        still take (the steps past a row's stop byte or stop string are drawn and dropped)."""
-        if self.decode_steps == 1 or len(rows) == 1 or self.prefilling or self.waiting:
+        """Decode steps before the next host read: 1 for a lone stream (its bytes as they come), while a stream is
+        prefilled, or while a waiting stream could have a row at the next turn (a free one, or one paused for it);
+        else `decode_steps` (a waiting line that gets no row, as under overload, does not hold it back), no more than
+        the rows may still take (the steps past a row's stop byte or stop string are drawn and dropped)."""
+        if self.decode_steps == 1 or len(rows) == 1 or self.prefilling:
             return 1
+        with self.cv:
+            if self.waiting and (len(rows) < self.max_batch or self._to_pause(rows)):
+                return 1
         return max(1, min(self.decode_steps, max(s.max_new_bytes - s.new_bytes for s in rows)))
