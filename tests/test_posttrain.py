@@ -590,7 +590,8 @@ def test_skip_anchor_holds_the_skipped_cells_at_the_sft_models_bytes():
     model = ByteLM(ModelConfig.from_dict(TINY["model"]))
     c = Counter()
     cells = frozenset({("add", 1), ("reverse", 2)})
-    anchor = SkipAnchor(model, cells, 5, 0, 8, torch.device("cpu"), "float32", c)
+    anchor = SkipAnchor(model, cells, 5, 0, 8, torch.device("cpu"), "float32")
+    c.update(anchor.counts)
     for f, d in cells:
         want = tasks.distinct_items("rl", f, d, ANCHOR_PROMPTS_PER_CELL)
         assert c[f"rl.anchor_prompts.{f}.{d}"] == len(want) > 0

@@ -230,7 +230,7 @@ class SkipAnchor:
     rl.anchor_prompts (the pool), rl.anchor_rows_trained; `kl` the last term, in nats a byte."""
 
     def __init__(self, model, cells: frozenset, rows: int, seed: int, max_new: int, device, dtype: str,
-                 counters: Counter, graphed: bool | None = None):
+                 graphed: bool | None = None):
         items = [it for f, d in sorted(cells) for it in tasks.distinct_items("rl", f, d, ANCHOR_PROMPTS_PER_CELL)]
         if not items:
             raise ValueError(f"rl.anchor_rows: the skipped cells {sorted(cells)} hold no rl prompts")
@@ -248,9 +248,9 @@ class SkipAnchor:
         self.gen = torch.Generator().manual_seed(seed)
         self.order: list[int] = []
         self.kl: torch.Tensor | None = None
-        counters["rl.anchor_prompts"] = len(items)
+        self.counts = Counter({"rl.anchor_prompts": len(items)})  # the pool, for the stage's manifest
         for it in items:
-            counters[f"rl.anchor_prompts.{it.family}.{it.difficulty}"] += 1
+            self.counts[f"rl.anchor_prompts.{it.family}.{it.difficulty}"] += 1
 
     def next_rows(self) -> torch.Tensor:
         """The next `rows` pool indices: the pool in a seeded order, each prompt once before any comes back."""

@@ -75,6 +75,16 @@ def prompts(rl: dict, later: dict, task_params: dict, task_set: TaskSettings):
                                 CurriculumSettings.of(rl["curriculum"]), pass_rate, skip)
 
 
+def skip_anchor(model, fq, skip: frozenset, later: dict, seed: int, max_new: int, device, dtype: str):
+    """rl.anchor_rows' SkipAnchor (None at 0 rows): the SFT model's greedy replies to the skipped cells, made before
+    any update, as the stage's policy runs (through the rung under rl.qat, eagerly)."""
+    if not later["anchor_rows"]:
+        return None
+    with qat.through(fq):
+        return SkipAnchor(model, skip, later["anchor_rows"], seed + 3, max_new, device, dtype,
+                          graphed=None if fq is None else False)
+
+
 def main(argv=None) -> int:
     job = parse_job(argv, "rl", __doc__)
     params = job["params"]
@@ -97,14 +107,8 @@ def main(argv=None) -> int:
     replay = (TrainStream(layout.train_bins(shards), later["replay_rows"], later["replay_seq_len"], rl["seed"] + 2)
               if later["replay_rows"] else None)  # corpus rows in every update, against the BPB drifting (as sft's)
     max_new, n_rows = task_set.max_new_bytes, rl["prompts_per_step"] * rl["oversample"] * s.group_size
-    anchor_counts = Counter()  # the SFT model's greedy replies to the skipped cells, made before any update
-    anchor = None
-    if later["anchor_rows"]:
-        with qat.through(fq):  # the SFT model as the stage's policy runs: through the rung under rl.qat
-            anchor = SkipAnchor(model, skip, later["anchor_rows"], rl["seed"] + 3, max_new, device, params["dtype"],
-                                anchor_counts, graphed=None if fq is None else False)
-    learn = GroupUpdate(model, ref, fq, opts, cfg, s, device,
-                        torch.Generator().manual_seed(rl["seed"] + 1), replay, anchor)  # the null arm's permutations apart
+    learn = GroupUpdate(model, ref, fq, opts, cfg, s, device, torch.Generator().manual_seed(rl["seed"] + 1), replay,
+                        skip_anchor(model, fq, skip, later, rl["seed"], max_new, device, params["dtype"]))  # +1: null arm
     select_set = SelectSettings.of(rl["select"])
     dev = task_eval.dev_items(task_set, select_set.items_per_cell) if select_set.every else []
     bf16 = uses_bf16(params["dtype"])
@@ -116,7 +120,7 @@ def main(argv=None) -> int:
                        device, ex, ey, eval_counters)  # task accuracy and corpus BPB, at the start and the end
     with writer(job) as art:
         c = art.counters
-        c.update(anchor_counts)
+        c.update(learn.anchor.counts if learn.anchor is not None else {})  # the anchor's pool
         with qat.through(fq):
             start = held_out()
         progress.note(f"[rl] start: {task_eval.held_out_line(start)}")
