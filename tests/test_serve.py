@@ -805,6 +805,37 @@ def test_a_turns_prefill_is_bounded_by_time_while_streams_decode_and_takes_every
     assert all(s.prefilled % 64 == 0 for s in streams)
 
 
+def test_a_graphed_row_paused_after_k_steps_waits_with_its_bytes_delivered(one_thread):
+    """k decode steps leave up to k unread bytes a row; a row paused for another request gets them delivered as it
+    pauses (its client waits with nothing held back), and every stream's greedy bytes are still generate's."""
+    model = live_tiny()
+    b = make_batcher("graphed", model, 2, 64, thread=False)
+    big = object()
+    streams = [greedy(rand_prompt(20, 30 + i), 40, group=big) for i in range(3)]  # three for two rows: one waits
+    carry = ([], None, None)
+
+    def turn(carry):
+        rows, logits, state = b._admit(*carry)
+        return b._advance(rows, logits, state) if rows else (rows, logits, state)
+
+    with torch.inference_mode():
+        for s in streams:
+            b.submit(s)
+        while b.counters["serve.decode_k.8"] == 0:  # the waiting third gets no row: k steps a read
+            carry = turn(carry)
+        small = greedy(b"small", 6)
+        b.submit(small)
+        before = [s.new_bytes for s in streams[:2]]
+        carry = turn(carry)  # a row of the big request pauses for it
+        assert b.counters["serve.preempted"] == 1
+        paused = next(s for s in streams[:2] if s.paused is not None)
+        assert int(paused.paused.n_drawn.sum()) == 0 and paused.new_bytes > before[streams.index(paused)]
+        while not all(s.done for s in streams + [small]):
+            carry = turn(carry)
+    for s in streams + [small]:
+        assert bytes(s.out) == generate(model, [s.prompt], s.max_new_bytes, stop_byte=None, bf16=False)[0]
+
+
 @pytest.mark.parametrize("decode", ["eager", "graphed"])
 def test_a_stream_paused_while_prefilling_keeps_what_it_prefilled(decode, one_thread):
     """With the batch full, a request under its share takes the row of the big request's stream still being

@@ -265,7 +265,8 @@ class Batcher:
         if live:
             rows, logits, state = self._pause_rows(rows, logits, state, live)
         for s in streams:  # in reverse: each request's line keeps their order at its front
-            self.waiting.setdefault(s.group, deque()).appendleft(s)
+            if not s.done:  # (a graphed row's unread bytes, delivered as it paused, may have finished it)
+                self.waiting.setdefault(s.group, deque()).appendleft(s)
         self.counters["serve.preempted"] += len(pause)
         return rows, logits, state
 
@@ -549,12 +550,16 @@ class GraphedBatcher(Batcher):
                     prefill_prompts(self.model, pieces, self.counters, [state.select([i]) for i in range(b)])
 
     def _pause_rows(self, rows: list[Stream], logits, state, pause: list[int]):
-        """`Batcher._pause_rows` for rows that live in the step: a paused stream takes its row with it."""
+        """`Batcher._pause_rows` for rows that live in the step: a paused stream takes its row with it. Every row's
+        unread bytes (up to k steps' worth) are delivered first, so a paused stream waits in line with none held back;
+        a row they finish is finished, not paused."""
+        keep = set(self._deliver(rows, [[b for b, _ in r] for r in self.step.read_drawn(len(rows))]))
         for i in pause:
-            rows[i].paused = self.step.take([i])
-        keep = [i for i in range(len(rows)) if i not in pause]
-        self.step.compact(keep)
-        return [rows[i] for i in keep], None, None
+            if i in keep:
+                rows[i].paused = self.step.take([i])
+        stay = [i for i in range(len(rows)) if i in keep and i not in pause]
+        self.step.compact(stay)
+        return [rows[i] for i in stay], None, None
 
     def _resume(self, rows: list[Stream], logits, state, resumed: list[Stream]):
         for s in resumed:  # no prefill: the row it paused with, into the next free slot
