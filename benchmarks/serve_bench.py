@@ -80,7 +80,9 @@ PAD, BOS, EOS = 256, 257, 258  # the peer's specials after the 256 bytes
 COLUMNS = ["date", "device", "versions", "model", "preset", "arm", "status", "concurrency", "requests", "requests_done",
            "max_tokens", "prompt_bytes", "bytes", "wall_s", "setup_s", "total_bytes_per_s", "stream_bytes_per_s_p50",
            "ttfb_p50_ms", "ttfb_p99_ms", "steps", "max_batch", "max_batch_seen", "state_bytes_per_stream",
-           "state_bytes_by_context", "params_nonemb", "peak_gib", "arm_timeout_s", "note"]
+           "state_bytes_by_context", "params_nonemb", "peak_gib", "arm_timeout_s", "note", "step_ms_in_process",
+           "step_bytes_per_s_in_process", "host_share"]
+STEP_ARMS = ("graphed", "graphed_k1")  # ours over DecodeStep: its step alone is timed beside the HTTP row
 
 
 def versions() -> str:
@@ -149,6 +151,17 @@ def run_ours(model, device, arm: str, concurrency: int, prompts: list[bytes], ma
     return {"status": "cut" if cut else "ok", "setup_s": round(setup, 3), "steps": b.counters["serve.steps"],
             "max_batch": max_batch, "max_batch_seen": b.counters["serve.max_batch_seen"],
             "state_bytes_per_stream": b.state_bytes_per_stream, **summarize(recs, decoded["bytes"], wall)}
+
+
+def step_in_process(model, device, rows: int, http_bytes_per_s: float) -> dict:
+    """The arm's decode step alone at its concurrency, no server (benchmarks/decode_step.py: the step and its one host
+    read, graphed on CUDA), and the share of that rate the host path (delivery, the event loop, SSE, HTTP) costs."""
+    from benchmarks.decode_step import time_step
+
+    cuda = device.type == "cuda"
+    t = time_step(model, rows, graphed=cuda, bf16=cuda, steps=100, warmup=10, profile=False)
+    return {"step_ms_in_process": t["ms_step_with_read"], "step_bytes_per_s_in_process": t["bytes_per_s"],
+            "host_share": round(1 - http_bytes_per_s / t["bytes_per_s"], 3)}
 
 
 def ours_state_by_context(model, device, contexts: list[int]) -> dict[int, int]:
@@ -439,6 +452,8 @@ def main(argv=None) -> int:
                         else:
                             row.update(run_ours(model, device, arm, conc, prompts, args.max_tokens, args.keep_end,
                                                 deadline))
+                            if arm in STEP_ARMS and row.get("total_bytes_per_s"):
+                                row.update(step_in_process(model, device, conc, row["total_bytes_per_s"]))
                     except Exception as e:  # noqa: BLE001 - one arm's failure is its row; the run goes on
                         row.update(status="error", note=f"{type(e).__name__}: {e}"[:300])
                     if device.type == "cuda":
@@ -455,12 +470,13 @@ def main(argv=None) -> int:
 
 def report(rows: list[dict], states: list, contexts: list[int]) -> None:
     print(f"\n{'model':<16} {'prompt':>6} {'conc':>4} {'arm':<10} {'status':<7} {'total B/s':>10} {'stream B/s p50':>14} "
-          f"{'TTFB p50 ms':>11} {'TTFB p99 ms':>11} {'steps':>6} {'state B/stream':>14} {'peak GiB':>8}")
+          f"{'TTFB p50 ms':>11} {'TTFB p99 ms':>11} {'steps':>6} {'state B/stream':>14} {'peak GiB':>8} "
+          f"{'step alone B/s':>14} {'host share':>10}")
     for r in rows:
         print(f"{r['model']:<16} {r.get('prompt_bytes', ''):>6} {r['concurrency']:>4} {r['arm']:<10} {r['status']:<7} "
               f"{r.get('total_bytes_per_s', ''):>10} {r.get('stream_bytes_per_s_p50', ''):>14} {r.get('ttfb_p50_ms', ''):>11} "
               f"{r.get('ttfb_p99_ms', ''):>11} {r.get('steps', ''):>6} {r.get('state_bytes_per_stream') or '':>14} "
-              f"{r.get('peak_gib', ''):>8}")
+              f"{r.get('peak_gib', ''):>8} {r.get('step_bytes_per_s_in_process', ''):>14} {r.get('host_share', ''):>10}")
     print(f"\nstate bytes per stream at context (bytes): {' '.join(f'{c:>12}' for c in contexts)}")
     for name, what, by_ctx in states:
         print(f"  {name:<16} {what:<40} {' '.join(f'{by_ctx[c]:>12}' for c in contexts)}")
