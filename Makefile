@@ -39,10 +39,11 @@ scale: env
 scale-slice: env
 	$(BIN)/snakemake --cores 1 corpus/scale_slice/BUILD.json
 
-# ruff first (a finding fails the build before the tests run), the default suite, then the system tests
+# ruff and import-linter's floors first (a finding fails the build before the tests run), the default suite, then the system tests
 # (test-system below).
 test: $(VENV)/.installed-test
 	$(BIN)/ruff check dormouse benchmarks tests
+	$(BIN)/lint-imports
 	$(BIN)/python -m pytest -q
 	$(MAKE) --no-print-directory test-system
 
@@ -57,6 +58,7 @@ test-system: $(VENV)/.installed-test
 
 lint: $(VENV)/.installed-test
 	$(BIN)/ruff check dormouse benchmarks tests
+	$(BIN)/lint-imports
 	$(BIN)/snakemake --lint
 
 dry-run: env

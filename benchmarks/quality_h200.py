@@ -191,7 +191,8 @@ def train_for(system: str, cfg: ModelConfig, train: dict, shards, device, budget
 def plot(rows: list[dict], path: Path, anchors: Path | None = None) -> None:
     """Both curves, eval BPB against training seconds and against bytes read, with the anchor ladder's
     best rungs (dormouse.tools.plots.best_anchors) when `anchors` (results/<preset>/anchors.json) is given."""
-    from dormouse.tools.plots import ANCHOR_COLORS, best_anchors, new_figure, save
+    from dormouse.core.figures import new_figure, save
+    from dormouse.tools.plots import ANCHOR_COLORS, best_anchors
 
     fig, (by_clock, by_bytes) = new_figure(10, 8, rows=2)
     runs = dict.fromkeys((r["system"], r.get("date", "")) for r in rows)  # a TSV of several runs: one curve each

@@ -123,7 +123,7 @@ def curve_of_log(path: Path) -> dict:
 
 def plot_dev_curves(curves: list[dict], path: Path) -> None:
     """One PNG: each arm's dev accuracy per checkpoint, its shipped step a filled marker (matplotlib's Agg canvas)."""
-    from dormouse.tools.plots import new_figure, save
+    from dormouse.core.figures import new_figure, save
 
     fig, (ax,) = new_figure(8, 4.5)
     for arm in curves:

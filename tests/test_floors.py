@@ -1,21 +1,22 @@
-"""The package's floors (README's layout): a module imports only from its own floor or a lower one, so the core never
-reaches the planner and no library reaches a stage. Every import is read, those inside functions too."""
+"""The package's floors (docs/architecture.md): import-linter's contracts in pyproject.toml ([tool.importlinter]: a
+module imports only from its own floor or a lower one, siblings of a floor nothing of each other, no stage another
+stage), run here as `make lint` runs them, and failing once on a planted upward import; beside them, what
+import-linter does not read: tests and benchmarks reach no stage, stage files and functions stay short."""
 
 from __future__ import annotations
 
 import ast
+import os
+import shutil
+import subprocess
+import sys
+import tomllib
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-FLOORS = {"core": 1, "model": 2, "data": 2, "train": 3, "posttrain": 4, "planner": 5, "tools": 5, "stages": 6,
-          "serve": 6, "cli": 7}
-
-
-def floor_of(module: str) -> int | None:
-    parts = module.split(".")
-    return FLOORS.get(parts[1]) if parts[0] == "dormouse" and len(parts) > 1 else None
+LINT_IMPORTS = Path(sys.executable).with_name("lint-imports")
 
 
 def imports_of(path: Path) -> list[tuple[int, str]]:
@@ -31,31 +32,30 @@ def imports_of(path: Path) -> list[tuple[int, str]]:
     return out
 
 
-def crossings(root: Path) -> list[str]:
-    bad = []
-    for path in sorted((root / "dormouse").rglob("*.py")):
-        module = ".".join(path.relative_to(root).with_suffix("").parts)
-        own = floor_of(module)
-        for line, target in imports_of(path):
-            to = floor_of(target)
-            if own is not None and to is not None and to > own:
-                bad.append(f"{path.relative_to(root)}:{line} imports {target} (floor {to} above its own {own})")
-    return bad
+def lint_imports(root: Path) -> subprocess.CompletedProcess:
+    """`lint-imports` with the repository's contracts over the dormouse package under `root`."""
+    if not LINT_IMPORTS.exists():
+        pytest.skip("import-linter is not installed (requirements-test.txt; `make test` installs it)")
+    env = {**os.environ, "PYTHONPATH": str(root)}
+    return subprocess.run([str(LINT_IMPORTS), "--config", str(ROOT / "pyproject.toml"), "--no-cache"], cwd=root,
+                          env=env, capture_output=True, text=True, timeout=300)
 
 
-def test_every_package_has_a_floor():
+def test_every_package_sits_on_a_floor():
+    layers = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["importlinter"]["contracts"][0]["layers"]
+    named = {m.strip().removeprefix("dormouse.") for layer in layers for m in layer.split("|")}
     packages = {p.name for p in (ROOT / "dormouse").iterdir() if (p / "__init__.py").exists()} | {"cli"}
-    assert packages == set(FLOORS), f"packages without a floor or floors without a package: {packages ^ set(FLOORS)}"
+    assert packages == named, f"packages without a floor or floors without a package: {packages ^ named}"
 
 
-def test_no_import_reaches_a_higher_floor():
-    assert crossings(ROOT) == []
-
-
-def test_the_check_fails_on_an_upward_import(tmp_path):
-    (tmp_path / "dormouse" / "core").mkdir(parents=True)
-    (tmp_path / "dormouse" / "core" / "x.py").write_text("def f():\n    from dormouse.planner import plan\n")
-    assert crossings(tmp_path) == ["dormouse/core/x.py:2 imports dormouse.planner (floor 5 above its own 1)"]
+def test_the_floors_hold_and_a_planted_upward_import_breaks_them(tmp_path):
+    kept = lint_imports(ROOT)
+    assert kept.returncode == 0 and "0 broken" in kept.stdout, kept.stdout[-2000:]
+    shutil.copytree(ROOT / "dormouse", tmp_path / "dormouse", ignore=shutil.ignore_patterns("__pycache__"))
+    with open(tmp_path / "dormouse" / "core" / "store.py", "a") as f:
+        f.write("\n\ndef planted():\n    from ..planner import plan  # relative, inside a function\n    return plan\n")
+    broken = lint_imports(tmp_path)
+    assert broken.returncode != 0 and "dormouse.core.store -> dormouse.planner.plan" in broken.stdout, broken.stdout[-2000:]
 
 
 @pytest.mark.parametrize("where", ["tests", "benchmarks"])

@@ -314,7 +314,7 @@ def quantized_vs_bf16(runs: dict[str, dict[str, dict]], arms: dict, acceptance: 
 
 
 def plot_curves(runs: dict[str, dict[str, dict]], path: Path, title: str) -> None:
-    from dormouse.tools.plots import new_figure, save
+    from dormouse.core.figures import new_figure, save
 
     fig, (ax,) = new_figure(8, 4.5)
     colors = {}

@@ -24,9 +24,7 @@ import json
 import math
 from pathlib import Path
 
-from matplotlib.backends.backend_agg import FigureCanvasAgg
-from matplotlib.figure import Figure
-
+from dormouse.core.figures import new_figure, save
 from dormouse.core.store import ArtifactError, open_artifact
 
 CURVE_STAGES = ("pretrain", "sft", "rl")
@@ -38,7 +36,6 @@ TASK_SCORES = (  # (bench key, field, bar label)
     ("cloze", "acc", "cloze acc"),
 )
 ANCHOR_COLORS = ("tab:gray", "tab:purple", "tab:brown")  # one per line best_anchors keeps
-DPI = 120
 
 
 # ---------------------------------------------------------------------------------------------
@@ -88,18 +85,6 @@ def load_inputs(bench_path: str | Path, store: str | Path) -> dict:
 
 # ---------------------------------------------------------------------------------------------
 # helpers
-
-
-def new_figure(width: float, height: float, rows: int = 1) -> tuple[Figure, list]:
-    fig = Figure(figsize=(width, height), layout="constrained")
-    FigureCanvasAgg(fig)
-    return fig, [fig.add_subplot(rows, 1, i + 1) for i in range(rows)]
-
-
-def save(fig: Figure, path: Path) -> None:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, format="png", dpi=DPI)
 
 
 def series(rows: list[dict], key: str) -> tuple[list, list]:
