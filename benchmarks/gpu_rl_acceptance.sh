@@ -137,6 +137,6 @@ for r in "${recipes[@]}"; do
   benches=()
   for a in $ARMS; do [ "${a%_s*}" = "$r" ] && benches+=("$LOGS/bench_$a.json"); done
   PYTHONPATH=$BENCH_PATH $PY -m benchmarks.rl_acceptance --bench "${benches[@]}" "${nulls[@]}" --out "$LOGS/rl_acceptance_$r.json" \
-    --plot "$LOGS/rl_dev_curves_$r.png"
+    --plot "$LOGS/rl_dev_curves_$r.png" --preset "$PRESET"
   echo "$r: rl_acceptance exit $? (0 accepted, 1 not)"
 done

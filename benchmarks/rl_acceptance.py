@@ -25,6 +25,7 @@ import argparse
 import json
 import re
 import sys
+from collections import Counter
 from pathlib import Path
 
 from dormouse.posttrain.task_eval import sign_z  # noqa: E402
@@ -87,6 +88,38 @@ def accept(benches: dict[Path, dict], min_z: float = 2.0, max_bpb_rise: float = 
         "accepted": len({r["rl"] for r in rows}) >= min_seeds and len({r["sft"] for r in rows}) == 1
                     and all(r["passes"] for r in rows) and (null_row is None or null_row["passes"]),
     }
+
+
+def heldout_cells(preset: str) -> tuple[list[str], set[str]]:
+    """The preset's held-out items' cells (family@difficulty) in bench's item order, and the cells rl skips. The
+    preset is read from the working directory's config/ where it has one (a Snakemake workdir), else the checkout's."""
+    from dormouse.core.config import load_preset
+    from dormouse.posttrain import task_eval
+    from dormouse.posttrain.settings import TaskSettings
+
+    here = Path.cwd()
+    p = load_preset(preset, here if (here / "config" / "presets" / f"{preset}.yaml").exists()
+                    else Path(__file__).resolve().parents[1])
+    items = task_eval.heldout_items(TaskSettings.of(p["tasks"]))
+    return [f"{it.family}@{it.difficulty}" for it in items], set(p["rl"].get("skip_cells", []))
+
+
+def cell_flips(bench: dict, cells: list[str], skipped: set[str]) -> dict:
+    """Where rl's held-out items flipped against sft's, per cell (gained, lost), and the paired z over the cells rl
+    trains and over those it skips: a seed's gain can be the trained cells' while the untrained ones drift."""
+    sft, rl = (bench["stages"][s]["tasks_gen"]["items_correct"] for s in ("sft", "rl"))
+    if len(sft) != len(cells) or dict(sorted(Counter(cells).items())) != bench.get("heldout_cells", dict(Counter(cells))):
+        raise ValueError(f"{len(sft)} held-out items in bench.json, {len(cells)} in the preset's tasks (or other cells): "
+                         "not this bench's preset")
+    per = {}
+    for c, a, b in zip(cells, sft, rl, strict=True):
+        g, lost = per.get(c, (0, 0))
+        per[c] = (g + (a < b), lost + (a > b))
+    out = {"cells": per}
+    for part, keep in (("trained", lambda c: c not in skipped), ("skipped", lambda c: c in skipped)):
+        g, lost = (sum(v[i] for c, v in per.items() if keep(c)) for i in (0, 1))
+        out[part] = {"gained": g, "lost": lost, "z": round(sign_z(g, lost), 3)}
+    return out
 
 
 def dev_curves(benches: dict[Path, dict], null: tuple[Path, dict] | None) -> list[dict]:
@@ -153,6 +186,8 @@ def main(argv=None) -> int:
     ap.add_argument("--null-max-z", type=float, default=1.0)
     ap.add_argument("--out", type=Path, default=None)
     ap.add_argument("--plot", type=Path, default=None, help="PNG of every arm's dev curve")
+    ap.add_argument("--preset", default=None, help="the benches' preset: also each seed's held-out flips per cell, and "
+                                                   "the paired z over the cells rl trains and over those it skips")
     args = ap.parse_args(argv)
     if args.logs:
         if not args.plot:
@@ -172,6 +207,10 @@ def main(argv=None) -> int:
         benches = {p: json.loads(p.read_text()) for p in args.bench}
         null = (args.null, json.loads(args.null.read_text())) if args.null else None
         result = accept(benches, args.min_z, args.max_bpb_rise, args.min_seeds, null, args.null_max_z)
+        if args.preset:
+            cells, skipped = heldout_cells(args.preset)
+            for row, bench in zip(result["seeds"], benches.values(), strict=True):
+                row["flips"] = cell_flips(bench, cells, skipped)
     except (OSError, json.JSONDecodeError, ValueError) as e:
         print(f"rl_acceptance: {e}", file=sys.stderr)
         return 2
@@ -179,6 +218,12 @@ def main(argv=None) -> int:
         print(f"{r['rl']} (step {r['selected_step']}): greedy {r['greedy_sft']:.4f} -> {r['greedy_rl']:.4f} "
               f"(+{r['gained']} -{r['lost']}, z {r['z']:+.2f}); sampled {r['sampled_sft']} -> {r['sampled_rl']}; "
               f"bpb {r['bpb_sft']:.4f} -> {r['bpb_rl']:.4f}; {'PASS' if r['passes'] else 'FAIL'} {r['checks']}")
+    for r in result["seeds"]:
+        if "flips" in r:
+            f = r["flips"]
+            print(f"  {r['rl']} per cell: " + " ".join(f"{c} +{g}-{lost}" for c, (g, lost) in f["cells"].items())
+                  + "; trained cells +{gained} -{lost} z {z:+.2f}".format(**f["trained"])
+                  + "; skipped cells +{gained} -{lost} z {z:+.2f}".format(**f["skipped"]))
     if result["null"] is not None:
         n = result["null"]
         print(f"null arm {n['rl']} (step {n['selected_step']}): greedy {n['greedy_sft']:.4f} -> {n['greedy_rl']:.4f} "

@@ -5,6 +5,8 @@ import copy
 import json
 from pathlib import Path
 
+import pytest
+
 import benchmarks.rl_acceptance as acc
 
 REPO = Path(__file__).resolve().parents[1]
@@ -140,3 +142,29 @@ exec {sys.executable} "$@"
     assert "a_s1: rl ran out of this call's time; call again" in out and "a_s0: rl ran out" not in out
     assert "step 34/300" in (tmp_path / "logs" / "a_s0_rl.log").read_text()  # the first arm ran to its end
     assert time.time() - t0 < 39  # stopped, not cut by the call's timeout
+
+
+def test_flips_per_cell_split_the_cells_rl_trains_from_those_it_skips(tmp_path):
+    """--preset: each seed's held-out flips per cell in bench's item order (the preset's held-out items), and the
+    paired z over trained and skipped cells; a bench of another preset's items is refused."""
+    from collections import Counter
+
+    cells, _ = acc.heldout_cells("tiny")
+    assert len(cells) == 96 and cells[0] == "add@1"
+    sft = ["0"] * len(cells)
+    rl = list(sft)
+    first = {c: [i for i, x in enumerate(cells) if x == c] for c in ("reverse@1", "count@2")}
+    for i in first["reverse@1"][:5]:
+        rl[i] = "1"  # a trained cell gains five
+    for i in first["count@2"][:3]:
+        sft[i] = "1"  # a skipped cell loses three
+    b = bench(5, 3)
+    b["stages"]["sft"]["tasks_gen"]["items_correct"], b["stages"]["rl"]["tasks_gen"]["items_correct"] = "".join(sft), "".join(rl)
+    b["heldout_cells"] = dict(sorted(Counter(cells).items()))
+    f = acc.cell_flips(b, cells, {"count@2"})
+    assert f["cells"]["reverse@1"] == (5, 0) and f["cells"]["count@2"] == (0, 3) and f["cells"]["add@1"] == (0, 0)
+    assert f["trained"] == {"gained": 5, "lost": 0, "z": round(5 / 5 ** 0.5, 3)}
+    assert f["skipped"] == {"gained": 0, "lost": 3, "z": round(-3 / 3 ** 0.5, 3)}
+    b["heldout_cells"] = {"add@1": 96}
+    with pytest.raises(ValueError, match="not this bench's preset"):
+        acc.cell_flips(b, cells, set())
