@@ -328,9 +328,15 @@ def test_bytes_taken_in_blocks_give_the_text_and_finish_of_bytes_taken_one_by_on
         assert ("".join(one), ra, a.new_bytes, bytes(a.out)) == ("".join(many), rb, b.new_bytes, bytes(b.out)), trial
 
 
-def test_the_chat_page_is_served(server):
+def test_the_chat_page_is_served(server, model):
     r = httpx.get(server.url + "/")
     assert r.status_code == 200 and "dormouse-test" in r.text and "/v1/chat/completions" in r.text
+    s = Server(model, names=["runs/<b>a&b</b>"])  # a --model path goes into the page as text, not markup
+    try:
+        page = httpx.get(s.url + "/").text
+        assert "runs/&lt;b&gt;a&amp;b&lt;/b&gt;" in page and "<b>a&b</b>" not in page
+    finally:
+        s.close()
 
 
 def test_serve_loads_a_store_artifact_from_the_cli(tmp_path, model):

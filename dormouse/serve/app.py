@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import html
 import json
 import os
 import time
@@ -461,7 +462,7 @@ async def health(request: Request):
 
 async def page(request: Request):
     s = serve_state(request)
-    return PAGE.replace("{{MODEL}}", s.model_id).replace("{{KEY_REQUIRED}}", "true" if s.api_key else "false")
+    return PAGE.replace("{{MODEL}}", html.escape(s.model_id)).replace("{{KEY_REQUIRED}}", "true" if s.api_key else "false")
 
 
 async def on_bad_request(request: Request, e: BadRequest):
