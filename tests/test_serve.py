@@ -654,6 +654,12 @@ def make_batcher(kind: str, model: ByteLM, max_batch: int, prefill_chunk: int, t
     return b
 
 
+def loop_turn(b: Batcher, carry: tuple) -> tuple:
+    """One turn of the decode loop without its thread: admit (and prefill), then advance the rows there are."""
+    rows, logits, state = b._admit(*carry)
+    return b._advance(rows, logits, state) if rows else (rows, logits, state)
+
+
 def run_streams(b: Batcher, streams: list[Stream]) -> None:
     done = threading.Semaphore(0)
     for s in streams:
@@ -819,10 +825,7 @@ def test_a_graphed_row_paused_after_k_steps_waits_with_its_bytes_delivered(one_t
     big = object()
     streams = [greedy(rand_prompt(20, 30 + i), 40, group=big) for i in range(3)]  # three for two rows: one waits
     carry = ([], None, None)
-
-    def turn(carry):
-        rows, logits, state = b._admit(*carry)
-        return b._advance(rows, logits, state) if rows else (rows, logits, state)
+    turn = partial(loop_turn, b)
 
     with torch.inference_mode():
         for s in streams:
@@ -852,10 +855,7 @@ def test_a_stream_paused_while_prefilling_keeps_what_it_prefilled(decode, one_th
     big = object()
     streams = [greedy(rand_prompt(100, 7), 12, group=big), greedy(rand_prompt(200, 8), 12, group=big)]
     carry = ([], None, None)
-
-    def turn(carry):
-        rows, logits, state = b._admit(*carry)
-        return b._advance(rows, logits, state) if rows else (rows, logits, state)
+    turn = partial(loop_turn, b)
 
     with torch.inference_mode():
         for s in streams:

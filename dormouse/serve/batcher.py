@@ -24,11 +24,12 @@ Chunked prefill: an admitted prompt is prefilled in pieces of at most `prefill_c
 each piece continuing the state the last one left: `ByteLM.prefill`), and a loop turn prefills the pieces that fit in
 `prefill_ms` at the measured prefill rate before it steps the running rows (one piece's bytes until a rate is
 measured; every prompt's next piece when no stream decodes), so an 8 KB prompt no longer stalls every stream for
-its whole prefill, and many long prompts go in together rather than 2 048 bytes a turn in all. A stream joins the batch when its prompt is whole. The pieces
-go round-robin over the requests prefilling (a request's own prompts first come first served), each turn filled
-with the pieces that fit. A prompt is cut at multiples of `prefill_chunk` whatever else is served, so its state does
-not depend on its company. A stream being prefilled holds a row (it counts toward its request's share) and is the
-first to pause, its prefill so far kept. prefill_chunk 0: whole prompts, all at admission (as before).
+its whole prefill, and many long prompts go in together rather than 2 048 bytes a turn in all. A stream joins the
+batch when its prompt is whole. The pieces go round-robin over the requests prefilling (a request's own prompts
+first come first served), each turn filled with the pieces that fit. A prompt is cut at multiples of `prefill_chunk`
+whatever else is served, so its state does not depend on its company. A stream being prefilled holds a row (it
+counts toward its request's share) and is the first to pause, its prefill so far kept. prefill_chunk 0: whole
+prompts, all at admission (as before).
 """
 
 from __future__ import annotations
@@ -359,11 +360,12 @@ class Batcher:
                 s.prefill_state = None
             self._fail(streams, e)
             return None
-        if sum(n for _, n in picked) >= self.prefill_chunk:  # a turn of a few short prompts is mostly fixed cost: its
-            self._measured(sum(n for _, n in picked), time.perf_counter() - t0)  # rate would understate a long prompt's
+        n_bytes = sum(n for _, n in picked)
+        if n_bytes >= self.prefill_chunk:  # a turn of a few short prompts is mostly fixed cost: its rate would
+            self._measured(n_bytes, time.perf_counter() - t0)  # understate a long prompt's
         self.counters["serve.prefills"] += 1
         self.counters["serve.prefill_chunks"] += len(picked)
-        self.counters["serve.prefill_bytes"] += sum(n for _, n in picked)
+        self.counters["serve.prefill_bytes"] += n_bytes
         if self.state_bytes_per_stream is None:
             self.state_bytes_per_stream = st.row_bytes()
         whole = []
